@@ -1,0 +1,245 @@
+"""Node addresses: parsing, validation and redaction of the ``nodes`` argument.
+
+A node is given as a URL (``redis://``, ``rediss://``, ``unix://``) or as a ready redis-py
+client, whose connection settings are copied (never its retry policy). Everything shown to a
+person uses :attr:`NodeAddress.label`, which never contains the password.
+"""
+
+from __future__ import annotations
+
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from redis.connection import parse_url
+
+__all__ = ["NodeAddress", "parse_node", "parse_nodes"]
+
+_CERT_REQS = {
+    "none": ssl.CERT_NONE,
+    "optional": ssl.CERT_OPTIONAL,
+    "required": ssl.CERT_REQUIRED,
+}
+
+# Connection settings of a redis-py client that we copy; anything else that changes how the
+# client connects (a credential provider, a custom connection class) cannot be honoured by our
+# own sockets, so it is refused rather than silently ignored.
+_SUPPORTED_CLIENT_KWARGS = frozenset(
+    {
+        "host",
+        "port",
+        "path",
+        "db",
+        "username",
+        "password",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_ca_path",
+        "ssl_check_hostname",
+        "ssl_password",
+    }
+)
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    """Where one independent Redis/Valkey master listens, and how to log in.
+
+    Attributes:
+        host, port: TCP endpoint (``None`` for a unix socket).
+        path: unix socket path (``None`` for TCP).
+        db: database number selected after connecting.
+        username, password: ACL login; the password is excluded from ``repr``.
+        tls: whether to speak TLS (``rediss://``).
+        ssl_options: TLS settings copied from the URL query or the client (``ssl_*`` names).
+    """
+
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ssl_options: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+
+    @property
+    def label(self) -> str:
+        """A human-readable name for messages and pages, never with the password."""
+        user = f"{self.username}@" if self.username else ""
+        if self.path is not None:
+            where = f"unix://{user}{self.path}"
+        else:
+            scheme = "rediss" if self.tls else "redis"
+            host = f"[{self.host}]" if self.host and ":" in self.host else self.host
+            where = f"{scheme}://{user}{host}:{self.port}"
+        return f"{where}/{self.db}" if self.path is None else f"{where}?db={self.db}"
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """What makes two addresses the same node (used to refuse duplicates)."""
+        return (self.host and self.host.lower(), self.port, self.path, self.db)
+
+    def __str__(self) -> str:
+        return self.label
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The TLS context for this node (only meaningful when :attr:`tls` is true).
+
+        Raises:
+            ValueError: an ``ssl_cert_reqs`` value that is not none/optional/required.
+        """
+        options = dict(self.ssl_options)
+        reqs: Any = options.get("ssl_cert_reqs", "required")
+        if isinstance(reqs, str):
+            if reqs.lower() not in _CERT_REQS:
+                raise ValueError(
+                    f"ssl_cert_reqs must be one of none/optional/required, not {reqs!r}"
+                )
+            reqs = _CERT_REQS[reqs.lower()]
+        context = ssl.create_default_context(
+            cafile=options.get("ssl_ca_certs"),
+            capath=options.get("ssl_ca_path"),
+            cadata=options.get("ssl_ca_data"),
+        )
+        check_hostname = options.get("ssl_check_hostname", True)
+        if isinstance(check_hostname, str):
+            check_hostname = check_hostname.lower() in ("1", "true", "yes")
+        context.check_hostname = bool(check_hostname) and reqs != ssl.CERT_NONE
+        context.verify_mode = reqs
+        if options.get("ssl_certfile"):
+            context.load_cert_chain(
+                options["ssl_certfile"],
+                options.get("ssl_keyfile"),
+                options.get("ssl_password"),
+            )
+        return context
+
+
+def _from_url(url: str) -> NodeAddress:
+    scheme = urlsplit(url).scheme.lower()
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            f"nodes: unsupported URL scheme {scheme!r} in {_redact_url(url)!r}; "
+            "use redis://, rediss:// or unix://"
+        )
+    try:
+        kwargs: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        raise ValueError(f"nodes: invalid node URL {_redact_url(url)!r}: {exc}") from None
+    kwargs.pop("connection_class", None)
+    address = _from_kwargs(kwargs, tls=scheme == "rediss", source=_redact_url(url))
+    if address.path is None and not address.host:
+        raise ValueError(f"nodes: node URL {_redact_url(url)!r} has no host")
+    return address
+
+
+def _from_kwargs(kwargs: dict[str, Any], *, tls: bool, source: str) -> NodeAddress:
+    ssl_options = tuple(
+        sorted((k, v) for k, v in kwargs.items() if k.startswith("ssl_") and v is not None)
+    )
+    path = kwargs.get("path")
+    db = kwargs.get("db") or 0
+    try:
+        db = int(db)
+    except (TypeError, ValueError):
+        raise ValueError(f"nodes: database number {db!r} of {source!r} is not an integer") from None
+    if path is not None:
+        return NodeAddress(
+            path=str(path),
+            db=db,
+            username=kwargs.get("username"),
+            password=kwargs.get("password"),
+        )
+    return NodeAddress(
+        host=str(kwargs.get("host") or "localhost"),
+        port=int(kwargs.get("port") or 6379),
+        db=db,
+        username=kwargs.get("username"),
+        password=kwargs.get("password"),
+        tls=tls,
+        ssl_options=ssl_options,
+    )
+
+
+def _from_client(client: Any) -> NodeAddress:
+    pool = client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    tls = "SSL" in pool.connection_class.__name__
+    unsupported = sorted(
+        key
+        for key, value in kwargs.items()
+        if key not in _SUPPORTED_CLIENT_KWARGS
+        and key.startswith(("ssl_", "credential_provider"))
+        and value not in (None, False, [], "required")
+        and not (key == "ssl_check_hostname" and value is True)
+    )
+    if unsupported:
+        raise TypeError(
+            "nodes: cannot copy these connection settings from a redis-py client: "
+            + ", ".join(unsupported)
+            + "; pass a URL instead"
+        )
+    return _from_kwargs(kwargs, tls=tls, source=repr(pool.connection_class.__name__))
+
+
+def _redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = unquote(parts.username or "")
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def parse_node(node: object) -> NodeAddress:
+    """One node from a URL string or a redis-py ``Redis`` client.
+
+    Raises:
+        TypeError: ``node`` is neither a string nor a redis-py client, or the client uses
+            settings our sockets cannot honour.
+        ValueError: the URL is malformed or has an unsupported scheme.
+    """
+    if isinstance(node, NodeAddress):
+        return node
+    if isinstance(node, str):
+        return _from_url(node)
+    if hasattr(node, "connection_pool") and hasattr(node.connection_pool, "connection_kwargs"):
+        return _from_client(node)
+    raise TypeError(
+        f"nodes: each node must be a redis://, rediss:// or unix:// URL string or a redis-py "
+        f"client, not {type(node).__name__}"
+    )
+
+
+def parse_nodes(nodes: object) -> tuple[NodeAddress, ...]:
+    """All nodes, validated: at least one, no node twice.
+
+    Raises:
+        TypeError: ``nodes`` is a single string or not a sequence, or holds a bad item.
+        ValueError: empty, a malformed URL, or the same node listed twice.
+    """
+    if isinstance(nodes, str | bytes):
+        raise TypeError("nodes must be a list of node URLs or clients, not a single string")
+    try:
+        items = list(nodes)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(
+            f"nodes must be a list of node URLs or clients, not {type(nodes).__name__}"
+        ) from None
+    if not items:
+        raise ValueError("nodes must name at least one Redis/Valkey node")
+    addresses = tuple(parse_node(item) for item in items)
+    seen: dict[tuple[object, ...], NodeAddress] = {}
+    for address in addresses:
+        if address.identity in seen:
+            raise ValueError(
+                f"nodes: {address.label} is listed twice; Redlock needs independent nodes"
+            )
+        seen[address.identity] = address
+    return addresses

@@ -1,0 +1,28 @@
+"""Which process this is, without a syscall per lock operation.
+
+``os.getpid()`` is a real system call (about 1 µs here, several per acquire on the hot path).
+The pid only changes across ``fork()``, so it is cached and refreshed in the child by an
+``os.register_at_fork`` hook. Everything that must not be shared with a forked child (sockets,
+random-token buffers, owner metadata) compares :func:`current_pid` with the pid it recorded.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["current_pid"]
+
+_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def current_pid() -> int:
+    """This process's id, cached (refreshed after every fork)."""
+    return _pid

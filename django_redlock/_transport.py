@@ -1,0 +1,567 @@
+"""One round trip to every node at once: non-blocking sockets, pipelining and one poll loop.
+
+Redlock's safety argument assumes the time to reach the nodes is small next to the lease
+(the spec: "the client uses a timeout that is small compared to the auto-release time").
+Asking nodes one after another makes that time grow with N; a thread per node costs more than
+it saves. So each operation writes its command to every node's socket, then reads replies with
+one ``poll()`` until the caller has an answer (a quorum reached, or no longer reachable) or the
+per-node timeout ends.
+
+Connections are plain sockets owned by one thread (see :class:`ConnectionSet`). Each keeps a
+FIFO of the replies it still expects. A reply that arrives after its operation gave up is read
+and dropped, so a connection with a reply in flight never hands that reply to a later command;
+meanwhile later commands are pipelined behind it on the same socket, which keeps the order of
+an acquire and its clean-up release on a node that stalled (a SIGSTOPped server applies its
+queued input on SIGCONT: without that order a late SET would leave a zombie key).
+A node that owes too many replies is skipped without sending until it answers or its
+connection is reset, so a stalled node costs neither time nor new connections.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import select
+import socket
+import ssl
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from django_redlock._nodes import NodeAddress
+from django_redlock._process import current_pid
+from django_redlock._resp import Reader, ReplyError, encode_command, encode_parts, make_reader
+
+__all__ = [
+    "PENDING",
+    "TIMED_OUT",
+    "Command",
+    "ConnectionSet",
+    "NodeError",
+    "Script",
+    "ThreadConnections",
+]
+
+# Replies here are tiny; a large read buffer costs an allocation per recv for nothing.
+_READ_SIZE = 8192
+_POLL_IN = select.POLLIN | select.POLLPRI
+_POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
+
+
+class NodeError(Exception):
+    """A node failed: refused, reset, timed out, or answered with an error."""
+
+
+class _TimedOut:
+    """The marker result of a node that did not answer within the per-node timeout."""
+
+    def __repr__(self) -> str:
+        return "TIMED_OUT"
+
+
+TIMED_OUT = _TimedOut()
+
+
+class _Pending:
+    """The marker result of a node whose reply was not waited for (the outcome was known)."""
+
+    def __repr__(self) -> str:
+        return "PENDING"
+
+
+PENDING = _Pending()
+
+
+class Script:
+    """A Lua script sent as EVALSHA, with EVAL as the fallback on NOSCRIPT."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source.encode()
+        self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
+        self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
+
+    def evalsha(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
+        parts = (len(keys), *keys, *args)
+        return b"*%d\r\n" % (len(parts) + 2) + self._evalsha_head + encode_parts(parts)
+
+    def command(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> Command:
+        """EVALSHA, with EVAL as the NOSCRIPT fallback."""
+        return (self.evalsha(keys, args), partial(self.eval, keys, args))
+
+    def eval(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
+        return encode_command(b"EVAL", self.source, len(keys), *keys, *args)
+
+
+# A command for one node: its bytes, and how to build the EVAL fallback if the node answers
+# NOSCRIPT (built lazily: the script source is only sent when a node lacks it).
+Command = tuple[bytes, Callable[[], bytes] | None]
+
+
+class _Exchange:
+    """Replies collected for one operation (one command per node)."""
+
+    __slots__ = ("closed", "pending", "results")
+
+    def __init__(self, size: int) -> None:
+        self.results: list[Any] = [PENDING] * size
+        self.pending = 0
+        self.closed = False
+
+
+class _Slot:
+    """One reply a connection still expects, and who wants it."""
+
+    __slots__ = ("exchange", "fallback", "index")
+
+    def __init__(
+        self, exchange: _Exchange | None, index: int, fallback: Callable[[], bytes] | None
+    ) -> None:
+        self.exchange = exchange
+        self.index = index
+        self.fallback = fallback
+
+
+class _Connection:
+    """A non-blocking socket to one node, with its write buffer and expected replies."""
+
+    def __init__(self, address: NodeAddress, clock: Callable[[], float]) -> None:
+        self.address = address
+        self.clock = clock
+        self.created = clock()
+        self.out = bytearray()
+        self.slots: deque[_Slot] = deque()
+        self.reader: Reader = make_reader()
+        self.tls_handshaking = False
+        self.connecting = True
+        self.stalled_since: float | None = None
+        self.sock = self._open()
+        if not self.connecting and address.tls:
+            try:
+                self._start_tls()
+            except NodeError:
+                self.sock.close()
+                raise
+        self._queue_login()
+
+    def _open(self) -> socket.socket:
+        """Start a non-blocking connect; TLS is layered on once TCP is up (see flush).
+
+        Raises:
+            NodeError: the connect failed at once (refused, no such socket, bad host).
+        """
+        address = self.address
+        try:
+            if address.path is not None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                target: Any = address.path
+            else:
+                info = socket.getaddrinfo(address.host, address.port, 0, socket.SOCK_STREAM)
+                family, _, _, _, target = info[0]
+                sock = socket.socket(family, socket.SOCK_STREAM)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError as exc:
+            raise NodeError(_describe(exc)) from None
+        sock.setblocking(False)
+        code = sock.connect_ex(target)
+        if code == 0:
+            self.connecting = False
+        elif code != errno.EINPROGRESS:
+            # EAGAIN on a unix socket means its backlog is full: the connect did not start.
+            sock.close()
+            raise NodeError(os.strerror(code).lower())
+        return sock
+
+    def _start_tls(self) -> None:
+        try:
+            context = self.address.ssl_context()
+            self.sock = context.wrap_socket(
+                self.sock, server_hostname=self.address.host, do_handshake_on_connect=False
+            )
+        except (OSError, ValueError) as exc:
+            raise NodeError(f"TLS set-up failed: {exc}") from None
+        self.tls_handshaking = True
+
+    def _queue_login(self) -> None:
+        address = self.address
+        if address.password is not None:
+            login: tuple[bytes | str, ...] = (address.password,)
+            if address.username:
+                login = (address.username, address.password)
+            self.out += encode_command(b"AUTH", *login)
+            self.slots.append(_Slot(None, -1, None))
+        if address.db:
+            self.out += encode_command(b"SELECT", address.db)
+            self.slots.append(_Slot(None, -1, None))
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def events(self) -> int:
+        if self.connecting or self.out or self.tls_handshaking:
+            return select.POLLOUT | _POLL_IN
+        return _POLL_IN
+
+    def send(self, command: bytes, slot: _Slot, now: float) -> None:
+        """Queue ``command`` (expecting one reply for ``slot``) and write what the socket takes.
+
+        Raises:
+            NodeError: the connection failed.
+        """
+        self.slots.append(slot)
+        if self.stalled_since is None:
+            self.stalled_since = now
+        if self.out or self.connecting or self.tls_handshaking:
+            self.out += command
+            self.flush()
+            return
+        # Fast path: nothing buffered, so write straight from the command's bytes.
+        try:
+            sent = self.sock.send(command)
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            sent = 0
+        except OSError as exc:
+            raise NodeError(_describe(exc)) from None
+        if sent < len(command):
+            self.out += command[sent:]
+
+    def flush(self) -> None:
+        """Write as much of the buffer as the socket takes now.
+
+        Raises:
+            NodeError: the connection failed.
+        """
+        if self.connecting:
+            code = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code == 0 and not self._connected():
+                return
+            if code:
+                raise NodeError(os.strerror(code).lower())
+            self.connecting = False
+            if self.address.tls:
+                self._start_tls()
+        if self.tls_handshaking:
+            assert isinstance(self.sock, ssl.SSLSocket)
+            try:
+                self.sock.do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                return
+            except ssl.SSLError as exc:
+                raise NodeError(f"TLS handshake failed: {exc.reason or exc}") from None
+            except OSError as exc:
+                raise NodeError(_describe(exc)) from None
+            self.tls_handshaking = False
+        while self.out:
+            try:
+                sent = self.sock.send(self.out)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                return
+            except OSError as exc:
+                raise NodeError(_describe(exc)) from None
+            del self.out[:sent]
+
+    def _connected(self) -> bool:
+        try:
+            self.sock.getpeername()
+        except OSError:
+            return False
+        return True
+
+    def receive(self) -> list[tuple[_Slot, Any]]:
+        """Read what has arrived; return the (slot, reply) pairs it completes.
+
+        Raises:
+            NodeError: the connection closed or failed, or a login command was refused.
+        """
+        if self.connecting or self.tls_handshaking:
+            self.flush()
+            if self.connecting or self.tls_handshaking:
+                return []
+        done: list[tuple[_Slot, Any]] = []
+        while True:
+            try:
+                data = self.sock.recv(_READ_SIZE)
+            except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                break
+            except OSError as exc:
+                raise NodeError(_describe(exc)) from None
+            if not data:
+                raise NodeError("connection closed by the server")
+            self.reader.feed(data)
+            if len(data) < _READ_SIZE and not (self.address.tls and self.sock.pending()):  # type: ignore[attr-defined]
+                break
+        while self.slots:
+            reply = self.reader.gets()
+            if reply is False:
+                break
+            slot = self.slots.popleft()
+            if slot.index < 0 and isinstance(reply, ReplyError):
+                # AUTH or SELECT was refused: every later reply on this socket is meaningless.
+                raise NodeError(f"login refused: {reply}")
+            done.append((slot, reply))
+        self.stalled_since = self.clock() if self.slots else None
+        return done
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+def _describe(exc: OSError) -> str:
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS error: {exc.reason or exc}"
+    if exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
+
+
+class ConnectionSet:
+    """One connection per node for one thread, and the poll loop that uses them.
+
+    Not thread-safe by design: :class:`~django_redlock.redlock.LockManager` keeps one set per
+    thread, so no lock is taken on the hot path. A set notices a fork (the child owns none of
+    the parent's sockets) and starts afresh.
+
+    Args:
+        addresses: the nodes, in the manager's order.
+        clock: monotonic clock in seconds (injected by tests).
+        max_outstanding: replies a node may owe before it is skipped without sending.
+        stall_reset: seconds a node may owe a reply before its connection is replaced.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[NodeAddress],
+        *,
+        clock: Callable[[], float],
+        max_outstanding: int,
+        stall_reset: float,
+    ) -> None:
+        self.addresses = tuple(addresses)
+        self.clock = clock
+        self.max_outstanding = max_outstanding
+        self.stall_reset = stall_reset
+        self.pid = current_pid()
+        self.connections: list[_Connection | None] = [None] * len(self.addresses)
+        # One poll object for the set's life: every open socket stays registered, so a wait
+        # costs one poll() call per wake-up and no per-call registration.
+        self.poller = select.poll()
+        self.by_fd: dict[int, int] = {}
+        self.polling: dict[int, int] = {}
+
+    def open_count(self) -> int:
+        """How many sockets this set holds open now."""
+        return sum(1 for conn in self.connections if conn is not None)
+
+    def close(self) -> None:
+        """Close every socket (in the owning process only)."""
+        if self.pid != current_pid():
+            self._forget_all()
+            return
+        for index in range(len(self.connections)):
+            self._drop(index, "connection closed by the client")
+
+    def __del__(self) -> None:
+        # A manager dropped without close(): close its sockets instead of leaking them.
+        with contextlib.suppress(Exception):  # interpreter shutdown: nobody to report to
+            self.close()
+
+    def _forget_all(self) -> None:
+        # After fork: the sockets belong to the parent; never read, write or close them here.
+        self.connections = [None] * len(self.addresses)
+        self.poller = select.poll()
+        self.by_fd.clear()
+        self.polling.clear()
+        self.pid = current_pid()
+
+    def _drop(self, index: int, reason: str) -> None:
+        conn = self.connections[index]
+        if conn is None:
+            return
+        self.connections[index] = None
+        fd = self.by_fd.pop(index, None)
+        if fd is not None:
+            self.polling.pop(fd, None)
+            self.poller.unregister(fd)
+        conn.close()
+        for slot in conn.slots:
+            exchange = slot.exchange
+            if exchange is not None and not exchange.closed:
+                exchange.results[slot.index] = NodeError(reason)
+                exchange.pending -= 1
+
+    def _connection(self, index: int, now: float) -> _Connection:
+        """The usable connection to node ``index``, opened if needed.
+
+        A connection that owes replies is drained first (without blocking); if it still owes
+        some after ``stall_reset`` seconds without progress it is replaced, and while it owes
+        ``max_outstanding`` the node is skipped.
+
+        Raises:
+            NodeError: the node cannot be reached, or owes too many replies.
+        """
+        conn = self.connections[index]
+        if conn is not None and conn.slots:
+            try:
+                self._deliver(index, conn.receive())
+            except NodeError as exc:
+                self._drop(index, str(exc))
+                raise
+            if conn.stalled_since is not None:
+                if now - conn.stalled_since > self.stall_reset:
+                    self._drop(index, "stalled connection reset")
+                    conn = None
+                elif len(conn.slots) >= self.max_outstanding:
+                    raise NodeError(f"stalled: {len(conn.slots)} replies outstanding")
+        if conn is None:
+            conn = _Connection(self.addresses[index], self.clock)  # may raise NodeError
+            self.connections[index] = conn
+            fd = conn.fileno()
+            self.by_fd[index] = fd
+            self.polling[fd] = index
+            self.poller.register(fd, conn.events())
+        return conn
+
+    def _deliver(self, index: int, replies: list[tuple[_Slot, Any]]) -> None:
+        for slot, reply in replies:
+            exchange = slot.exchange
+            if exchange is None or exchange.closed:
+                continue
+            if (
+                slot.fallback is not None
+                and isinstance(reply, ReplyError)
+                and str(reply).startswith("NOSCRIPT")
+            ):
+                conn = self.connections[index]
+                assert conn is not None
+                conn.send(slot.fallback(), _Slot(exchange, slot.index, None), self.clock())
+                if conn.out:
+                    self.poller.modify(conn.fileno(), conn.events())
+                continue
+            exchange.results[slot.index] = (
+                NodeError(str(reply)) if isinstance(reply, ReplyError) else reply
+            )
+            exchange.pending -= 1
+
+    def post(
+        self,
+        commands: Sequence[Command | None],
+    ) -> _Exchange:
+        """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
+
+        Returns the exchange whose results fill in as replies are read.
+        """
+        exchange = _Exchange(len(commands))
+        now = self.clock()
+        if self.pid != current_pid():
+            self._forget_all()
+        connections = self.connections
+        for index, command in enumerate(commands):
+            if command is None:
+                exchange.results[index] = None
+                continue
+            conn = connections[index]
+            if conn is None or conn.slots:
+                try:
+                    conn = self._connection(index, now)
+                except NodeError as exc:
+                    exchange.results[index] = exc
+                    continue
+            exchange.pending += 1
+            try:
+                conn.send(command[0], _Slot(exchange, index, command[1]), now)
+            except NodeError as exc:
+                # Records the error for this slot (and any other still owed) on this node.
+                self._drop(index, str(exc))
+                continue
+            if conn.out or conn.connecting or conn.tls_handshaking:
+                self.poller.modify(conn.fileno(), conn.events())
+        return exchange
+
+    def wait(
+        self,
+        exchange: _Exchange,
+        deadline: float,
+        decided: Callable[[list[Any]], bool] | None = None,
+    ) -> list[Any]:
+        """Read replies until all arrived, ``decided(results)`` is true, or ``deadline``.
+
+        Results are the replies per node: a reply value, ``None`` for a skipped node, a
+        :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or :data:`PENDING`
+        (not waited for: ``decided`` was already true). Late replies are read and dropped.
+        """
+        results = exchange.results
+        try:
+            while exchange.pending > 0:
+                if decided is not None and decided(results):
+                    return results
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    for index, reply in enumerate(results):
+                        if reply is PENDING:
+                            results[index] = TIMED_OUT
+                    return results
+                self._poll_once(remaining)
+        finally:
+            exchange.closed = True
+        return results
+
+    def _poll_once(self, timeout: float) -> None:
+        # poll() takes whole milliseconds; round up so a short timeout is not a busy loop.
+        for fd, event in self.poller.poll(max(1, int(timeout * 1000 + 0.999))):
+            index = self.polling.get(fd)
+            if index is None:
+                continue
+            conn = self.connections[index]
+            if conn is None:  # pragma: no cover - dropped earlier in this same loop
+                continue
+            try:
+                if event & select.POLLOUT:
+                    conn.flush()
+                    self.poller.modify(fd, conn.events())
+                if event & (_POLL_IN | _POLL_ERR):
+                    self._deliver(index, conn.receive())
+            except NodeError as exc:
+                self._drop(index, str(exc))
+
+    def run(
+        self,
+        commands: Sequence[Command | None],
+        deadline: float,
+        decided: Callable[[list[Any]], bool] | None = None,
+    ) -> list[Any]:
+        """:meth:`post` then :meth:`wait`: one round trip to every node."""
+        return self.wait(self.post(commands), deadline, decided)
+
+
+class ThreadConnections:
+    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand."""
+
+    def __init__(self, factory: Callable[[], ConnectionSet]) -> None:
+        self._factory = factory
+        self._local = threading.local()
+        self._all: weakref.WeakSet[ConnectionSet] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def get(self) -> ConnectionSet:
+        sets = getattr(self._local, "sets", None)
+        if sets is None:
+            sets = self._factory()
+            self._local.sets = sets
+            with self._lock:
+                self._all.add(sets)
+        return sets
+
+    def open_count(self) -> int:
+        with self._lock:
+            return sum(sets.open_count() for sets in list(self._all))
+
+    def close(self) -> None:
+        with self._lock:
+            every = list(self._all)
+        for sets in every:
+            sets.close()

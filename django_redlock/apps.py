@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.core.signals import setting_changed
+
+
+class RedlockConfig(AppConfig):
+    name = "django_redlock"
+    verbose_name = "Distributed locks"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from django_redlock import conf
+
+        setting_changed.connect(conf.reset, dispatch_uid="django_redlock.conf.reset")

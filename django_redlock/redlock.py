@@ -1,0 +1,658 @@
+"""The Redlock algorithm: :class:`LockManager` hands out :class:`Lease` objects.
+
+This module imports no Django (a test proves it), so it can be used from any Python process.
+
+The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock section):
+
+1. take the current time on a monotonic clock;
+2. try to set the key with a random token on all N nodes, each with a timeout far below the
+   lease, here all at once (one round trip whatever N, see ``_transport``);
+3. the lock is acquired when a quorum ``N // 2 + 1`` granted it and the validity
+   ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` is still positive;
+4. otherwise unlock every node (the failed ones too: a timed-out SET may still have landed)
+   and retry after a random delay.
+
+Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
+overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
+token checked by the storage; see ``django_redlock.models.FencedModel``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import secrets
+import socket
+import threading
+import time
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from django_redlock._nodes import NodeAddress, parse_nodes
+from django_redlock._process import current_pid
+from django_redlock._transport import (
+    PENDING,
+    TIMED_OUT,
+    Command,
+    ConnectionSet,
+    NodeError,
+    Script,
+    ThreadConnections,
+)
+from django_redlock.exceptions import (
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnreachable,
+)
+
+__all__ = [
+    "DEFAULT_DRIFT_FACTOR",
+    "DEFAULT_NODE_TIMEOUT",
+    "DEFAULT_RETRY_DELAY",
+    "DEFAULT_TTL",
+    "MAX_NAME_BYTES",
+    "MAX_TTL",
+    "Lease",
+    "LockManager",
+]
+
+logger = logging.getLogger("django_redlock")
+
+DEFAULT_TTL = 30.0
+"""Lease length in seconds when none is given."""
+DEFAULT_NODE_TIMEOUT = 0.05
+"""Seconds each node has to answer one command; far below any sensible ttl."""
+DEFAULT_RETRY_DELAY = 0.2
+"""Mean seconds between attempts of a blocking acquire (jittered ±50%)."""
+DEFAULT_DRIFT_FACTOR = 0.01
+"""Share of the ttl set aside for clock drift between nodes (the Redlock spec's 0.01)."""
+MAX_TTL = 86400.0
+"""Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
+MAX_NAME_BYTES = 1024
+"""Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
+
+# The spec adds 2 ms to the drift term for the resolution of the nodes' expiry clocks.
+_DRIFT_MILLIS = 0.002
+_SCRIPTS = Path(__file__).with_name("scripts")
+
+
+def _script(name: str) -> Script:
+    return Script((_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8"))
+
+
+_ACQUIRE = _script("acquire")
+_RELEASE = _script("release")
+_EXTEND = _script("extend")
+_GRANTED = b"OK"
+
+
+def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
+    """A finite, non-negative number of seconds, or a clear error naming ``argument``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
+    number = float(value)
+    if math.isnan(number) or math.isinf(number):
+        raise ValueError(f"{argument} must be a finite number of seconds, not {value!r}")
+    if number < 0 or (number == 0 and not allow_zero):
+        bound = "zero or more" if allow_zero else "more than zero"
+        raise ValueError(f"{argument} must be {bound} seconds, not {value!r}")
+    return number
+
+
+def validate_name(name: object) -> str:
+    """The lock name, NFC-normalised, or a clear error.
+
+    Names are text: visually equal Unicode names map to one lock (NFC), control characters
+    are refused (they break logs and pages), and the length is capped.
+
+    Raises:
+        TypeError: ``name`` is not a ``str``.
+        ValueError: empty, longer than :data:`MAX_NAME_BYTES`, or holds control characters.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if not name:
+        raise ValueError("name must not be empty")
+    name = unicodedata.normalize("NFC", name)
+    size = len(name.encode("utf-8"))
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"name is {size} bytes long; the limit is {MAX_NAME_BYTES} UTF-8 bytes")
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        raise ValueError(f"name must not contain control characters: {name!r}")
+    return name
+
+
+class Lease:
+    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`.
+
+    The lease object is the owner: its token lives here, not in a thread-local, so threads
+    and asyncio tasks can never share or overwrite each other's tokens.
+
+    Attributes:
+        name: the lock name.
+        key: the Redis key on every node.
+        ttl: the lease length in seconds.
+        fencing_token: the database-minted fencing token, or ``None`` when not fenced.
+    """
+
+    def __init__(
+        self,
+        manager: LockManager,
+        *,
+        name: str,
+        key: str,
+        token: str,
+        ttl: float,
+        expires_at: float,
+    ) -> None:
+        self._manager = manager
+        self.name = name
+        self.key = key
+        self._token = token
+        self.ttl = ttl
+        self._expires_at = expires_at
+        self.fencing_token: int | None = None
+        self._released = False
+        self._lost_reason: str | None = None
+
+    @property
+    def token(self) -> str:
+        """The random lease token. A bearer secret: never logged, never shown."""
+        return self._token
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "lost" if self.lost else "held"
+        return f"<Lease {self.name!r} {state}, validity={self.validity:.3f}s>"
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still known valid by the local monotonic clock (≥ 0)."""
+        return max(0.0, self._expires_at - self._manager._clock())
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease may no longer be held (expired, or an extend/release found it
+        gone). A released lease is not lost."""
+        if self._released:
+            return False
+        return self._lost_reason is not None or self._expires_at <= self._manager._clock()
+
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` was called on this lease."""
+        return self._released
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+
+    def check(self) -> None:
+        """Raise unless the lease is still valid.
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease expired or was found lost.
+        """
+        if self._released:
+            raise LeaseReleased(self.name)
+        if self._lost_reason is not None:
+            raise LockLost(self.name, self._lost_reason)
+        if self._expires_at <= self._manager._clock():
+            self._mark_lost("the lease expired")
+            raise LockLost(self.name, "the lease expired")
+
+    def extend(self) -> float:
+        """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
+
+        Only keys that still hold this lease's token are renewed; an expired key is never
+        re-created (lease continuity), so an extend can not resurrect a lock someone else may
+        have taken in between.
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease had expired, or fewer than a quorum still held it, or the
+                renewal finished after the old validity ran out. The lease is then released
+                everywhere (best effort) and stays lost.
+        """
+        self.check()
+        return self._manager._extend(self)
+
+    def release(self) -> None:
+        """Delete the lock on every node, where it still holds this lease's token.
+
+        Raises:
+            LeaseReleased: called twice.
+            LockLost: the lease had expired before the release, or a quorum of nodes said it
+                was no longer held: work done under it may have overlapped another holder.
+                (Nodes that fail to answer while the lease is still valid are logged, not
+                raised: their keys expire by themselves.)
+        """
+        if self._released:
+            raise LeaseReleased(self.name)
+        self._released = True
+        self._manager._release(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._released:
+            return
+        if exc is None:
+            self.release()
+            return
+        try:
+            self.release()
+        except (LockLost, LeaseReleased) as release_error:
+            # Never hide the block's own exception behind the release's.
+            logger.warning("releasing %r after an error: %s", self.name, release_error)
+
+
+class _LockContext:
+    """What :meth:`LockManager.lock` returns: acquires on enter, releases on exit."""
+
+    def __init__(self, manager: LockManager, name: str, options: dict[str, Any]) -> None:
+        self._manager = manager
+        self._name = name
+        self._options = options
+        self._lease: Lease | None = None
+
+    def __enter__(self) -> Lease:
+        self._lease = self._manager.acquire(self._name, **self._options)
+        return self._lease
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        self._lease.__exit__(exc_type, exc, traceback)
+
+
+class LockManager:
+    """Redlock over N independent Redis/Valkey masters.
+
+    Args:
+        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``) or redis-py clients.
+            Use an odd number of independent masters (no replicas): 3 or 5.
+        ttl: default lease length in seconds.
+        node_timeout: seconds each node has per command (connect included); a node slower
+            than this is a failed vote. Must be well below the ttl.
+        retry_delay: mean seconds between attempts of a blocking acquire (±50% jitter).
+        drift_factor: share of the ttl set aside for clock drift, 0 ≤ f < 0.5.
+        key_prefix: prepended to every lock name to form the Redis key.
+        clock: monotonic clock in seconds for lease validity and retry budgets (tests
+            inject a fake one; per-node network timeouts always use real time).
+        sleep: how to wait between attempts (tests inject a fake one).
+
+    Raises:
+        TypeError, ValueError: a bad argument; the message names it.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        *,
+        ttl: float = DEFAULT_TTL,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        drift_factor: float = DEFAULT_DRIFT_FACTOR,
+        key_prefix: str = "redlock:",
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.addresses: tuple[NodeAddress, ...] = parse_nodes(nodes)
+        self.node_timeout = _seconds(node_timeout, "node_timeout")
+        self.retry_delay = _seconds(retry_delay, "retry_delay")
+        drift = _seconds(drift_factor, "drift_factor", allow_zero=True)
+        if drift >= 0.5:
+            raise ValueError(f"drift_factor must be below 0.5, not {drift_factor!r}")
+        self.drift_factor = drift
+        if not isinstance(key_prefix, str):
+            raise TypeError(f"key_prefix must be a str, not {type(key_prefix).__name__}")
+        self.key_prefix = key_prefix
+        self._clock = clock
+        self._sleep = sleep
+        self.ttl = self._validate_ttl(ttl)
+        self.quorum = len(self.addresses) // 2 + 1
+        self._host = socket.gethostname()
+        self._owner_cache: dict[tuple[object, ...], str] = {}
+        self._connections = ThreadConnections(self._new_connection_set)
+
+    def _new_connection_set(self) -> ConnectionSet:
+        return ConnectionSet(
+            self.addresses,
+            # Network deadlines are real time (poll() waits in real time); the injected
+            # clock governs lease arithmetic and retry budgets only.
+            clock=time.monotonic,
+            max_outstanding=32,
+            # A node that owes replies this long gets a fresh connection (bounded count:
+            # the old one is closed), so a half-open socket cannot block it forever.
+            stall_reset=max(1.0, 20 * self.node_timeout),
+        )
+
+    def __repr__(self) -> str:
+        nodes = ", ".join(address.label for address in self.addresses)
+        return f"<LockManager quorum {self.quorum} of {len(self.addresses)}: {nodes}>"
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes' labels (URLs without passwords)."""
+        return tuple(address.label for address in self.addresses)
+
+    def open_connections(self) -> int:
+        """How many node sockets this manager holds open, across all threads."""
+        return self._connections.open_count()
+
+    def close(self) -> None:
+        """Close every node connection this manager opened (they reopen on demand)."""
+        self._connections.close()
+
+    def __enter__(self) -> LockManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _validate_ttl(self, ttl: object, argument: str = "ttl") -> float:
+        seconds = _seconds(ttl, argument)
+        if seconds > MAX_TTL:
+            raise ValueError(f"{argument}={ttl!r} is above the cap of {MAX_TTL:g} seconds")
+        # One attempt costs up to one node timeout; the lease must outlive that plus drift,
+        # or validity could never be positive.
+        floor = self.node_timeout + seconds * self.drift_factor + _DRIFT_MILLIS
+        if seconds <= floor:
+            raise ValueError(
+                f"{argument}={ttl!r} is too short: with node_timeout={self.node_timeout:g} the "
+                f"lease must be longer than {floor:.3f} seconds"
+            )
+        return seconds
+
+    def key(self, name: str) -> str:
+        """The Redis key of lock ``name``."""
+        return self.key_prefix + validate_name(name)
+
+    def _owner(self, origin: str | None) -> str:
+        """Owner metadata as JSON: host, pid, thread, origin, acquired_at (epoch seconds).
+
+        Built from a per-thread cached prefix: json.dumps on every acquire would cost more
+        than a loopback round trip on a small VM.
+        """
+        thread = threading.current_thread()
+        cache = self._owner_cache
+        key = (current_pid(), thread.ident, thread.name, origin)
+        prefix = cache.get(key)
+        if prefix is None:
+            body = json.dumps(
+                {"host": self._host, "pid": key[0], "thread": thread.name, "origin": origin},
+                separators=(",", ":"),
+            )
+            prefix = body[:-1] + ',"acquired_at":'
+            if len(cache) > 1024:
+                cache.clear()
+            cache[key] = prefix
+        return f"{prefix}{time.time():.6f}}}"
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        origin: str | None = None,
+    ) -> Lease:
+        """Take the lock ``name``; return its :class:`Lease`.
+
+        Args:
+            name: the lock name (text, at most :data:`MAX_NAME_BYTES` UTF-8 bytes).
+            ttl: lease length in seconds (default: the manager's).
+            blocking: retry until ``timeout`` (True) or make exactly one attempt (False).
+            timeout: seconds to keep trying when blocking; ``None`` waits forever
+                (discouraged). The attempt in flight is bounded too: acquire returns or raises
+                within ``timeout + node_timeout`` plus scheduling noise.
+            origin: free text stored with the lock to tell operators where it was taken
+                (a view or command name).
+
+        Raises:
+            LockContended: another holder has it.
+            QuorumUnreachable: too many nodes failed or timed out.
+            TypeError, ValueError: a bad argument.
+        """
+        name = validate_name(name)
+        seconds = self.ttl if ttl is None else self._validate_ttl(ttl)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and wait:
+            raise ValueError("timeout must be None or 0 when blocking=False")
+        if origin is not None and not isinstance(origin, str):
+            raise TypeError(f"origin must be a str, not {type(origin).__name__}")
+
+        key = self.key_prefix + name
+        token = secrets.token_hex(20)
+        ttl_ms = math.ceil(seconds * 1000)
+        command = _ACQUIRE.command((key,), (token, ttl_ms, self._owner(origin)))
+        deadline = None if (blocking and wait is None) else self._clock() + (wait or 0.0)
+        attempts = 0
+        while True:
+            attempts += 1
+            lease, error = self._attempt(name, key, token, seconds, command, attempts)
+            if lease is not None:
+                return lease
+            assert error is not None
+            now = self._clock()
+            if not blocking or (deadline is not None and now >= deadline):
+                logger.debug("gave up on %r: %s", name, error)
+                raise error
+            delay = self.retry_delay * random.uniform(0.5, 1.5)
+            if deadline is not None:
+                delay = min(delay, deadline - now)
+            self._sleep(delay)
+
+    def _attempt(
+        self,
+        name: str,
+        key: str,
+        token: str,
+        ttl: float,
+        command: Command,
+        attempts: int,
+    ) -> tuple[Lease | None, LockNotAcquired | None]:
+        connections = self._connections.get()
+        size = len(self.addresses)
+        quorum = self.quorum
+        most_failures = size - quorum
+
+        def decided(results: list[Any]) -> bool:
+            granted = failed = 0
+            for reply in results:
+                if reply == _GRANTED:
+                    granted += 1
+                elif reply is not PENDING:
+                    failed += 1
+            return granted >= quorum or failed > most_failures
+
+        start = self._clock()
+        try:
+            results = connections.run(
+                [command] * size, time.monotonic() + self.node_timeout, decided
+            )
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, cancel): some SETs may have landed.
+            self._forget(connections, key, token, None)
+            raise
+        elapsed = self._clock() - start
+        validity = ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
+        granted = sum(1 for reply in results if reply == _GRANTED)
+        if granted >= quorum and validity > 0:
+            logger.info("acquired %r on %d/%d nodes", name, granted, size)
+            # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
+            # less drift) until start + ttl - drift: that instant is when validity reaches 0.
+            expires_at = start + elapsed + validity
+            return (
+                Lease(self, name=name, key=key, token=token, ttl=ttl, expires_at=expires_at),
+                None,
+            )
+
+        # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
+        # node that answered with another holder's time left certainly holds no key of ours.
+        self._forget(connections, key, token, results)
+        held = [reply for reply in results if isinstance(reply, int) and reply is not True]
+        errors = {
+            self.addresses[index].label: _error_text(reply, self.node_timeout)
+            for index, reply in enumerate(results)
+            if reply is TIMED_OUT or isinstance(reply, NodeError)
+        }
+        retry_after = max(held) / 1000 if held and min(held) >= 0 else None
+        kind: type[LockNotAcquired] = QuorumUnreachable
+        if granted >= quorum:
+            errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
+        elif len(errors) <= most_failures:
+            kind = LockContended
+        error = kind(
+            name,
+            votes=granted,
+            quorum=quorum,
+            node_errors=errors,
+            retry_after=retry_after,
+            attempts=attempts,
+        )
+        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
+        return None, error
+
+    def _forget(
+        self, connections: ConnectionSet, key: str, token: str, results: list[Any] | None
+    ) -> None:
+        """Fire-and-forget release after a failed attempt (replies are drained later).
+
+        Pipelined on the same per-node connection as the SET, so a stalled node applies the
+        release after the SET when it wakes up and no zombie key is left behind.
+        """
+        command = _RELEASE.command((key,), (token,))
+        commands: list[Command | None] = [
+            None if results is not None and isinstance(results[index], int) else command
+            for index in range(len(self.addresses))
+        ]
+        connections.post(commands)
+
+    # -- release and extend ----------------------------------------------------------------
+
+    def _release(self, lease: Lease) -> None:
+        connections = self._connections.get()
+        size = len(self.addresses)
+        quorum = self.quorum
+        expired = lease._expires_at <= self._clock()
+        command = _RELEASE.command((lease.key,), (lease.token,))
+
+        def decided(results: list[Any]) -> bool:
+            return sum(1 for reply in results if reply == 1) >= quorum
+
+        results = connections.run([command] * size, time.monotonic() + self.node_timeout, decided)
+        deleted = sum(1 for reply in results if reply == 1)
+        gone = sum(1 for reply in results if reply == 0)
+        if expired:
+            lease._mark_lost("the lease expired before it was released")
+            raise LockLost(lease.name, "the lease expired before it was released")
+        if gone > size - quorum:
+            reason = f"only {deleted} of {size} nodes still held it at release"
+            lease._mark_lost(reason)
+            raise LockLost(lease.name, reason)
+        if deleted < quorum:
+            logger.warning(
+                "released %r on %d/%d nodes; the rest did not answer (%s) and expire by ttl",
+                lease.name,
+                deleted,
+                size,
+                _summarise(self.addresses, results, self.node_timeout),
+            )
+        else:
+            logger.info("released %r", lease.name)
+
+    def _extend(self, lease: Lease) -> float:
+        connections = self._connections.get()
+        size = len(self.addresses)
+        quorum = self.quorum
+        ttl_ms = math.ceil(lease.ttl * 1000)
+        command = _EXTEND.command((lease.key,), (lease.token, ttl_ms))
+
+        def decided(results: list[Any]) -> bool:
+            return sum(1 for reply in results if reply == 1) >= quorum
+
+        start = self._clock()
+        results = connections.run([command] * size, time.monotonic() + self.node_timeout, decided)
+        now = self._clock()
+        extended = sum(1 for reply in results if reply == 1)
+        validity = lease.ttl - (now - start) - (lease.ttl * self.drift_factor + _DRIFT_MILLIS)
+        if extended >= quorum and now < lease._expires_at and validity > 0:
+            lease._expires_at = start + validity + (now - start)
+            logger.debug("extended %r on %d/%d nodes", lease.name, extended, size)
+            return validity
+        if now >= lease._expires_at:
+            reason = "the lease expired while it was being extended"
+        else:
+            reason = (
+                f"extended on only {extended} of {size} nodes "
+                f"({_summarise(self.addresses, results, self.node_timeout)})"
+            )
+        lease._mark_lost(reason)
+        # Best effort: free the keys we may still hold so the next holder need not wait.
+        self._forget(connections, lease.key, lease.token, None)
+        raise LockLost(lease.name, reason)
+
+    def lock(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        origin: str | None = None,
+    ) -> _LockContext:
+        """A context manager: acquire on enter (yielding the :class:`Lease`), release on exit.
+
+        Takes the same arguments as :meth:`acquire` and raises what it raises; leaving the
+        block raises :class:`LockLost` if the lease was lost, unless the block itself raised.
+        """
+        return _LockContext(
+            self, name, {"ttl": ttl, "blocking": blocking, "timeout": timeout, "origin": origin}
+        )
+
+
+def _error_text(reply: object, node_timeout: float) -> str:
+    if reply is TIMED_OUT:
+        return f"no answer within {node_timeout * 1000:g} ms"
+    return str(reply)
+
+
+def _summarise(
+    addresses: Iterable[NodeAddress], results: Sequence[Any], node_timeout: float
+) -> str:
+    parts = []
+    for address, reply in zip(addresses, results, strict=True):
+        if reply is TIMED_OUT or isinstance(reply, NodeError):
+            parts.append(f"{address.label}: {_error_text(reply, node_timeout)}")
+        elif reply == 0:
+            parts.append(f"{address.label}: not held")
+    return "; ".join(parts) or "no errors"

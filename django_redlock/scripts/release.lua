@@ -1,0 +1,14 @@
+-- Release a Redlock lease on one node: compare-and-delete.
+--
+-- KEYS[1]  the lock key
+-- ARGV[1]  the lease token
+--
+-- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
+-- held by another token: another holder's key is never deleted).
+-- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
+-- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
+if redis.call('HGET', KEYS[1], 't') == ARGV[1] then
+    redis.call('DEL', KEYS[1])
+    return 1
+end
+return 0

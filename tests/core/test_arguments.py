@@ -1,0 +1,123 @@
+"""Bad arguments fail before any network I/O, with a message naming the argument."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from django_redlock import LockManager
+from django_redlock.redlock import MAX_NAME_BYTES, validate_name
+
+# Nothing listens here: every check below must fail before a connection is tried.
+NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
+
+
+@pytest.fixture
+def manager() -> LockManager:
+    return LockManager(NODES)
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "match"),
+    [
+        ("", ValueError, "must not be empty"),
+        (None, TypeError, "name must be a str, not NoneType"),
+        (42, TypeError, "name must be a str, not int"),
+        (b"bytes", TypeError, "name must be a str, not bytes"),
+        ("x" * (MAX_NAME_BYTES + 1), ValueError, "limit is 1024"),
+        ("é" * (MAX_NAME_BYTES // 2 + 1), ValueError, "limit is 1024"),
+        ("line\nbreak", ValueError, "control characters"),
+        ("nul\x00", ValueError, "control characters"),
+    ],
+)
+def test_bad_names(manager, name, error, match):
+    with pytest.raises(error, match=match):
+        manager.acquire(name)
+
+
+def test_names_are_nfc_normalised():
+    assert validate_name("U\u0308ber") == "\u00dcber"  # decomposed and composed: one lock
+    assert validate_name("job*?[x]") == "job*?[x]"  # glob characters are just characters
+
+
+@pytest.mark.parametrize(
+    ("ttl", "error", "match"),
+    [
+        (0, ValueError, "ttl must be more than zero"),
+        (-1.5, ValueError, "ttl must be more than zero"),
+        (math.nan, ValueError, "finite"),
+        (math.inf, ValueError, "finite"),
+        (True, TypeError, "ttl must be a number of seconds, not bool"),
+        ("30", TypeError, "not str"),
+        (86400.5, ValueError, "above the cap of 86400 seconds"),
+        (0.04, ValueError, "too short"),
+    ],
+)
+def test_bad_ttls(manager, ttl, error, match):
+    with pytest.raises(error, match=match):
+        manager.acquire("name", ttl=ttl)
+    with pytest.raises(error, match=match):
+        LockManager(NODES, ttl=ttl)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"timeout": -1}, ValueError, "timeout must be zero or more"),
+        ({"timeout": "1"}, TypeError, "timeout must be a number"),
+        ({"blocking": False, "timeout": 2.0}, ValueError, "blocking=False"),
+        ({"blocking": "yes"}, TypeError, "blocking must be a bool"),
+        ({"origin": 3}, TypeError, "origin must be a str"),
+    ],
+)
+def test_bad_acquire_options(manager, options, error, match):
+    with pytest.raises(error, match=match):
+        manager.acquire("name", **options)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "error", "match"),
+    [
+        ([], ValueError, "at least one"),
+        ("redis://127.0.0.1:1/0", TypeError, "not a single string"),
+        (None, TypeError, "not NoneType"),
+        ([42], TypeError, "not int"),
+        (["http://127.0.0.1:1"], ValueError, "unsupported URL scheme 'http'"),
+        (["redis://a:1/0", "redis://A:1/0"], ValueError, "listed twice"),
+        (["redis://:pw@a:1/0", "redis://a:1/0"], ValueError, "listed twice"),
+        (["unix:///tmp/x.sock", "unix:///tmp/x.sock?db=0"], ValueError, "listed twice"),
+    ],
+)
+def test_bad_node_lists(nodes, error, match):
+    with pytest.raises(error, match=match):
+        LockManager(nodes)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "match"),
+    [
+        ({"node_timeout": 0}, ValueError, "node_timeout must be more than zero"),
+        ({"retry_delay": -1}, ValueError, "retry_delay"),
+        ({"drift_factor": 0.5}, ValueError, "drift_factor must be below 0.5"),
+        ({"drift_factor": -0.1}, ValueError, "drift_factor must be zero or more"),
+        ({"key_prefix": b"x"}, TypeError, "key_prefix must be a str"),
+        ({"ttl": 1.0, "node_timeout": 1.0}, ValueError, "too short"),
+    ],
+)
+def test_bad_manager_options(options, error, match):
+    with pytest.raises(error, match=match):
+        LockManager(NODES, **options)
+
+
+def test_passwords_never_appear_in_errors_or_reprs():
+    with pytest.raises(ValueError) as info:
+        LockManager(["redis://:hunter2@a:1/0", "redis://:hunter2@a:1/0"])
+    assert "hunter2" not in str(info.value)
+    manager = LockManager(["redis://user:hunter2@a:1/0"])
+    assert "hunter2" not in repr(manager)
+    assert "hunter2" not in repr(manager.addresses[0])
+    assert manager.nodes == ("redis://user@a:1/0",)
+    with pytest.raises(ValueError) as bad_scheme:
+        LockManager(["http://user:hunter2@a:1/0"])
+    assert "hunter2" not in str(bad_scheme.value)

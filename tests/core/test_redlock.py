@@ -1,0 +1,264 @@
+"""LockManager and Lease semantics on real nodes: quorum, release, extend, validity."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_redlock import (
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    LockManager,
+    QuorumUnreachable,
+    RedlockError,
+)
+from tests.helpers import FakeClock, node_client
+
+
+def make(cluster, **options) -> LockManager:
+    options.setdefault("retry_delay", 0.01)
+    return LockManager(cluster.urls, **options)
+
+
+def holders(cluster, key: str) -> list[bytes | None]:
+    """The token each node holds for ``key`` (None where absent)."""
+    tokens = []
+    for node in cluster:
+        with node_client(node) as client:
+            tokens.append(client.hget(key, "t"))
+    return tokens
+
+
+def test_acquire_sets_the_key_on_every_node_and_release_deletes_it(cluster5):
+    manager = make(cluster5)
+    lease = manager.acquire("orders:42", ttl=10.0)
+    assert lease.name == "orders:42"
+    assert lease.key == "redlock:orders:42"
+    assert manager.quorum == 3
+    # acquire returns at quorum; the other nodes still apply the SET, so wait for them.
+    lease.extend()
+    assert holders(cluster5, lease.key).count(lease.token.encode()) >= 3
+    lease.release()
+    assert holders(cluster5, lease.key) == [None] * 5
+    assert lease.released
+    assert not lease.lost
+
+
+def test_the_context_manager_acquires_and_releases(cluster3):
+    manager = make(cluster3)
+    with manager.lock("job", ttl=5.0, timeout=1.0) as lease:
+        assert not lease.lost
+        key = lease.key
+    assert lease.released
+    assert holders(cluster3, key) == [None] * 3
+
+
+def test_a_held_lock_is_contended_for_a_second_client(cluster3):
+    first, second = make(cluster3), make(cluster3)
+    lease = first.acquire("report", ttl=10.0)
+    with pytest.raises(LockContended) as info:
+        second.acquire("report", blocking=False)
+    error = info.value
+    assert error.votes == 0
+    assert error.quorum == 2
+    assert error.node_errors == {}
+    assert error.retry_after is not None
+    assert 0 < error.retry_after <= 10.0
+    assert isinstance(error, RedlockError)
+    lease.release()
+    second.acquire("report", blocking=False).release()
+
+
+def test_blocking_acquire_retries_with_jitter_until_timeout(cluster3, clock: FakeClock):
+    holder = make(cluster3)
+    lease = holder.acquire("busy", ttl=30.0)
+    waiter = LockManager(cluster3.urls, retry_delay=0.2, clock=clock, sleep=clock.sleep)
+    with pytest.raises(LockContended) as info:
+        waiter.acquire("busy", timeout=2.0)
+    assert info.value.attempts == len(clock.sleeps) + 1 > 5
+    assert all(0.0 < delay <= 0.3 for delay in clock.sleeps)
+    assert len(set(clock.sleeps)) > 1, "retry delays must be jittered"
+    assert sum(clock.sleeps) == pytest.approx(2.0)
+    lease.release()
+
+
+def test_blocking_acquire_gets_the_lock_once_it_is_released(cluster3, clock: FakeClock):
+    holder = make(cluster3)
+    lease = holder.acquire("handoff", ttl=30.0)
+
+    def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+        if len(clock.sleeps) == 3 and not lease.released:
+            lease.release()
+
+    waiter = LockManager(cluster3.urls, clock=clock, sleep=sleep)
+    second = waiter.acquire("handoff", timeout=10.0)
+    assert len(clock.sleeps) == 3
+    second.release()
+
+
+def test_release_never_deletes_another_holders_key(cluster3):
+    manager = make(cluster3)
+    lease = manager.acquire("shared", ttl=10.0)
+    # Another holder took over on every node (as after an expiry): release must not touch it.
+    for node in cluster3:
+        with node_client(node) as client:
+            client.hset(lease.key, mapping={"t": "someone-else", "o": "{}"})
+    with pytest.raises(LockLost, match="only 0 of 3 nodes still held it"):
+        lease.release()
+    assert holders(cluster3, lease.key) == [b"someone-else"] * 3
+
+
+def test_releasing_twice_is_reported(cluster3):
+    lease = make(cluster3).acquire("twice", ttl=5.0)
+    lease.release()
+    with pytest.raises(LeaseReleased, match="already released"):
+        lease.release()
+    with pytest.raises(LeaseReleased):
+        lease.extend()
+    with pytest.raises(LeaseReleased):
+        lease.check()
+
+
+def test_release_after_expiry_is_reported_as_lost(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep)
+    lease = manager.acquire("late", ttl=5.0)
+    clock.advance(6.0)  # the local clock says the lease is over; the keys may linger
+    assert lease.lost
+    assert lease.validity == 0.0
+    with pytest.raises(LockLost, match="expired before it was released"):
+        lease.release()
+    # The release still deleted our own keys, so nothing is left behind.
+    assert holders(cluster3, lease.key) == [None] * 3
+
+
+def test_validity_shrinks_by_elapsed_time_and_drift(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, drift_factor=0.01, clock=clock, sleep=clock.sleep)
+    clock.step_per_call = 0.25  # the acquire reads the clock before and after: 0.25 s elapse
+    lease = manager.acquire("validity", ttl=10.0)
+    clock.step_per_call = 0.0
+    # Valid until start + ttl - (ttl * drift + 2 ms): 10 - 0.25 - 0.102 left right after.
+    assert lease.validity == pytest.approx(10.0 - 0.25 - 0.102)
+    clock.advance(3.0)
+    assert lease.validity == pytest.approx(10.0 - 0.25 - 0.102 - 3.0)
+    lease.check()
+    clock.advance(lease.validity)
+    with pytest.raises(LockLost, match="expired"):
+        lease.check()
+
+
+def test_an_acquire_slower_than_the_ttl_is_not_a_lease(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep, node_timeout=0.05)
+    clock.step_per_call = 0.6  # as if the client paused for the whole lease mid-acquire
+    with pytest.raises(QuorumUnreachable, match="nothing left of the lease") as info:
+        manager.acquire("slow", ttl=0.6, blocking=False)
+    clock.step_per_call = 0.0
+    assert info.value.votes >= 2
+    # ...and the keys it set were released again (the release is pipelined: poll briefly).
+    deadline = time.monotonic() + 5
+    while holders(cluster3, "redlock:slow") != [None] * 3:
+        assert time.monotonic() < deadline
+
+
+def test_extend_renews_the_full_ttl(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep)
+    lease = manager.acquire("renew", ttl=10.0)
+    clock.advance(8.0)
+    validity = lease.extend()
+    assert validity == pytest.approx(10.0 - 0.1 - 0.002)
+    assert lease.validity == pytest.approx(validity)
+    with node_client(cluster3[0]) as client:
+        assert client.pttl(lease.key) > 9000
+    lease.release()
+
+
+def test_extend_never_recreates_an_expired_key(cluster3):
+    manager = make(cluster3)
+    lease = manager.acquire("continuity", ttl=10.0)
+    lease.extend()  # all nodes hold it now
+    for node in cluster3.nodes[:2]:
+        with node_client(node) as client:
+            client.delete(lease.key)  # it expired on a majority
+    with pytest.raises(LockLost, match="extended on only 1 of 3 nodes"):
+        lease.extend()
+    assert lease.lost
+    with pytest.raises(LockLost):
+        lease.check()
+    # Nothing was re-created, and the lost lease let go of its last key too.
+    assert holders(cluster3, lease.key) == [None] * 3
+
+
+def test_extend_after_local_expiry_is_lost(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep)
+    lease = manager.acquire("too-late", ttl=2.0)
+    clock.advance(2.5)
+    with pytest.raises(LockLost, match="expired"):
+        lease.extend()
+
+
+def test_leaving_the_block_with_an_error_keeps_that_error(cluster3, clock: FakeClock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep)
+
+    def fail_after_the_lease_expired():
+        with manager.lock("boom", ttl=2.0):
+            clock.advance(5.0)  # the lease expired too: the KeyError must still win
+            raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        fail_after_the_lease_expired()
+
+
+def test_leaving_the_block_after_the_lease_expired_raises_lock_lost(cluster3, clock):
+    manager = LockManager(cluster3.urls, clock=clock, sleep=clock.sleep)
+    with pytest.raises(LockLost), manager.lock("overrun", ttl=2.0):
+        clock.advance(5.0)
+
+
+def test_leases_do_not_share_tokens_and_the_token_is_never_shown(cluster3):
+    manager = make(cluster3)
+    first = manager.acquire("a", ttl=5.0)
+    second = manager.acquire("b", ttl=5.0)
+    assert first.token != second.token
+    assert len(first.token) == 40
+    assert first.token not in repr(first)
+    assert first.token not in repr(manager)
+    first.release()
+    second.release()
+
+
+def test_owner_metadata_is_stored_with_the_key(cluster3):
+    import json
+    import os
+
+    manager = make(cluster3)
+    lease = manager.acquire("owned", ttl=5.0, origin="tests.view")
+    with node_client(cluster3[0]) as client:
+        owner = json.loads(client.hget(lease.key, "o"))
+    assert owner["pid"] == os.getpid()
+    assert owner["origin"] == "tests.view"
+    assert owner["thread"] == "MainThread"
+    assert lease.token not in json.dumps(owner)
+    lease.release()
+
+
+def test_a_key_of_another_type_under_the_prefix_is_never_overwritten(cluster3):
+    for node in cluster3:
+        with node_client(node) as client:
+            client.set("redlock:plain", "user data")
+    manager = make(cluster3)
+    with pytest.raises(QuorumUnreachable, match="WRONGTYPE"):
+        manager.acquire("plain", blocking=False)
+    with node_client(cluster3[0]) as client:
+        assert client.get("redlock:plain") == b"user data"
+
+
+def test_evalsha_falls_back_to_eval_after_script_flush(cluster3):
+    manager = make(cluster3)
+    manager.acquire("warm", ttl=5.0).release()
+    for node in cluster3:
+        with node_client(node) as client:
+            client.script_flush()
+    lease = manager.acquire("after-flush", ttl=5.0)
+    lease.release()
