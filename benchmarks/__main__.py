@@ -1,0 +1,270 @@
+"""Side-by-side benchmarks: ``./run bench`` (or ``python -m benchmarks``).
+
+Starts its own nodes, then runs every contender in one process, interleaved in rounds so that
+machine noise hits them alike, and prints a table plus ratios against the anchors measured in
+the same run:
+
+- W1: one client, acquire + release of fresh keys; p50/p99 µs per pair.
+  Contenders: django_redlock N=3 and N=5, redis-py ``Lock`` (1 node), pottery ``Redlock``
+  N=3 and N=5.
+- W4: 5 nodes with 2 paused by SIGSTOP; success rate, p50/p99 acquire latency, and the
+  process's threads and open sockets before and after. Contenders: django_redlock and pottery
+  (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
+
+Every contender gets clients with the same 50 ms socket timeout and no client retries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_redlock import LockManager, LockNotAcquired
+from django_redlock.localnodes import LocalCluster, server_version
+
+NODE_TIMEOUT = 0.05
+TTL = 10.0
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=NODE_TIMEOUT,
+        socket_connect_timeout=NODE_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _open_sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+# A pair runner takes a fresh key name and does acquire + release; returns True on success.
+PairRunner = Callable[[str], bool]
+
+
+def ours(urls: list[str]) -> PairRunner:
+    manager = LockManager(urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
+
+    def run(name: str) -> bool:
+        try:
+            lease = manager.acquire(name, blocking=False)
+        except LockNotAcquired:
+            return False
+        lease.release()
+        return True
+
+    return run
+
+
+def redis_py(urls: list[str]) -> PairRunner:
+    client = _client(urls[0])
+
+    def run(name: str) -> bool:
+        lock = client.lock(name, timeout=TTL)
+        if not lock.acquire(blocking=False):
+            return False
+        lock.release()
+        return True
+
+    return run
+
+
+def pottery_redlock(urls: list[str]) -> PairRunner:
+    from pottery import Redlock
+
+    masters = frozenset(_client(url) for url in urls)
+
+    def run(name: str) -> bool:
+        lock = Redlock(key=name, masters=masters, auto_release_time=TTL)
+        if not lock.acquire(blocking=False):
+            return False
+        lock.release()
+        return True
+
+    return run
+
+
+@dataclass
+class Result:
+    label: str
+    pair_us: list[float] = field(default_factory=list)
+    acquire_us: list[float] = field(default_factory=list)
+    successes: int = 0
+    attempts: int = 0
+
+
+def _measure(result: Result, run: PairRunner, count: int, tag: str) -> None:
+    for index in range(count):
+        start = time.perf_counter()
+        ok = run(f"bench:{tag}:{index}")
+        result.pair_us.append((time.perf_counter() - start) * 1e6)
+        result.attempts += 1
+        result.successes += ok
+
+
+def w1(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int, rounds: int) -> None:
+    contenders: list[tuple[str, PairRunner]] = [
+        ("django_redlock N=5", ours(cluster5.urls)),
+        ("django_redlock N=3", ours(cluster3.urls)),
+        ("redis-py Lock (1 node)", redis_py(cluster5.urls)),
+        ("pottery Redlock N=5", pottery_redlock(cluster5.urls)),
+        ("pottery Redlock N=3", pottery_redlock(cluster3.urls)),
+    ]
+    results = {label: Result(label) for label, _ in contenders}
+    for label, run in contenders:  # warm up connections and script caches
+        _measure(Result(label), run, 50, "warm")
+    per_round = max(1, pairs // rounds)
+    for round_index in range(rounds):
+        # Rotate the order every round so no contender always runs first or last.
+        order = (
+            contenders[round_index % len(contenders) :]
+            + contenders[: round_index % len(contenders)]
+        )
+        for label, run in order:
+            slow = label.startswith("pottery")
+            _measure(results[label], run, per_round // 4 if slow else per_round, f"{round_index}")
+
+    print(
+        f"\nW1: one client, acquire + release of fresh keys ({pairs} pairs each, {rounds} rounds)"
+    )
+    print(f"{'contender':28} {'p50 µs':>9} {'p99 µs':>9} {'pairs/s':>9} {'ok':>6}")
+    for label, _ in contenders:
+        result = results[label]
+        p50 = statistics.median(result.pair_us)
+        print(
+            f"{label:28} {p50:9.0f} {_percentile(result.pair_us, 0.99):9.0f} "
+            f"{1e6 / statistics.mean(result.pair_us):9.0f} "
+            f"{result.successes / result.attempts:6.1%}"
+        )
+    ours5 = statistics.median(results["django_redlock N=5"].pair_us)
+    ours3 = statistics.median(results["django_redlock N=3"].pair_us)
+    anchor = statistics.median(results["redis-py Lock (1 node)"].pair_us)
+    pottery5 = statistics.median(results["pottery Redlock N=5"].pair_us)
+    pottery3 = statistics.median(results["pottery Redlock N=3"].pair_us)
+    print("ratios (p50, same run):")
+    print(f"  django_redlock N=5 / redis-py Lock 1 node = {ours5 / anchor:.2f}x  (target <= 1.00x)")
+    print(f"  django_redlock N=3 / redis-py Lock 1 node = {ours3 / anchor:.2f}x")
+    print(f"  pottery N=5 / django_redlock N=5          = {pottery5 / ours5:.1f}x  (target >= 12x)")
+    print(f"  pottery N=3 / django_redlock N=3          = {pottery3 / ours3:.1f}x")
+
+
+def w4(cluster5: LocalCluster, count: int) -> None:
+    print(f"\nW4: 5 nodes, 2 paused by SIGSTOP; {count} acquire + release pairs each")
+    print(
+        f"{'contender':28} {'success':>8} {'acq p50 µs':>11} {'acq p99 µs':>11} "
+        f"{'threads':>9} {'sockets':>9}"
+    )
+    for label, factory in (
+        ("django_redlock N=5", _w4_ours),
+        ("pottery Redlock N=5", _w4_pottery),
+    ):
+        acquire, release = factory(cluster5.urls)
+        acquire("warm")  # connect to every node while all are up
+        release()
+        threads_before, sockets_before = threading.active_count(), _open_sockets()
+        cluster5[0].pause()
+        cluster5[1].pause()
+        result = Result(label)
+        try:
+            for index in range(count):
+                start = time.perf_counter()
+                ok = acquire(f"bench:w4:{label}:{index}")
+                result.acquire_us.append((time.perf_counter() - start) * 1e6)
+                result.attempts += 1
+                if ok:
+                    result.successes += 1
+                    release()
+        finally:
+            cluster5[0].resume()
+            cluster5[1].resume()
+        threads_after, sockets_after = threading.active_count(), _open_sockets()
+        print(
+            f"{label:28} {result.successes / result.attempts:8.1%} "
+            f"{statistics.median(result.acquire_us):11.0f} "
+            f"{_percentile(result.acquire_us, 0.99):11.0f} "
+            f"{threads_before:>4}->{threads_after:<4} {sockets_before:>4}->{sockets_after:<4}"
+        )
+    print(
+        "  targets for django_redlock: 100% success, p99 <= 1000 µs, no growth of threads/sockets"
+    )
+
+
+def _w4_ours(urls: list[str]) -> tuple[Callable[[str], bool], Callable[[], None]]:
+    manager = LockManager(urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
+    held: list[object] = []
+
+    def acquire(name: str) -> bool:
+        try:
+            held.append(manager.acquire(name, blocking=False))
+        except LockNotAcquired:
+            return False
+        return True
+
+    def release() -> None:
+        held.pop().release()  # type: ignore[attr-defined]
+
+    return acquire, release
+
+
+def _w4_pottery(urls: list[str]) -> tuple[Callable[[str], bool], Callable[[], None]]:
+    from pottery import Redlock
+
+    masters = frozenset(_client(url) for url in urls)
+    held: list[Redlock] = []
+
+    def acquire(name: str) -> bool:
+        lock = Redlock(key=name, masters=masters, auto_release_time=TTL)
+        if lock.acquire(blocking=False):
+            held.append(lock)
+            return True
+        return False
+
+    def release() -> None:
+        held.pop().release()
+
+    return acquire, release
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
+    parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds")
+    parser.add_argument("--w4", type=int, default=400, help="W4 pairs per contender")
+    parser.add_argument("--only", choices=["w1", "w4"], help="run one workload")
+    args = parser.parse_args(argv)
+
+    print(f"server: {server_version()}")
+    print(f"python: {sys.version.split()[0]}, cores: {os.cpu_count()}")
+    with LocalCluster(3) as cluster3, LocalCluster(5) as cluster5:
+        if args.only in (None, "w1"):
+            w1(cluster3, cluster5, args.pairs, args.rounds)
+        if args.only in (None, "w4"):
+            w4(cluster5, args.w4)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
