@@ -89,28 +89,78 @@ class Script:
         parts = (len(keys), *keys, *args)
         return b"*%d\r\n" % (len(parts) + 2) + self._evalsha_head + encode_parts(parts)
 
-    def command(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> Command:
-        """EVALSHA, with EVAL as the NOSCRIPT fallback."""
-        return (self.evalsha(keys, args), partial(self.eval, keys, args))
+    def command(
+        self,
+        keys: Sequence[bytes | str],
+        args: Sequence[bytes | str | int],
+        *,
+        fallback_when_over: bool = False,
+    ) -> Command:
+        """EVALSHA, with EVAL as the NOSCRIPT fallback.
+
+        ``fallback_when_over``: send the EVAL even when the operation already has its answer
+        (right for an idempotent clean-up such as a release; wrong for an acquire, whose late
+        EVAL would take a key nobody will release).
+        """
+        return (
+            self.evalsha(keys, args),
+            Fallback(partial(self.eval, keys, args), fallback_when_over),
+        )
 
     def eval(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
         return encode_command(b"EVAL", self.source, len(keys), *keys, *args)
 
 
-# A command for one node: its bytes, and how to build the EVAL fallback if the node answers
-# NOSCRIPT (built lazily: the script source is only sent when a node lacks it).
-Command = tuple[bytes, Callable[[], bytes] | None]
+class Fallback:
+    """How to rebuild a command if the node answers NOSCRIPT (built lazily: the script source
+    is only sent to a node that lacks it), and whether to do so after the operation is over."""
+
+    __slots__ = ("build", "when_over")
+
+    def __init__(self, build: Callable[[], bytes], when_over: bool) -> None:
+        self.build = build
+        self.when_over = when_over
+
+
+# A command for one node: its bytes, and its NOSCRIPT fallback (None for plain commands).
+Command = tuple[bytes, Fallback | None]
 
 
 class _Exchange:
-    """Replies collected for one operation (one command per node)."""
+    """Replies collected for one operation (one command per node), and its vote count.
 
-    __slots__ = ("closed", "pending", "results")
+    A reply equal to ``yes_value`` is a yes vote; any other reply or a failure is a no. The
+    outcome is known once ``need`` said yes, or once more than ``size - need`` said no.
+    """
 
-    def __init__(self, size: int) -> None:
+    __slots__ = ("closed", "give_up", "need", "no", "pending", "results", "yes", "yes_value")
+
+    def __init__(self, size: int, yes_value: object, need: int) -> None:
         self.results: list[Any] = [PENDING] * size
         self.pending = 0
         self.closed = False
+        self.yes_value = yes_value
+        self.need = need
+        self.give_up = size - need
+        self.yes = 0
+        self.no = 0
+
+    def record(self, index: int, reply: object) -> None:
+        self.results[index] = reply
+        self.pending -= 1
+        if reply == self.yes_value:
+            self.yes += 1
+        else:
+            self.no += 1
+
+    @property
+    def decided(self) -> bool:
+        return self.yes >= self.need or self.no > self.give_up
+
+
+# Slot indexes below zero are the connection's own set-up commands.
+_LOGIN = -1  # AUTH / SELECT: an error reply makes the connection useless
+_PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under ACLs)
 
 
 class _Slot:
@@ -118,9 +168,7 @@ class _Slot:
 
     __slots__ = ("exchange", "fallback", "index")
 
-    def __init__(
-        self, exchange: _Exchange | None, index: int, fallback: Callable[[], bytes] | None
-    ) -> None:
+    def __init__(self, exchange: _Exchange | None, index: int, fallback: Fallback | None) -> None:
         self.exchange = exchange
         self.index = index
         self.fallback = fallback
@@ -129,7 +177,9 @@ class _Slot:
 class _Connection:
     """A non-blocking socket to one node, with its write buffer and expected replies."""
 
-    def __init__(self, address: NodeAddress, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, address: NodeAddress, clock: Callable[[], float], preload: Sequence[Script] = ()
+    ) -> None:
         self.address = address
         self.clock = clock
         self.created = clock()
@@ -146,7 +196,7 @@ class _Connection:
             except NodeError:
                 self.sock.close()
                 raise
-        self._queue_login()
+        self._queue_login(preload)
 
     def _open(self) -> socket.socket:
         """Start a non-blocking connect; TLS is layered on once TCP is up (see flush).
@@ -186,17 +236,22 @@ class _Connection:
             raise NodeError(f"TLS set-up failed: {exc}") from None
         self.tls_handshaking = True
 
-    def _queue_login(self) -> None:
+    def _queue_login(self, preload: Sequence[Script]) -> None:
         address = self.address
         if address.password is not None:
             login: tuple[bytes | str, ...] = (address.password,)
             if address.username:
                 login = (address.username, address.password)
             self.out += encode_command(b"AUTH", *login)
-            self.slots.append(_Slot(None, -1, None))
+            self.slots.append(_Slot(None, _LOGIN, None))
         if address.db:
             self.out += encode_command(b"SELECT", address.db)
-            self.slots.append(_Slot(None, -1, None))
+            self.slots.append(_Slot(None, _LOGIN, None))
+        # Load the scripts first, so EVALSHA does not meet NOSCRIPT in normal operation: a
+        # NOSCRIPT fallback is re-sent behind whatever was pipelined meanwhile, out of order.
+        for script in preload:
+            self.out += encode_command(b"SCRIPT", b"LOAD", script.source)
+            self.slots.append(_Slot(None, _PRELOAD, None))
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -299,7 +354,7 @@ class _Connection:
             if reply is False:
                 break
             slot = self.slots.popleft()
-            if slot.index < 0 and isinstance(reply, ReplyError):
+            if slot.index == _LOGIN and isinstance(reply, ReplyError):
                 # AUTH or SELECT was refused: every later reply on this socket is meaningless.
                 raise NodeError(f"login refused: {reply}")
             done.append((slot, reply))
@@ -331,6 +386,7 @@ class ConnectionSet:
         clock: monotonic clock in seconds (injected by tests).
         max_outstanding: replies a node may owe before it is skipped without sending.
         stall_reset: seconds a node may owe a reply before its connection is replaced.
+        preload: scripts loaded (SCRIPT LOAD) on every new connection.
     """
 
     def __init__(
@@ -340,8 +396,10 @@ class ConnectionSet:
         clock: Callable[[], float],
         max_outstanding: int,
         stall_reset: float,
+        preload: Sequence[Script] = (),
     ) -> None:
         self.addresses = tuple(addresses)
+        self.preload = tuple(preload)
         self.clock = clock
         self.max_outstanding = max_outstanding
         self.stall_reset = stall_reset
@@ -391,34 +449,36 @@ class ConnectionSet:
         for slot in conn.slots:
             exchange = slot.exchange
             if exchange is not None and not exchange.closed:
-                exchange.results[slot.index] = NodeError(reason)
-                exchange.pending -= 1
+                exchange.record(slot.index, NodeError(reason))
 
     def _connection(self, index: int, now: float) -> _Connection:
         """The usable connection to node ``index``, opened if needed.
 
-        A connection that owes replies is drained first (without blocking); if it still owes
-        some after ``stall_reset`` seconds without progress it is replaced, and while it owes
-        ``max_outstanding`` the node is skipped.
+        Replies still owed from earlier operations do not stop a new command: it is pipelined
+        behind them and they are read (and dropped) as they come. Only a connection that
+        looks stalled, owing ``max_outstanding`` replies or making no progress for
+        ``stall_reset`` seconds, is drained first without blocking; if that does not help it
+        is replaced (stalled too long) or the node is skipped (too many owed).
 
         Raises:
             NodeError: the node cannot be reached, or owes too many replies.
         """
         conn = self.connections[index]
         if conn is not None and conn.slots:
-            try:
-                self._deliver(index, conn.receive())
-            except NodeError as exc:
-                self._drop(index, str(exc))
-                raise
-            if conn.stalled_since is not None:
-                if now - conn.stalled_since > self.stall_reset:
-                    self._drop(index, "stalled connection reset")
-                    conn = None
-                elif len(conn.slots) >= self.max_outstanding:
-                    raise NodeError(f"stalled: {len(conn.slots)} replies outstanding")
+            stalled_since = conn.stalled_since
+            if stalled_since is not None and (
+                len(conn.slots) >= self.max_outstanding or now - stalled_since > self.stall_reset
+            ):
+                self._read(index, conn)
+                conn = self.connections[index]
+                if conn is not None and conn.stalled_since is not None:
+                    if now - conn.stalled_since > self.stall_reset:
+                        self._drop(index, "stalled connection reset")
+                        conn = None
+                    elif len(conn.slots) >= self.max_outstanding:
+                        raise NodeError(f"stalled: {len(conn.slots)} replies outstanding")
         if conn is None:
-            conn = _Connection(self.addresses[index], self.clock)  # may raise NodeError
+            conn = _Connection(self.addresses[index], self.clock, self.preload)  # may raise
             self.connections[index] = conn
             fd = conn.fileno()
             self.by_fd[index] = fd
@@ -426,36 +486,44 @@ class ConnectionSet:
             self.poller.register(fd, conn.events())
         return conn
 
-    def _deliver(self, index: int, replies: list[tuple[_Slot, Any]]) -> None:
+    def _read(self, index: int, conn: _Connection) -> None:
+        """Read what node ``index`` sent and hand each reply to the operation waiting for it
+        (a node that fails is dropped and its owed replies become errors)."""
+        try:
+            replies = conn.receive()
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return
         for slot, reply in replies:
             exchange = slot.exchange
-            if exchange is None or exchange.closed:
+            if exchange is None:
                 continue
-            if (
-                slot.fallback is not None
-                and isinstance(reply, ReplyError)
-                and str(reply).startswith("NOSCRIPT")
-            ):
-                conn = self.connections[index]
-                assert conn is not None
-                conn.send(slot.fallback(), _Slot(exchange, slot.index, None), self.clock())
-                if conn.out:
-                    self.poller.modify(conn.fileno(), conn.events())
+            fallback = slot.fallback
+            if exchange.closed and (fallback is None or not fallback.when_over):
                 continue
-            exchange.results[slot.index] = (
-                NodeError(str(reply)) if isinstance(reply, ReplyError) else reply
-            )
-            exchange.pending -= 1
+            if type(reply) is ReplyError:
+                if fallback is not None and str(reply).startswith("NOSCRIPT"):
+                    try:
+                        conn.send(fallback.build(), _Slot(exchange, slot.index, None), self.clock())
+                    except NodeError as exc:
+                        self._drop(index, str(exc))
+                        return
+                    if conn.out:
+                        self.poller.modify(conn.fileno(), conn.events())
+                    continue
+                reply = NodeError(str(reply))
+            if not exchange.closed:
+                exchange.record(slot.index, reply)
 
     def post(
-        self,
-        commands: Sequence[Command | None],
+        self, commands: Sequence[Command | None], yes_value: object = None, need: int = 0
     ) -> _Exchange:
         """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
 
-        Returns the exchange whose results fill in as replies are read.
+        Returns the exchange whose results fill in as replies are read; a reply equal to
+        ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes.
         """
-        exchange = _Exchange(len(commands))
+        exchange = _Exchange(len(commands), yes_value, need)
         now = self.clock()
         if self.pid != current_pid():
             self._forget_all()
@@ -470,6 +538,7 @@ class ConnectionSet:
                     conn = self._connection(index, now)
                 except NodeError as exc:
                     exchange.results[index] = exc
+                    exchange.no += 1
                     continue
             exchange.pending += 1
             try:
@@ -482,33 +551,27 @@ class ConnectionSet:
                 self.poller.modify(conn.fileno(), conn.events())
         return exchange
 
-    def wait(
-        self,
-        exchange: _Exchange,
-        deadline: float,
-        decided: Callable[[list[Any]], bool] | None = None,
-    ) -> list[Any]:
-        """Read replies until all arrived, ``decided(results)`` is true, or ``deadline``.
+    def wait(self, exchange: _Exchange, deadline: float) -> _Exchange:
+        """Read replies until the outcome is known, every node answered, or ``deadline``.
 
-        Results are the replies per node: a reply value, ``None`` for a skipped node, a
-        :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or :data:`PENDING`
-        (not waited for: ``decided`` was already true). Late replies are read and dropped.
+        Afterwards ``exchange.results`` holds per node: the reply, ``None`` for a skipped
+        node, a :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or
+        :data:`PENDING` (not waited for: the outcome was already known). Late replies are
+        read and dropped by later operations.
         """
-        results = exchange.results
         try:
-            while exchange.pending > 0:
-                if decided is not None and decided(results):
-                    return results
+            while exchange.pending > 0 and not exchange.decided:
                 remaining = deadline - self.clock()
                 if remaining <= 0:
+                    results = exchange.results
                     for index, reply in enumerate(results):
                         if reply is PENDING:
                             results[index] = TIMED_OUT
-                    return results
+                    break
                 self._poll_once(remaining)
         finally:
             exchange.closed = True
-        return results
+        return exchange
 
     def _poll_once(self, timeout: float) -> None:
         # poll() takes whole milliseconds; round up so a short timeout is not a busy loop.
@@ -519,23 +582,21 @@ class ConnectionSet:
             conn = self.connections[index]
             if conn is None:  # pragma: no cover - dropped earlier in this same loop
                 continue
-            try:
-                if event & select.POLLOUT:
+            if event & select.POLLOUT:
+                try:
                     conn.flush()
-                    self.poller.modify(fd, conn.events())
-                if event & (_POLL_IN | _POLL_ERR):
-                    self._deliver(index, conn.receive())
-            except NodeError as exc:
-                self._drop(index, str(exc))
+                except NodeError as exc:
+                    self._drop(index, str(exc))
+                    continue
+                self.poller.modify(fd, conn.events())
+            if event & (_POLL_IN | _POLL_ERR):
+                self._read(index, conn)
 
     def run(
-        self,
-        commands: Sequence[Command | None],
-        deadline: float,
-        decided: Callable[[list[Any]], bool] | None = None,
-    ) -> list[Any]:
+        self, commands: Sequence[Command | None], deadline: float, yes_value: object, need: int
+    ) -> _Exchange:
         """:meth:`post` then :meth:`wait`: one round trip to every node."""
-        return self.wait(self.post(commands), deadline, decided)
+        return self.wait(self.post(commands, yes_value, need), deadline)
 
 
 class ThreadConnections:

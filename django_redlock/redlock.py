@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import random
+import re
 import secrets
 import socket
 import threading
@@ -36,7 +37,6 @@ from typing import Any
 from django_redlock._nodes import NodeAddress, parse_nodes
 from django_redlock._process import current_pid
 from django_redlock._transport import (
-    PENDING,
     TIMED_OUT,
     Command,
     ConnectionSet,
@@ -81,6 +81,8 @@ MAX_NAME_BYTES = 1024
 # The spec adds 2 ms to the drift term for the resolution of the nodes' expiry clocks.
 _DRIFT_MILLIS = 0.002
 _SCRIPTS = Path(__file__).with_name("scripts")
+# Unicode category Cc is exactly these two ranges.
+_CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
 def _script(name: str) -> Script:
@@ -120,11 +122,14 @@ def validate_name(name: object) -> str:
         raise TypeError(f"name must be a str, not {type(name).__name__}")
     if not name:
         raise ValueError("name must not be empty")
-    name = unicodedata.normalize("NFC", name)
-    size = len(name.encode("utf-8"))
+    if name.isascii():  # the common case: already NFC, one byte per character
+        size = len(name)
+    else:
+        name = unicodedata.normalize("NFC", name)
+        size = len(name.encode("utf-8"))
     if size > MAX_NAME_BYTES:
         raise ValueError(f"name is {size} bytes long; the limit is {MAX_NAME_BYTES} UTF-8 bytes")
-    if any(unicodedata.category(char) == "Cc" for char in name):
+    if _CONTROL_CHARACTERS.search(name):
         raise ValueError(f"name must not contain control characters: {name!r}")
     return name
 
@@ -343,6 +348,7 @@ class LockManager:
             # A node that owes replies this long gets a fresh connection (bounded count:
             # the old one is closed), so a half-open socket cannot block it forever.
             stall_reset=max(1.0, 20 * self.node_timeout),
+            preload=(_ACQUIRE, _RELEASE, _EXTEND),
         )
 
     def __repr__(self) -> str:
@@ -451,13 +457,17 @@ class LockManager:
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
 
         key = self.key_prefix + name
-        token = secrets.token_hex(20)
         ttl_ms = math.ceil(seconds * 1000)
-        command = _ACQUIRE.command((key,), (token, ttl_ms, self._owner(origin)))
+        owner = self._owner(origin)
         deadline = None if (blocking and wait is None) else self._clock() + (wait or 0.0)
         attempts = 0
         while True:
             attempts += 1
+            # A fresh token per attempt: the clean-up release of a failed attempt may reach a
+            # node late (pipelined, or re-sent after NOSCRIPT) and must never hit a later
+            # attempt's key.
+            token = secrets.token_hex(20)
+            command = _ACQUIRE.command((key,), (token, ttl_ms, owner))
             lease, error = self._attempt(name, key, token, seconds, command, attempts)
             if lease is not None:
                 return lease
@@ -483,21 +493,10 @@ class LockManager:
         connections = self._connections.get()
         size = len(self.addresses)
         quorum = self.quorum
-        most_failures = size - quorum
-
-        def decided(results: list[Any]) -> bool:
-            granted = failed = 0
-            for reply in results:
-                if reply == _GRANTED:
-                    granted += 1
-                elif reply is not PENDING:
-                    failed += 1
-            return granted >= quorum or failed > most_failures
-
         start = self._clock()
         try:
-            results = connections.run(
-                [command] * size, time.monotonic() + self.node_timeout, decided
+            exchange = connections.run(
+                [command] * size, time.monotonic() + self.node_timeout, _GRANTED, quorum
             )
         except BaseException:
             # Interrupted (KeyboardInterrupt, cancel): some SETs may have landed.
@@ -505,7 +504,8 @@ class LockManager:
             raise
         elapsed = self._clock() - start
         validity = ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
-        granted = sum(1 for reply in results if reply == _GRANTED)
+        granted = exchange.yes
+        results = exchange.results
         if granted >= quorum and validity > 0:
             logger.info("acquired %r on %d/%d nodes", name, granted, size)
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
@@ -529,7 +529,7 @@ class LockManager:
         kind: type[LockNotAcquired] = QuorumUnreachable
         if granted >= quorum:
             errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
-        elif len(errors) <= most_failures:
+        elif len(errors) <= size - quorum:
             kind = LockContended
         error = kind(
             name,
@@ -550,12 +550,12 @@ class LockManager:
         Pipelined on the same per-node connection as the SET, so a stalled node applies the
         release after the SET when it wakes up and no zombie key is left behind.
         """
-        command = _RELEASE.command((key,), (token,))
+        command = _RELEASE.command((key,), (token,), fallback_when_over=True)
         commands: list[Command | None] = [
             None if results is not None and isinstance(results[index], int) else command
             for index in range(len(self.addresses))
         ]
-        connections.post(commands)
+        connections.post(commands, 1, len(commands))
 
     # -- release and extend ----------------------------------------------------------------
 
@@ -564,19 +564,21 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
-        command = _RELEASE.command((lease.key,), (lease.token,))
-
-        def decided(results: list[Any]) -> bool:
-            return sum(1 for reply in results if reply == 1) >= quorum
-
-        results = connections.run([command] * size, time.monotonic() + self.node_timeout, decided)
-        deleted = sum(1 for reply in results if reply == 1)
+        command = _RELEASE.command((lease.key,), (lease.token,), fallback_when_over=True)
+        exchange = connections.run(
+            [command] * size, time.monotonic() + self.node_timeout, 1, quorum
+        )
+        results = exchange.results
+        deleted = exchange.yes
         gone = sum(1 for reply in results if reply == 0)
         if expired:
             lease._mark_lost("the lease expired before it was released")
             raise LockLost(lease.name, "the lease expired before it was released")
         if gone > size - quorum:
-            reason = f"only {deleted} of {size} nodes still held it at release"
+            reason = (
+                f"only {deleted} of {size} nodes still held it at release "
+                f"({_summarise(self.addresses, results, self.node_timeout)})"
+            )
             lease._mark_lost(reason)
             raise LockLost(lease.name, reason)
         if deleted < quorum:
@@ -596,14 +598,13 @@ class LockManager:
         quorum = self.quorum
         ttl_ms = math.ceil(lease.ttl * 1000)
         command = _EXTEND.command((lease.key,), (lease.token, ttl_ms))
-
-        def decided(results: list[Any]) -> bool:
-            return sum(1 for reply in results if reply == 1) >= quorum
-
         start = self._clock()
-        results = connections.run([command] * size, time.monotonic() + self.node_timeout, decided)
+        exchange = connections.run(
+            [command] * size, time.monotonic() + self.node_timeout, 1, quorum
+        )
         now = self._clock()
-        extended = sum(1 for reply in results if reply == 1)
+        results = exchange.results
+        extended = exchange.yes
         validity = lease.ttl - (now - start) - (lease.ttl * self.drift_factor + _DRIFT_MILLIS)
         if extended >= quorum and now < lease._expires_at and validity > 0:
             lease._expires_at = start + validity + (now - start)
@@ -613,7 +614,7 @@ class LockManager:
             reason = "the lease expired while it was being extended"
         else:
             reason = (
-                f"extended on only {extended} of {size} nodes "
+                f"not extended on {exchange.no} of {size} nodes, a quorum needs {quorum} "
                 f"({_summarise(self.addresses, results, self.node_timeout)})"
             )
         lease._mark_lost(reason)
