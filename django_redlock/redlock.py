@@ -30,6 +30,7 @@ import threading
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,6 +41,7 @@ from django_redlock._transport import (
     TIMED_OUT,
     Command,
     ConnectionSet,
+    Fallback,
     NodeError,
     Script,
     ThreadConnections,
@@ -93,6 +95,41 @@ _ACQUIRE = _script("acquire")
 _RELEASE = _script("release")
 _EXTEND = _script("extend")
 _GRANTED = b"OK"
+_ACQUIRE_HEAD = _ACQUIRE.head(3)
+_RELEASE_HEAD = _RELEASE.head(1)
+_EXTEND_HEAD = _EXTEND.head(2)
+
+
+# Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
+# non-ASCII characters (len in characters != len in bytes) takes the generic encoder.
+def _acquire_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
+    fallback = Fallback(partial(_ACQUIRE.eval, (key,), (token, ttl_ms, owner)), False)
+    if key.isascii() and owner.isascii():
+        ttl = str(ttl_ms)
+        text = (
+            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n"
+            f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
+        )
+        return (text.encode(), fallback)
+    return (_ACQUIRE.evalsha((key,), (token, ttl_ms, owner)), fallback)
+
+
+def _release_command(key: str, token: str) -> Command:
+    # The fallback is sent even when the release already has its answer: deleting our own
+    # key late is always right, and leaving it would block the next holder until expiry.
+    fallback = Fallback(partial(_RELEASE.eval, (key,), (token,)), True)
+    if key.isascii():
+        return (f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n".encode(), fallback)
+    return (_RELEASE.evalsha((key,), (token,)), fallback)
+
+
+def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
+    fallback = Fallback(partial(_EXTEND.eval, (key,), (token, ttl_ms)), False)
+    if key.isascii():
+        ttl = str(ttl_ms)
+        text = f"{_EXTEND_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n"
+        return (text.encode(), fallback)
+    return (_EXTEND.evalsha((key,), (token, ttl_ms)), fallback)
 
 
 def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
@@ -467,7 +504,7 @@ class LockManager:
             # node late (pipelined, or re-sent after NOSCRIPT) and must never hit a later
             # attempt's key.
             token = secrets.token_hex(20)
-            command = _ACQUIRE.command((key,), (token, ttl_ms, owner))
+            command = _acquire_command(key, token, ttl_ms, owner)
             lease, error = self._attempt(name, key, token, seconds, command, attempts)
             if lease is not None:
                 return lease
@@ -550,7 +587,7 @@ class LockManager:
         Pipelined on the same per-node connection as the SET, so a stalled node applies the
         release after the SET when it wakes up and no zombie key is left behind.
         """
-        command = _RELEASE.command((key,), (token,), fallback_when_over=True)
+        command = _release_command(key, token)
         commands: list[Command | None] = [
             None if results is not None and isinstance(results[index], int) else command
             for index in range(len(self.addresses))
@@ -564,7 +601,7 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
-        command = _RELEASE.command((lease.key,), (lease.token,), fallback_when_over=True)
+        command = _release_command(lease.key, lease.token)
         exchange = connections.run(
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum
         )
@@ -597,7 +634,7 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         ttl_ms = math.ceil(lease.ttl * 1000)
-        command = _EXTEND.command((lease.key,), (lease.token, ttl_ms))
+        command = _extend_command(lease.key, lease.token, ttl_ms)
         start = self._clock()
         exchange = connections.run(
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum

@@ -1,0 +1,111 @@
+"""The Lua scripts, called directly on one real node, and the wire encoding around them."""
+
+from __future__ import annotations
+
+import json
+
+import hiredis
+import pytest
+
+from django_redlock import redlock
+from django_redlock._resp import PythonReader, ReplyError, encode_command
+from tests.helpers import node_client
+
+
+@pytest.fixture
+def node(cluster3):
+    with node_client(cluster3[0]) as client:
+        yield client
+
+
+def acquire(client, key, token, ttl_ms=10_000, owner="{}"):
+    return client.eval(redlock._ACQUIRE.source, 1, key, token, ttl_ms, owner)
+
+
+def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
+    assert acquire(node, "k", "a" * 40, owner='{"pid":1}') == b"OK"
+    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":1}'}
+    assert 9_000 < node.pttl("k") <= 10_000
+    left = acquire(node, "k", "b" * 40)
+    assert 9_000 < left <= 10_000
+    assert node.hget("k", "t") == b"a" * 40
+
+
+def test_acquire_with_the_same_token_renews_instead_of_refusing(node):
+    assert acquire(node, "k", "a" * 40, ttl_ms=5_000) == b"OK"
+    assert acquire(node, "k", "a" * 40, ttl_ms=20_000) == b"OK"
+    assert node.pttl("k") > 15_000
+
+
+def test_acquire_never_overwrites_foreign_keys(node):
+    node.set("plain", "user data")
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        acquire(node, "plain", "a" * 40)
+    node.hset("hash", "field", "x")  # a hash of someone else's, no expiry
+    assert acquire(node, "hash", "a" * 40) == -1
+    assert node.get("plain") == b"user data"
+    assert node.hgetall("hash") == {b"field": b"x"}
+
+
+def test_release_deletes_only_its_own_token(node):
+    acquire(node, "k", "a" * 40)
+    assert node.eval(redlock._RELEASE.source, 1, "k", "b" * 40) == 0
+    assert node.exists("k") == 1
+    assert node.eval(redlock._RELEASE.source, 1, "k", "a" * 40) == 1
+    assert node.exists("k") == 0
+    assert node.eval(redlock._RELEASE.source, 1, "k", "a" * 40) == 0
+
+
+def test_extend_renews_only_its_own_live_key(node):
+    acquire(node, "k", "a" * 40, ttl_ms=2_000)
+    assert node.eval(redlock._EXTEND.source, 1, "k", "a" * 40, 30_000) == 1
+    assert node.pttl("k") > 25_000
+    assert node.eval(redlock._EXTEND.source, 1, "k", "b" * 40, 30_000) == 0
+    node.delete("k")
+    assert node.eval(redlock._EXTEND.source, 1, "k", "a" * 40, 30_000) == 0
+    assert node.exists("k") == 0  # never re-created
+
+
+def test_hostile_names_are_data_not_code(cluster3):
+    manager = redlock.LockManager(cluster3.urls)
+    for name in ("']]; redis.call('FLUSHALL') --", "a\\\\b", "job*?[x]", "Ünï😀", "]]"):
+        with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
+            assert client.hget(lease.key, "t") == lease.token.encode()
+    with node_client(cluster3[0]) as client:
+        assert client.dbsize() == 0
+
+
+@pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
+def test_hot_path_encoders_match_the_generic_encoder(key):
+    owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
+    token = "f" * 40
+    assert (
+        redlock._acquire_command(key, token, 1500, owner)[0]
+        == redlock._ACQUIRE.evalsha((key,), (token, 1500, owner))
+        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 1, key, token, 1500, owner)
+    )
+    assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha((key,), (token,))
+    assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
+
+
+def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():
+    wire = (
+        b"+OK\r\n-ERR wrong\r\n:42\r\n:-1\r\n$5\r\nhello\r\n$-1\r\n$0\r\n\r\n"
+        b"*3\r\n:1\r\n$2\r\nab\r\n*1\r\n+x\r\n*-1\r\n*0\r\n"
+    )
+    fast = hiredis.Reader(replyError=ReplyError)
+    fast.feed(wire)
+    expected = []
+    while (reply := fast.gets()) is not False:
+        expected.append(reply)
+    slow = PythonReader()
+    got = []
+    for byte in wire:
+        slow.feed(bytes([byte]))
+        while (reply := slow.gets()) is not False:
+            got.append(reply)
+    assert [type(r) for r in got] == [type(r) for r in expected]
+    assert [str(r) if isinstance(r, ReplyError) else r for r in got] == [
+        str(r) if isinstance(r, ReplyError) else r for r in expected
+    ]
+    assert len(got) == 10
