@@ -26,6 +26,7 @@ import random
 import re
 import secrets
 import socket
+import sys
 import threading
 import time
 import unicodedata
@@ -33,8 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
+from django_redlock import _extender
 from django_redlock._nodes import NodeAddress, parse_nodes
 from django_redlock._process import current_pid
 from django_redlock._transport import (
@@ -98,6 +100,7 @@ _GRANTED = b"OK"
 _ACQUIRE_HEAD = _ACQUIRE.head(3)
 _RELEASE_HEAD = _RELEASE.head(1)
 _EXTEND_HEAD = _EXTEND.head(2)
+_HOLDER = _script("holder")
 
 
 # Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
@@ -193,16 +196,24 @@ class Lease:
         token: str,
         ttl: float,
         expires_at: float,
+        acquired_at: float,
+        origin: str | None = None,
     ) -> None:
         self._manager = manager
         self.name = name
         self.key = key
         self._token = token
         self.ttl = ttl
+        self.origin = origin
+        self.acquired_at = acquired_at
         self._expires_at = expires_at
         self.fencing_token: int | None = None
         self._released = False
         self._lost_reason: str | None = None
+        # Set for auto-extended leases only: serialises the extender's renewals with the
+        # owner's release, so a renewal never races a release into a false "lost".
+        self._guard: threading.Lock | None = None
+        self._renew_until: float | None = None
 
     @property
     def token(self) -> str:
@@ -231,9 +242,32 @@ class Lease:
         """True once :meth:`release` was called on this lease."""
         return self._released
 
+    @property
+    def auto_extended(self) -> bool:
+        """True while a background thread renews this lease (see ``auto_extend``)."""
+        return self._guard is not None and not self._released and self._lost_reason is None
+
     def _mark_lost(self, reason: str) -> None:
         if self._lost_reason is None:
             self._lost_reason = reason
+            self._manager._notify_lost(self, reason)
+
+    def _renew_once(self) -> float | None:
+        """One renewal by the extender; returns when the next is due, or None to stop."""
+        assert self._guard is not None
+        with self._guard:
+            if self._released or self._lost_reason is not None:
+                return None
+            now = time.monotonic()
+            if self._renew_until is not None and now >= self._renew_until:
+                logger.info("max_hold reached for %r: renewal stops, the lease runs out", self.name)
+                return None
+            try:
+                self._manager._extend(self)
+            except (LockLost, LeaseReleased) as error:
+                logger.warning("auto-extension of %r failed: %s", self.name, error)
+                return None
+        return time.monotonic() + self.ttl / 3
 
     def check(self) -> None:
         """Raise unless the lease is still valid.
@@ -263,8 +297,13 @@ class Lease:
                 renewal finished after the old validity ran out. The lease is then released
                 everywhere (best effort) and stays lost.
         """
-        self.check()
-        return self._manager._extend(self)
+        guard = self._guard
+        if guard is None:
+            self.check()
+            return self._manager._extend(self)
+        with guard:
+            self.check()
+            return self._manager._extend(self)
 
     def release(self) -> None:
         """Delete the lock on every node, where it still holds this lease's token.
@@ -276,6 +315,14 @@ class Lease:
                 (Nodes that fail to answer while the lease is still valid are logged, not
                 raised: their keys expire by themselves.)
         """
+        guard = self._guard
+        if guard is None:
+            self._release_now()
+            return
+        with guard:
+            self._release_now()
+
+    def _release_now(self) -> None:
         if self._released:
             raise LeaseReleased(self.name)
         self._released = True
@@ -300,6 +347,27 @@ class Lease:
         except (LockLost, LeaseReleased) as release_error:
             # Never hide the block's own exception behind the release's.
             logger.warning("releasing %r after an error: %s", self.name, release_error)
+
+
+class LockObserver(Protocol):
+    """Hears about every lease of a manager (the Django layer sends signals and keeps metrics
+    through one). Called synchronously in the thread that did the operation; the extender
+    thread reports lost renewals. Must not raise; must be quick."""
+
+    def acquired(self, lease: Lease, waited: float) -> None:
+        """A lease was taken after ``waited`` seconds."""
+
+    def released(self, lease: Lease, held: float) -> None:
+        """A lease was released after ``held`` seconds (also when release raised LockLost)."""
+
+    def extended(self, lease: Lease, validity: float) -> None:
+        """A lease was renewed (by its owner or the extender); ``validity`` seconds left."""
+
+    def lost(self, lease: Lease, reason: str) -> None:
+        """A lease was found lost (expired, renewal failed, or gone at release); once each."""
+
+    def gave_up(self, error: LockNotAcquired, waited: float) -> None:
+        """An acquire raised ``error`` after ``waited`` seconds."""
 
 
 class _LockContext:
@@ -340,6 +408,7 @@ class LockManager:
         clock: monotonic clock in seconds for lease validity and retry budgets (tests
             inject a fake one; per-node network timeouts always use real time).
         sleep: how to wait between attempts (tests inject a fake one).
+        observer: told of every acquire, release, loss and give-up (see :class:`LockObserver`).
 
     Raises:
         TypeError, ValueError: a bad argument; the message names it.
@@ -356,8 +425,10 @@ class LockManager:
         key_prefix: str = "redlock:",
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        observer: LockObserver | None = None,
     ) -> None:
         self.addresses: tuple[NodeAddress, ...] = parse_nodes(nodes)
+        self.observer = observer
         self.node_timeout = _seconds(node_timeout, "node_timeout")
         self.retry_delay = _seconds(retry_delay, "retry_delay")
         drift = _seconds(drift_factor, "drift_factor", allow_zero=True)
@@ -385,7 +456,7 @@ class LockManager:
             # A node that owes replies this long gets a fresh connection (bounded count:
             # the old one is closed), so a half-open socket cannot block it forever.
             stall_reset=max(1.0, 20 * self.node_timeout),
-            preload=(_ACQUIRE, _RELEASE, _EXTEND),
+            preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER),
         )
 
     def __repr__(self) -> str:
@@ -441,12 +512,19 @@ class LockManager:
         than a loopback round trip on a small VM.
         """
         thread = threading.current_thread()
+        task = _current_task_name()
         cache = self._owner_cache
-        key = (current_pid(), thread.ident, thread.name, origin)
+        key = (current_pid(), thread.ident, thread.name, task, origin)
         prefix = cache.get(key)
         if prefix is None:
             body = json.dumps(
-                {"host": self._host, "pid": key[0], "thread": thread.name, "origin": origin},
+                {
+                    "host": self._host,
+                    "pid": key[0],
+                    "thread": thread.name,
+                    "task": task,
+                    "origin": origin,
+                },
                 separators=(",", ":"),
             )
             prefix = body[:-1] + ',"acquired_at":'
@@ -464,6 +542,8 @@ class LockManager:
         ttl: float | None = None,
         blocking: bool = True,
         timeout: float | None = None,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
         origin: str | None = None,
     ) -> Lease:
         """Take the lock ``name``; return its :class:`Lease`.
@@ -475,6 +555,10 @@ class LockManager:
             timeout: seconds to keep trying when blocking; ``None`` waits forever
                 (discouraged). The attempt in flight is bounded too: acquire returns or raises
                 within ``timeout + node_timeout`` plus scheduling noise.
+            auto_extend: renew the lease in the background every ``ttl / 3`` while it is
+                held; a failed renewal marks it lost (``lease.lost``, ``lease.check()``).
+            max_hold: with ``auto_extend``, seconds after which renewal stops, so a stuck
+                holder cannot keep the lock forever (the lease then runs out within a ttl).
             origin: free text stored with the lock to tell operators where it was taken
                 (a view or command name).
 
@@ -490,13 +574,19 @@ class LockManager:
         wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
         if not blocking and wait:
             raise ValueError("timeout must be None or 0 when blocking=False")
+        if not isinstance(auto_extend, bool):
+            raise TypeError(f"auto_extend must be a bool, not {type(auto_extend).__name__}")
+        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
+        if hold is not None and not auto_extend:
+            raise ValueError("max_hold only applies with auto_extend=True")
         if origin is not None and not isinstance(origin, str):
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
 
         key = self.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = self._owner(origin)
-        deadline = None if (blocking and wait is None) else self._clock() + (wait or 0.0)
+        started = self._clock()
+        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
         attempts = 0
         while True:
             attempts += 1
@@ -505,18 +595,70 @@ class LockManager:
             # attempt's key.
             token = secrets.token_hex(20)
             command = _acquire_command(key, token, ttl_ms, owner)
-            lease, error = self._attempt(name, key, token, seconds, command, attempts)
+            lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
             if lease is not None:
+                if auto_extend:
+                    lease._guard = threading.Lock()
+                    if hold is not None:
+                        lease._renew_until = time.monotonic() + hold
+                    _extender.schedule(lease, time.monotonic() + seconds / 3)
+                if self.observer is not None:
+                    self.observer.acquired(lease, lease.acquired_at - started)
                 return lease
             assert error is not None
             now = self._clock()
             if not blocking or (deadline is not None and now >= deadline):
                 logger.debug("gave up on %r: %s", name, error)
+                if self.observer is not None:
+                    self.observer.gave_up(error, now - started)
                 raise error
             delay = self.retry_delay * random.uniform(0.5, 1.5)
             if deadline is not None:
                 delay = min(delay, deadline - now)
             self._sleep(delay)
+
+    def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds lock ``name``, from the owner metadata stored with it, or None.
+
+        Returns the owner dict (host, pid, thread, task, origin, acquired_at as epoch
+        seconds) as found on most nodes that answered, plus ``nodes`` (how many hold it) and
+        ``ttl`` (the longest remaining seconds among them). Never the token.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        key = self.key_prefix + validate_name(name)
+        command = _HOLDER.command((key,), ())
+        exchange = self._connections.get().run(
+            [command] * len(self.addresses),
+            time.monotonic() + self.node_timeout,
+            None,
+            len(self.addresses),
+        )
+        owners: dict[str, int] = {}
+        ttls: dict[str, float] = {}
+        for reply in exchange.results:
+            if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes):
+                raw = reply[0].decode("utf-8", "replace")
+                owners[raw] = owners.get(raw, 0) + 1
+                ttls[raw] = max(ttls.get(raw, 0.0), reply[1] / 1000)
+        if not owners:
+            return None
+        raw, count = max(owners.items(), key=lambda item: item[1])
+        try:
+            owner = json.loads(raw)
+        except ValueError:
+            owner = {"raw": raw}
+        if not isinstance(owner, dict):
+            owner = {"raw": raw}
+        owner["nodes"] = count
+        owner["ttl"] = ttls[raw]
+        return owner
+
+    def _notify_lost(self, lease: Lease, reason: str) -> None:
+        logger.warning("lease on %r lost: %s", lease.name, reason)
+        if self.observer is not None:
+            self.observer.lost(lease, reason)
 
     def _attempt(
         self,
@@ -526,6 +668,7 @@ class LockManager:
         ttl: float,
         command: Command,
         attempts: int,
+        origin: str | None,
     ) -> tuple[Lease | None, LockNotAcquired | None]:
         connections = self._connections.get()
         size = len(self.addresses)
@@ -545,11 +688,26 @@ class LockManager:
         results = exchange.results
         if granted >= quorum and validity > 0:
             logger.info("acquired %r on %d/%d nodes", name, granted, size)
+            if exchange.no:
+                logger.warning(
+                    "acquired %r despite node errors: %s",
+                    name,
+                    _summarise(self.addresses, results, self.node_timeout),
+                )
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: that instant is when validity reaches 0.
             expires_at = start + elapsed + validity
             return (
-                Lease(self, name=name, key=key, token=token, ttl=ttl, expires_at=expires_at),
+                Lease(
+                    self,
+                    name=name,
+                    key=key,
+                    token=token,
+                    ttl=ttl,
+                    expires_at=expires_at,
+                    acquired_at=start + elapsed,
+                    origin=origin,
+                ),
                 None,
             )
 
@@ -608,6 +766,8 @@ class LockManager:
         results = exchange.results
         deleted = exchange.yes
         gone = sum(1 for reply in results if reply == 0)
+        if self.observer is not None:
+            self.observer.released(lease, self._clock() - lease.acquired_at)
         if expired:
             lease._mark_lost("the lease expired before it was released")
             raise LockLost(lease.name, "the lease expired before it was released")
@@ -646,6 +806,8 @@ class LockManager:
         if extended >= quorum and now < lease._expires_at and validity > 0:
             lease._expires_at = start + validity + (now - start)
             logger.debug("extended %r on %d/%d nodes", lease.name, extended, size)
+            if self.observer is not None:
+                self.observer.extended(lease, validity)
             return validity
         if now >= lease._expires_at:
             reason = "the lease expired while it was being extended"
@@ -666,6 +828,8 @@ class LockManager:
         ttl: float | None = None,
         blocking: bool = True,
         timeout: float | None = None,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
         origin: str | None = None,
     ) -> _LockContext:
         """A context manager: acquire on enter (yielding the :class:`Lease`), release on exit.
@@ -674,8 +838,26 @@ class LockManager:
         block raises :class:`LockLost` if the lease was lost, unless the block itself raised.
         """
         return _LockContext(
-            self, name, {"ttl": ttl, "blocking": blocking, "timeout": timeout, "origin": origin}
+            self,
+            name,
+            {
+                "ttl": ttl,
+                "blocking": blocking,
+                "timeout": timeout,
+                "auto_extend": auto_extend,
+                "max_hold": max_hold,
+                "origin": origin,
+            },
         )
+
+
+def _current_task_name() -> str | None:
+    """The running asyncio task's name, or None outside a task (cheap when no loop runs)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None or asyncio.events._get_running_loop() is None:
+        return None
+    task = asyncio.current_task()
+    return None if task is None else task.get_name()
 
 
 def _error_text(reply: object, node_timeout: float) -> str:

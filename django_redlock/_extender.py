@@ -1,0 +1,79 @@
+"""One background thread per process that renews every auto-extended lease.
+
+A thread per lock would cost a thread per held lock; one scheduler thread with a heap of due
+times renews them all, each at a third of its ttl (so two renewals can fail before the lease
+runs out). Leases are held weakly: a lease dropped without release stops being renewed and
+expires by itself. After ``fork()`` the child starts with no scheduled leases and no thread:
+it owns nothing of the parent's.
+
+Renewal keeps lease continuity (``Lease.extend``): it never re-creates an expired key. A failed
+renewal marks the lease lost at once (the manager's observer hears of it) and stops renewing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+from django_redlock._process import current_pid
+
+if TYPE_CHECKING:
+    from django_redlock.redlock import Lease
+
+__all__ = ["schedule"]
+
+
+class _Extender:
+    def __init__(self) -> None:
+        self.pid = current_pid()
+        self.condition = threading.Condition()
+        self.heap: list[tuple[float, int, weakref.ref[Lease]]] = []
+        self.counter = itertools.count()
+        self.thread: threading.Thread | None = None
+
+    def schedule(self, lease: Lease, due: float) -> None:
+        with self.condition:
+            heapq.heappush(self.heap, (due, next(self.counter), weakref.ref(lease)))
+            if self.thread is None:
+                self.thread = threading.Thread(
+                    target=self._run, name="django_redlock-extender", daemon=True
+                )
+                self.thread.start()
+            self.condition.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self.condition:
+                while True:
+                    now = time.monotonic()
+                    if self.heap and self.heap[0][0] <= now:
+                        _, _, ref = heapq.heappop(self.heap)
+                        break
+                    timeout = self.heap[0][0] - now if self.heap else None
+                    self.condition.wait(timeout)
+            lease = ref()
+            if lease is not None:
+                self._renew(lease)
+
+    def _renew(self, lease: Lease) -> None:
+        due = lease._renew_once()
+        if due is not None:
+            self.schedule(lease, due)
+
+
+_extender: _Extender | None = None
+_lock = threading.Lock()
+
+
+def schedule(lease: Lease, due: float) -> None:
+    """Renew ``lease`` at ``due`` (a ``time.monotonic()`` instant), then as it says."""
+    global _extender
+    with _lock:
+        if _extender is None or _extender.pid != current_pid():
+            _extender = _Extender()
+        extender = _extender
+    extender.schedule(lease, due)

@@ -1,0 +1,161 @@
+"""Auto-extension, loss notification, max_hold, the holder's metadata, and the observer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from django_redlock import LockContended, LockLost, LockManager
+from tests.helpers import node_client
+
+WAIT = 10.0  # generous upper bound for events from the extender thread
+
+
+class Recorder:
+    """A LockObserver that records events and lets tests wait for them."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.extended_event = threading.Event()
+        self.lost_event = threading.Event()
+        self.extensions = 0
+        self.lost_reasons: list[str] = []
+        self.waits: list[float] = []
+        self.holds: list[float] = []
+
+    def acquired(self, lease, waited):
+        self.events.append(("acquired", lease.name))
+        self.waits.append(waited)
+
+    def released(self, lease, held):
+        self.events.append(("released", lease.name))
+        self.holds.append(held)
+
+    def extended(self, lease, validity):
+        self.extensions += 1
+        if self.extensions >= 3:
+            self.extended_event.set()
+
+    def lost(self, lease, reason):
+        self.events.append(("lost", lease.name))
+        self.lost_reasons.append(reason)
+        self.lost_event.set()
+
+    def gave_up(self, error, waited):
+        self.events.append(("gave_up", error.name))
+
+
+def test_auto_extension_keeps_a_short_lease_alive_and_reports_loss(cluster3):
+    recorder = Recorder()
+    manager = LockManager(cluster3.urls, observer=recorder)
+    lease = manager.acquire("renewed", ttl=0.3, auto_extend=True)
+    assert lease.auto_extended is True
+    # Three renewals at ttl/3 take the lease past its original 0.3 s.
+    assert recorder.extended_event.wait(WAIT)
+    assert not lease.lost
+    lease.check()
+    # The keys vanish on a majority (as if those nodes lost them): the next renewal fails.
+    for node in cluster3.nodes[:2]:
+        with node_client(node) as client:
+            client.delete(lease.key)
+    assert recorder.lost_event.wait(WAIT)
+    assert (lease.lost, lease.auto_extended) == (True, False)
+    with pytest.raises(LockLost, match="not extended on 2 of 3 nodes"):
+        lease.check()
+    with pytest.raises(LockLost):
+        lease.release()
+    assert recorder.events == [
+        ("acquired", "renewed"),
+        ("lost", "renewed"),
+        ("released", "renewed"),
+    ]
+
+
+def test_release_stops_the_extension(cluster3):
+    recorder = Recorder()
+    manager = LockManager(cluster3.urls, observer=recorder)
+    lease = manager.acquire("stop", ttl=0.3, auto_extend=True)
+    assert recorder.extended_event.wait(WAIT)
+    lease.release()
+    assert not lease.auto_extended
+    count = recorder.extensions
+    # A new holder can take it at once, and the old lease is never renewed again.
+    other = LockManager(cluster3.urls).acquire("stop", ttl=5.0, blocking=False)
+    other.release()
+    assert recorder.extensions in (count, count + 1)  # at most one renewal was in flight
+    assert not recorder.lost_event.is_set()
+
+
+def test_max_hold_stops_renewal_so_the_lease_runs_out(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("stuck", ttl=0.3, auto_extend=True, max_hold=0.4)
+    deadline = time.monotonic() + WAIT
+    while not lease.lost:  # the renewals stop after 0.4 s; the lease then ends within a ttl
+        assert time.monotonic() < deadline, "max_hold did not end the lease"
+        time.sleep(0.01)
+    # Another client can take the lock now.
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            LockManager(cluster3.urls).acquire("stuck", ttl=5.0, blocking=False).release()
+            break
+        except LockContended:
+            assert time.monotonic() < deadline
+
+
+def test_max_hold_needs_auto_extend(cluster3):
+    with pytest.raises(ValueError, match="max_hold only applies with auto_extend=True"):
+        LockManager(cluster3.urls).acquire("x", max_hold=5.0)
+
+
+def test_holder_names_host_pid_thread_and_origin(cluster3):
+    manager = LockManager(cluster3.urls)
+    assert manager.holder("free") is None
+    lease = manager.acquire("held", ttl=10.0, origin="orders.views.pay")
+    lease.extend()
+    owner = manager.holder("held")
+    assert owner is not None
+    assert owner["pid"] == os.getpid()
+    assert owner["origin"] == "orders.views.pay"
+    assert owner["thread"] == threading.current_thread().name
+    assert owner["task"] is None
+    assert owner["nodes"] == 3
+    assert 9.0 < owner["ttl"] <= 10.0
+    assert abs(owner["acquired_at"] - time.time()) < 60
+    assert lease.token not in repr(owner)
+    lease.release()
+
+
+def test_the_owner_names_the_asyncio_task(cluster3):
+    manager = LockManager(cluster3.urls)
+
+    async def take() -> None:
+        lease = manager.acquire("in-task", ttl=10.0)
+        owner = manager.holder("in-task")
+        assert owner is not None
+        assert owner["task"] == "worker-7"
+        lease.release()
+
+    async def main() -> None:
+        await asyncio.create_task(take(), name="worker-7")
+
+    asyncio.run(main())
+
+
+def test_the_observer_hears_acquire_release_and_give_up(cluster3, clock):
+    recorder = Recorder()
+    manager = LockManager(cluster3.urls, observer=recorder, clock=clock, sleep=clock.sleep)
+    lease = manager.acquire("seen", ttl=5.0)
+    clock.advance(1.5)
+    lease.release()
+    holder = LockManager(cluster3.urls).acquire("seen", ttl=5.0)
+    with pytest.raises(LockContended):
+        manager.acquire("seen", timeout=1.0)
+    holder.release()
+    assert recorder.events == [("acquired", "seen"), ("released", "seen"), ("gave_up", "seen")]
+    assert recorder.holds == [pytest.approx(1.5)]
+    assert recorder.waits == [0.0]
