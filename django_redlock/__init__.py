@@ -26,6 +26,8 @@ from django_redlock.redlock import Lease, LockManager
 
 if TYPE_CHECKING:
     from django_redlock.conf import get_manager
+    from django_redlock.decorators import LockedViewMixin, locked_command, locked_view
+    from django_redlock.locks import alock_for, lock_for
 
 __version__ = "0.1.0"
 
@@ -36,15 +38,27 @@ __all__ = [
     "LockLost",
     "LockManager",
     "LockNotAcquired",
+    "LockedViewMixin",
     "QuorumUnreachable",
     "RedlockError",
     "StaleFencingToken",
     "__version__",
+    "alock_for",
     "get_manager",
+    "lock_for",
+    "locked_command",
+    "locked_view",
 ]
 
 # Django-facing names, imported lazily so that `import django_redlock` works without Django.
-_LAZY: dict[str, str] = {"get_manager": "django_redlock.conf"}
+_LAZY: dict[str, str] = {
+    "get_manager": "django_redlock.conf",
+    "lock_for": "django_redlock.locks",
+    "alock_for": "django_redlock.locks",
+    "locked_view": "django_redlock.decorators",
+    "locked_command": "django_redlock.decorators",
+    "LockedViewMixin": "django_redlock.decorators",
+}
 
 
 def __dir__() -> list[str]:

@@ -141,13 +141,13 @@ class _Exchange:
 
     __slots__ = ("closed", "give_up", "need", "no", "pending", "results", "yes", "yes_value")
 
-    def __init__(self, size: int, yes_value: object, need: int) -> None:
+    def __init__(self, size: int, yes_value: object, need: int, give_up: int | None = None) -> None:
         self.results: list[Any] = [PENDING] * size
         self.pending = 0
         self.closed = False
         self.yes_value = yes_value
         self.need = need
-        self.give_up = size - need
+        self.give_up = size - need if give_up is None else give_up
         self.yes = 0
         self.no = 0
 
@@ -510,14 +510,19 @@ class ConnectionSet:
         conn.stalled_since = self.clock() if slots else None
 
     def post(
-        self, commands: Sequence[Command | None], yes_value: object = None, need: int = 0
+        self,
+        commands: Sequence[Command | None],
+        yes_value: object = None,
+        need: int = 0,
+        give_up: int | None = None,
     ) -> _Exchange:
         """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
 
         Returns the exchange whose results fill in as replies are read; a reply equal to
-        ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes.
+        ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes or at more
+        than ``give_up`` other answers (default ``len(commands) - need``).
         """
-        exchange = _Exchange(len(commands), yes_value, need)
+        exchange = _Exchange(len(commands), yes_value, need, give_up)
         now = self.clock()
         if self.pid != current_pid():
             self._forget_all()
@@ -588,10 +593,15 @@ class ConnectionSet:
                 self._read(index, conn)
 
     def run(
-        self, commands: Sequence[Command | None], deadline: float, yes_value: object, need: int
+        self,
+        commands: Sequence[Command | None],
+        deadline: float,
+        yes_value: object,
+        need: int,
+        give_up: int | None = None,
     ) -> _Exchange:
         """:meth:`post` then :meth:`wait`: one round trip to every node."""
-        return self.wait(self.post(commands, yes_value, need), deadline)
+        return self.wait(self.post(commands, yes_value, need, give_up), deadline)
 
 
 class ThreadConnections:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.apps import AppConfig
+from django.core import checks
 from django.core.signals import setting_changed
 
 
@@ -10,6 +11,9 @@ class RedlockConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        # Registration only: no settings are read and no node is contacted here.
         from django_redlock import conf
+        from django_redlock.checks import check_settings
 
+        checks.register(check_settings)
         setting_changed.connect(conf.reset, dispatch_uid="django_redlock.conf.reset")

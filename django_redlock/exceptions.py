@@ -48,6 +48,7 @@ class LockNotAcquired(RedlockError):
         retry_after: seconds until the current holder's lease ends on the nodes that said so,
             or ``None`` when unknown. Used for ``Retry-After`` headers.
         attempts: how many attempts were made before giving up.
+        origin: where the acquire came from (a view or command name), when given.
     """
 
     def __init__(
@@ -59,8 +60,10 @@ class LockNotAcquired(RedlockError):
         node_errors: Mapping[str, str] | None = None,
         retry_after: float | None = None,
         attempts: int = 1,
+        origin: str | None = None,
     ) -> None:
         self.name = name
+        self.origin = origin
         self.votes = votes
         self.quorum = quorum
         self.node_errors: dict[str, str] = dict(node_errors or {})

@@ -340,7 +340,12 @@ class Lease:
         if self._released:
             return
         if exc is None:
-            self.release()
+            lost = self._lost_reason
+            self.release()  # raises LockLost itself when the nodes say it was lost
+            if lost is not None:
+                # Lost earlier (a failed renewal): the block may have overlapped another
+                # holder, even if our keys happened to be found at release.
+                raise LockLost(self.name, lost)
             return
         try:
             self.release()
@@ -609,6 +614,7 @@ class LockManager:
             now = self._clock()
             if not blocking or (deadline is not None and now >= deadline):
                 logger.debug("gave up on %r: %s", name, error)
+                error.origin = origin
                 if self.observer is not None:
                     self.observer.gave_up(error, now - started)
                 raise error
@@ -629,11 +635,9 @@ class LockManager:
         """
         key = self.key_prefix + validate_name(name)
         command = _HOLDER.command((key,), ())
-        exchange = self._connections.get().run(
-            [command] * len(self.addresses),
-            time.monotonic() + self.node_timeout,
-            None,
-            len(self.addresses),
+        size = len(self.addresses)
+        exchange = self._connections.get().run(  # every node's answer is wanted
+            [command] * size, time.monotonic() + self.node_timeout, None, size, give_up=size
         )
         owners: dict[str, int] = {}
         ttls: dict[str, float] = {}

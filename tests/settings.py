@@ -18,7 +18,10 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django_redlock",
+    "tests.testapp",
 ]
+
+ROOT_URLCONF = "tests.urls"
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -52,5 +55,8 @@ TEMPLATES = [
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
-# Filled in per test by the fixtures in tests/conftest.py, with the nodes they started.
-REDLOCK: dict[str, object] = {"NODES": []}
+# Filled in per test by the fixtures in tests/django/conftest.py, with the nodes they started;
+# subprocesses (management commands run from the shell) get them through the environment.
+REDLOCK: dict[str, object] = {
+    "NODES": [url for url in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if url],
+}

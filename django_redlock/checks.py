@@ -1,0 +1,48 @@
+"""System checks for ``REDLOCK``: ids ``django_redlock.E001``… and ``W001``…, no network I/O.
+
+| id | problem |
+| --- | --- |
+| E001 | REDLOCK is not a dict |
+| E002 | REDLOCK has unknown keys (typos) |
+| E003 | NODES missing, empty or not a list |
+| E004 | a node is a bad URL, an unknown or non-Redis cache alias, or a malformed dict |
+| E005 | the same node is listed twice |
+| E006 | TTL is not a number of seconds in (0, 86400] |
+| E007 | DRIFT_FACTOR is outside [0, 0.5) |
+| E008 | NODE_TIMEOUT is not positive, or above a tenth of the TTL |
+| E009 | RETRY_DELAY is not positive |
+| E010 | KEY_PREFIX is not a str |
+| E011 | TIMEOUT is not seconds >= 0 or None |
+| W001 | an even number of nodes |
+| W002 | a single node (fine for development) |
+| W003 | a node password inside a URL (shown on DEBUG error pages) |
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning
+
+from django_redlock.conf import inspect
+
+__all__ = ["check_settings"]
+
+
+def check_settings(**kwargs: Any) -> list[CheckMessage]:
+    """Report every problem of ``settings.REDLOCK`` (registered in ``AppConfig.ready``)."""
+    if not hasattr(settings, "REDLOCK"):
+        return [
+            Error(
+                "REDLOCK is not set: django_redlock has no nodes to lock on",
+                hint='REDLOCK = {"NODES": ["redis://...", ...]}. See the README, System checks.',
+                id="django_redlock.E003",
+            )
+        ]
+    _, problems = inspect(settings.REDLOCK, getattr(settings, "CACHES", {}))
+    messages: list[CheckMessage] = []
+    for problem in problems:
+        kind = Error if problem.level == "error" else Warning
+        messages.append(kind(problem.message, hint=problem.hint, id=problem.id))
+    return messages

@@ -1,0 +1,355 @@
+"""``@locked_view`` and ``@locked_command``: one request or one command run at a time.
+
+``locked_view`` follows Django's own view decorators (``django/views/decorators/cache.py``):
+it branches once on whether the view is a coroutine function and wraps it with
+``functools.wraps``, so sync and async views, function-based and class-based (through
+``method_decorator`` or :class:`LockedViewMixin`) all work.
+
+A busy lock answers **423 Locked**, an unreachable quorum **503 Service Unavailable**, both with
+``Retry-After``; pass ``on_locked`` / ``on_unavailable`` to answer otherwise. The lease is
+auto-extended while the view runs and released when the view returns. For a streaming
+response that means the lock covers producing the response object, not sending its body.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Any, Literal, TypeVar, cast
+
+from asgiref.sync import iscoroutinefunction, sync_to_async
+from django.core.management.base import BaseCommand, CommandError
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+
+from django_redlock.conf import get_manager, get_settings
+from django_redlock.exceptions import (
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnreachable,
+)
+from django_redlock.redlock import Lease, LockManager
+
+__all__ = ["LockedViewMixin", "locked_command", "locked_view"]
+
+logger = logging.getLogger("django_redlock")
+
+ViewName = str | Callable[..., str] | None
+Responder = Callable[[HttpRequest, LockNotAcquired], HttpResponseBase]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _retry_after(seconds: float | None) -> str:
+    # Whole seconds, rounded up (RFC 9110), never 0: "retry now" would just spin.
+    return str(max(1, math.ceil(seconds or 1)))
+
+
+def _check_timeout(timeout: object) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
+    if not timeout >= 0:  # also refuses NaN
+        raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
+
+
+def default_on_locked(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
+    """423 Locked, with Retry-After = seconds until the holder's lease ends (rounded up)."""
+    response = HttpResponse(
+        "Locked: another request is working on this; try again shortly.\n",
+        status=423,
+        content_type="text/plain; charset=utf-8",
+    )
+    response["Retry-After"] = _retry_after(error.retry_after)
+    return response
+
+
+def default_on_unavailable(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
+    """503 Service Unavailable with Retry-After: the lock service has no quorum."""
+    response = HttpResponse(
+        "Service Unavailable: the lock service cannot be reached.\n",
+        status=503,
+        content_type="text/plain; charset=utf-8",
+    )
+    response["Retry-After"] = _retry_after(None)
+    return response
+
+
+def _resolve_name(
+    name: ViewName,
+    view: Callable[..., Any],
+    request: HttpRequest,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> str:
+    if name is None:
+        return f"{view.__module__}.{view.__qualname__}"
+    if callable(name):
+        resolved = name(request, *args, **kwargs)
+        if not isinstance(resolved, str):
+            raise TypeError(
+                f"locked_view name callable must return a str, not {type(resolved).__name__}"
+            )
+        return resolved
+    try:
+        return name.format(**kwargs)
+    except (KeyError, IndexError) as exc:
+        raise ValueError(
+            f"locked_view name {name!r} refers to {exc}, which is not among the view's keyword "
+            f"arguments ({', '.join(kwargs) or 'none'})"
+        ) from None
+
+
+def _view_origin(view: Callable[..., Any]) -> str:
+    return f"view:{view.__module__}.{view.__qualname__}"
+
+
+def _finish(lease: Lease) -> None:
+    """Release after the view; a lease lost meanwhile is logged (and signalled), not raised:
+    the response is already made, and turning it into a 500 would hide what was done."""
+    lost = lease._lost_reason
+    try:
+        lease.release()
+    except LockLost as error:
+        logger.error("lock %r was lost while the view ran: %s", lease.name, error)
+        return
+    except LeaseReleased:
+        return
+    if lost is not None:
+        logger.error("lock %r was lost while the view ran: %s", lease.name, lost)
+
+
+def locked_view(
+    name: ViewName = None,
+    *,
+    ttl: float | None = None,
+    timeout: float = 0,
+    auto_extend: bool = True,
+    on_locked: Responder | None = None,
+    on_unavailable: Responder | None = None,
+) -> Callable[[F], F]:
+    """Let one request at a time run the decorated view (per lock name).
+
+    Args:
+        name: a format string over the view's keyword arguments (``"order:{pk}"``), a
+            callable ``(request, *args, **kwargs) -> str``, or None for the view's dotted path.
+        ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
+        timeout: seconds to wait for a busy lock before answering 423 (default 0: no wait).
+        auto_extend: renew the lease while the view runs (default True).
+        on_locked: ``(request, error) -> response`` for a busy lock (default: 423).
+        on_unavailable: ``(request, error) -> response`` when no quorum (default: 503).
+
+    Raises:
+        TypeError, ValueError: bad arguments, at decoration time.
+    """
+    if name is not None and not isinstance(name, str) and not callable(name):
+        raise TypeError(f"name must be a str, a callable or None, not {type(name).__name__}")
+    _check_timeout(timeout)
+    locked = on_locked or default_on_locked
+    unavailable = on_unavailable or default_on_unavailable
+
+    def acquire(manager: LockManager, lock: str, origin: str) -> Lease:
+        return manager.acquire(
+            lock,
+            ttl=ttl,
+            blocking=timeout > 0,
+            timeout=timeout if timeout > 0 else None,
+            auto_extend=auto_extend,
+            origin=origin,
+        )
+
+    def refuse(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
+        if isinstance(error, QuorumUnreachable):
+            return unavailable(request, error)
+        return locked(request, error)
+
+    def decorator(view: F) -> F:
+        origin = _view_origin(view)
+
+        if iscoroutinefunction(view):
+
+            async def _async_view_wrapper(
+                request: HttpRequest, *args: Any, **kwargs: Any
+            ) -> HttpResponseBase:
+                lock = _resolve_name(name, view, request, args, kwargs)
+                manager = get_manager()
+                try:
+                    lease = await sync_to_async(acquire, thread_sensitive=False)(
+                        manager, lock, origin
+                    )
+                except LockNotAcquired as error:
+                    return refuse(request, error)
+                try:
+                    return cast(HttpResponseBase, await view(request, *args, **kwargs))
+                finally:
+                    await sync_to_async(_finish, thread_sensitive=False)(lease)
+
+            return cast(F, wraps(view)(_async_view_wrapper))
+
+        def _view_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            lock = _resolve_name(name, view, request, args, kwargs)
+            try:
+                lease = acquire(get_manager(), lock, origin)
+            except LockNotAcquired as error:
+                return refuse(request, error)
+            try:
+                return cast(HttpResponseBase, view(request, *args, **kwargs))
+            finally:
+                _finish(lease)
+
+        return cast(F, wraps(view)(_view_wrapper))
+
+    return decorator
+
+
+class LockedViewMixin:
+    """Class-based views: one request at a time per :meth:`get_lock_name`.
+
+    Attributes:
+        lock_name: a format string over the URL kwargs, or None for the view's dotted path.
+        lock_ttl, lock_timeout: as ``locked_view``'s ``ttl`` and ``timeout``.
+    """
+
+    lock_name: str | None = None
+    lock_ttl: float | None = None
+    lock_timeout: float = 0
+    view_is_async: bool
+
+    def get_lock_name(self, request: HttpRequest, *args: Any, **kwargs: Any) -> str:
+        if self.lock_name is None:
+            return f"{type(self).__module__}.{type(self).__qualname__}"
+        return self.lock_name.format(**kwargs)
+
+    def on_locked(self, request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
+        return default_on_locked(request, error)
+
+    def on_unavailable(self, request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
+        return default_on_unavailable(request, error)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        parent = super().dispatch  # type: ignore[misc]
+        decorator = locked_view(
+            self.get_lock_name,
+            ttl=self.lock_ttl,
+            timeout=self.lock_timeout,
+            on_locked=self.on_locked,
+            on_unavailable=self.on_unavailable,
+        )
+        if getattr(type(self), "view_is_async", False):
+
+            async def call(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+                return await parent(request, *args, **kwargs)
+
+        else:
+
+            def call(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
+                return parent(request, *args, **kwargs)
+
+        call.__module__ = type(self).__module__
+        call.__qualname__ = type(self).__qualname__
+        return decorator(call)(request, *args, **kwargs)
+
+
+# -- management commands -----------------------------------------------------------------
+
+OnBusy = Literal["skip", "error", "wait"]
+
+
+def describe_holder(manager: LockManager, name: str) -> str:
+    """A sentence naming who holds ``name`` (host, pid, since when), for messages."""
+    owner = manager.holder(name)
+    if owner is None:
+        return "held by another process (its owner could not be read)"
+    since = owner.get("acquired_at")
+    when = (
+        datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if isinstance(since, int | float)
+        else "an unknown time"
+    )
+    where = owner.get("origin") or "unknown origin"
+    return (
+        f"held by {owner.get('host', '?')} pid {owner.get('pid', '?')} ({where}) since {when}, "
+        f"{owner.get('ttl', 0):.0f} s left on its lease"
+    )
+
+
+def locked_command(
+    name: str | None = None,
+    *,
+    ttl: float | None = None,
+    timeout: float = 0,
+    on_busy: OnBusy = "skip",
+    max_hold: float | None = None,
+) -> Callable[[F], F]:
+    """Decorate a management command's ``handle``: one run at a time across all machines.
+
+    The lease is auto-extended while ``handle`` runs.
+
+    Args:
+        name: the lock name (default: the command's name, e.g. ``"clear_holds"``).
+        ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
+        timeout: with ``on_busy="wait"``, seconds to wait (0 means ``REDLOCK["TIMEOUT"]``).
+        on_busy: ``"skip"`` (default: print who holds it on stderr, exit 0), ``"error"``
+            (raise ``CommandError``, exit 1), or ``"wait"``.
+        max_hold: seconds after which renewal stops (a stuck run cannot hold it forever).
+
+    Raises:
+        ValueError: a bad ``on_busy`` or ``timeout``, at decoration time.
+        CommandError: busy with ``on_busy="error"``, or after waiting; no quorum; or the
+            lease was lost while the command ran (its work may have overlapped another run).
+    """
+    if on_busy not in ("skip", "error", "wait"):
+        raise ValueError(f"on_busy must be 'skip', 'error' or 'wait', not {on_busy!r}")
+    _check_timeout(timeout)
+
+    def decorator(handle: F) -> F:
+        @wraps(handle)
+        def wrapper(self: BaseCommand, *args: Any, **options: Any) -> Any:
+            command = name or type(self).__module__.rsplit(".", 1)[-1]
+            manager = get_manager()
+            waiting = on_busy == "wait"
+            wait = (timeout or get_settings().timeout) if waiting else None
+            try:
+                lease = manager.acquire(
+                    command,
+                    ttl=ttl,
+                    blocking=waiting,
+                    timeout=wait,
+                    auto_extend=True,
+                    max_hold=max_hold,
+                    origin=f"command:{command}",
+                )
+            except QuorumUnreachable as error:
+                raise CommandError(f"{command}: cannot take its lock: {error}") from None
+            except LockContended:
+                message = f"{command} is already running: {describe_holder(manager, command)}"
+                if on_busy == "skip":
+                    self.stderr.write(f"Skipped: {message}")
+                    return None
+                raise CommandError(message) from None
+            try:
+                result = handle(self, *args, **options)
+            except BaseException:
+                _release_quietly(lease)
+                raise
+            try:
+                lease.__exit__(None, None, None)
+            except LockLost as error:
+                raise CommandError(
+                    f"{command}: its lock was lost while it ran, so another run may have "
+                    f"overlapped: {error}"
+                ) from None
+            return result
+
+        return cast(F, wrapper)
+
+    return decorator
+
+
+def _release_quietly(lease: Lease) -> None:
+    try:
+        lease.release()
+    except (LockLost, LeaseReleased) as error:
+        logger.warning("releasing %r after an error: %s", lease.name, error)

@@ -1,0 +1,91 @@
+"""One test per system check id, and the ids are unique."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_redlock.checks import check_settings
+
+URL = "redis://127.0.0.1:7001/0"
+THREE = [URL, "redis://127.0.0.1:7002/0", "redis://127.0.0.1:7003/0"]
+
+
+def ids(settings, redlock, caches=None):
+    settings.REDLOCK = redlock
+    if caches is not None:
+        settings.CACHES = caches
+    return [message.id for message in check_settings()]
+
+
+def test_a_good_setting_has_no_messages(settings):
+    assert ids(settings, {"NODES": THREE}) == []
+
+
+@pytest.mark.parametrize(
+    ("redlock", "expected"),
+    [
+        (["not", "a", "dict"], "django_redlock.E001"),
+        ({"NODES": THREE, "TLL": 30}, "django_redlock.E002"),
+        ({"NODES": []}, "django_redlock.E003"),
+        ({"NODES": URL}, "django_redlock.E003"),
+        ({"NODES": ["http://127.0.0.1:1"]}, "django_redlock.E004"),
+        ({"NODES": [42]}, "django_redlock.E004"),
+        ({"NODES": [{"URL": URL, "CACHE": "x"}]}, "django_redlock.E004"),
+        ({"NODES": [{"CACHE": "nope"}]}, "django_redlock.E004"),
+        ({"NODES": [URL, URL, "redis://127.0.0.1:7002/0"]}, "django_redlock.E005"),
+        ({"NODES": THREE, "TTL": 0}, "django_redlock.E006"),
+        ({"NODES": THREE, "TTL": "30"}, "django_redlock.E006"),
+        ({"NODES": THREE, "DRIFT_FACTOR": 0.5}, "django_redlock.E007"),
+        ({"NODES": THREE, "NODE_TIMEOUT": 0}, "django_redlock.E008"),
+        ({"NODES": THREE, "TTL": 1.0, "NODE_TIMEOUT": 0.5}, "django_redlock.E008"),
+        ({"NODES": THREE, "RETRY_DELAY": -1}, "django_redlock.E009"),
+        ({"NODES": THREE, "KEY_PREFIX": 7}, "django_redlock.E010"),
+        ({"NODES": THREE, "TIMEOUT": -1}, "django_redlock.E011"),
+        ({"NODES": THREE[:2]}, "django_redlock.W001"),
+        ({"NODES": THREE[:1]}, "django_redlock.W002"),
+        ({"NODES": ["redis://:pw@127.0.0.1:7001/0", *THREE[1:]]}, "django_redlock.W003"),
+    ],
+)
+def test_each_check_id(settings, redlock, expected):
+    assert expected in ids(settings, redlock)
+
+
+def test_a_cache_with_another_backend_is_refused(settings):
+    caches = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    assert "django_redlock.E004" in ids(settings, {"NODES": [{"CACHE": "default"}]}, caches)
+
+
+def test_a_missing_setting_is_an_error(settings):
+    del settings.REDLOCK
+    assert [message.id for message in check_settings()] == ["django_redlock.E003"]
+
+
+def test_hints_point_to_the_readme(settings):
+    settings.REDLOCK = {"NODES": [], "DRIFT_FACTOR": 2}
+    messages = check_settings()
+    assert len(messages) == 2
+    assert all("README" in (message.hint or "") for message in messages)
+
+
+def test_the_check_is_registered_and_blocks_manage_py(settings):
+    settings.REDLOCK = {"NODES": []}
+    with pytest.raises(SystemCheckError, match=r"django_redlock\.E003"):
+        call_command("check")
+
+
+def test_every_check_id_is_unique_and_documented():
+    source = (Path(__file__).parents[2] / "django_redlock" / "conf.py").read_text()
+    used = set(re.findall(r"django_redlock\.[EW]\d{3}", source))
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    documented = re.findall(r"^#### `(django_redlock\.[EW]\d{3})`", readme, flags=re.MULTILINE)
+    assert len(documented) == len(set(documented)), "an id is documented twice"
+    assert used <= set(documented), f"undocumented: {sorted(used - set(documented))}"
+    table = (Path(__file__).parents[2] / "django_redlock" / "checks.py").read_text()
+    rows = re.findall(r"^\| ([EW]\d{3}) \|", table, flags=re.MULTILINE)
+    assert len(rows) == len(set(rows)), "an id is used for two problems"
+    assert {f"django_redlock.{row}" for row in rows} == used
