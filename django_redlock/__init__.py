@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.exceptions import (
+    FencingUnavailable,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -21,6 +22,7 @@ from django_redlock.exceptions import (
     QuorumUnreachable,
     RedlockError,
     StaleFencingToken,
+    UnfencedWrite,
 )
 from django_redlock.redlock import Lease, LockManager
 
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "FencingUnavailable",
     "Lease",
     "LeaseReleased",
     "LockContended",
@@ -42,6 +45,7 @@ __all__ = [
     "QuorumUnreachable",
     "RedlockError",
     "StaleFencingToken",
+    "UnfencedWrite",
     "__version__",
     "alock_for",
     "get_manager",

@@ -9,7 +9,9 @@ import them without import loops. The tree::
     │   └── QuorumUnreachable     too many nodes failed or timed out (infrastructure)
     ├── LockLost                  extend/release/check found the lease no longer held on a quorum
     ├── LeaseReleased             extend/release/check on a lease this process already released
-    └── StaleFencingToken         a FencedModel write was refused: a newer holder exists
+    ├── StaleFencingToken         a FencedModel write was refused: a newer holder exists
+    ├── FencingUnavailable        no fencing token could be minted (row missing or locked)
+    └── UnfencedWrite             a FencedModel that requires fencing was written outside a lock
 
 Bad arguments are ``ValueError``/``TypeError`` instead, naming the argument.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 __all__ = [
+    "FencingUnavailable",
     "LeaseReleased",
     "LockContended",
     "LockLost",
@@ -29,6 +32,7 @@ __all__ = [
     "QuorumUnreachable",
     "RedlockError",
     "StaleFencingToken",
+    "UnfencedWrite",
 ]
 
 
@@ -126,3 +130,12 @@ class StaleFencingToken(RedlockError):
         if detail:
             message += f" ({detail})"
         super().__init__(message)
+
+
+class FencingUnavailable(RedlockError):
+    """A fencing token could not be minted: the row does not exist, is not visible to a
+    separate transaction, or stayed locked. The lock was released again."""
+
+
+class UnfencedWrite(RedlockError):
+    """A model with ``fencing_required = True`` was saved or deleted outside ``lock_for``."""

@@ -71,6 +71,22 @@ def _options(
     }
 
 
+def _mint(target: object, name: str, fencing: bool | None, lease: Lease) -> models.Model | None:
+    """Mint the fencing token the block runs under (if any); returns the fenced instance."""
+    from django_redlock.fencing import mint_for_name, mint_for_row
+    from django_redlock.models import FencedModel
+
+    if fencing is False:
+        return None
+    if isinstance(target, FencedModel):
+        lease.fencing_token = target.fencing_token = mint_for_row(target, name)
+        return target
+    if fencing:
+        using = target._state.db or "default" if isinstance(target, models.Model) else "default"
+        lease.fencing_token = mint_for_name(name, using)
+    return None
+
+
 @contextmanager
 def lock_for(
     target: object,
@@ -80,6 +96,7 @@ def lock_for(
     blocking: bool = True,
     auto_extend: bool = True,
     max_hold: float | None = None,
+    fencing: bool | None = None,
     origin: str | None = None,
 ) -> Iterator[Lease]:
     """Hold the lock of ``target`` for the ``with`` block; yields the :class:`Lease`.
@@ -91,19 +108,31 @@ def lock_for(
         blocking: False makes one attempt only.
         auto_extend: renew in the background while the block runs (default True).
         max_hold: with auto_extend, seconds after which renewal stops.
+        fencing: None (default) fences a :class:`~django_redlock.models.FencedModel` target
+            by its row; True also mints ``lease.fencing_token`` for a name from a per-name
+            counter; False never mints.
         origin: where it was taken, for operators (default: the calling ``module:function``).
 
     Raises:
         LockContended, QuorumUnreachable: the lock could not be taken.
+        FencingUnavailable: no fencing token could be minted (the lock is released again).
         LockLost: on leaving the block, when the lease was lost meanwhile.
         ValueError, TypeError: a bad target or argument.
         ImproperlyConfigured: ``REDLOCK`` is invalid.
     """
+    from django_redlock.fencing import fenced
+
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
     lease = get_manager().acquire(name, **options)  # type: ignore[arg-type]
     with lease:
-        yield lease
+        instance = _mint(target, name, fencing, lease)
+        if instance is None:
+            yield lease
+            return
+        assert lease.fencing_token is not None
+        with fenced(instance, lease.fencing_token, name):
+            yield lease
 
 
 @asynccontextmanager
@@ -115,16 +144,26 @@ async def alock_for(
     blocking: bool = True,
     auto_extend: bool = True,
     max_hold: float | None = None,
+    fencing: bool | None = None,
     origin: str | None = None,
 ) -> AsyncIterator[Lease]:
     """The ``async with`` twin of :func:`lock_for` (same arguments, same errors)."""
+    from django_redlock.fencing import fenced
+
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
     manager = get_manager()
     lease = await sync_to_async(manager.acquire, thread_sensitive=False)(name, **options)  # type: ignore[arg-type]
+    exit_lease = sync_to_async(lease.__exit__, thread_sensitive=False)
     try:
-        yield lease
+        instance = await sync_to_async(_mint, thread_sensitive=True)(target, name, fencing, lease)
+        if instance is None:
+            yield lease
+        else:
+            assert lease.fencing_token is not None
+            with fenced(instance, lease.fencing_token, name):
+                yield lease
     except BaseException:
-        await sync_to_async(lease.__exit__, thread_sensitive=False)(*sys.exc_info())
+        await exit_lease(*sys.exc_info())
         raise
-    await sync_to_async(lease.__exit__, thread_sensitive=False)(None, None, None)
+    await exit_lease(None, None, None)

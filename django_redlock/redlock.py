@@ -879,4 +879,6 @@ def _summarise(
             parts.append(f"{address.label}: {_error_text(reply, node_timeout)}")
         elif reply == 0:
             parts.append(f"{address.label}: not held")
+        elif type(reply) is int:
+            parts.append(f"{address.label}: held by another for {reply} ms")
     return "; ".join(parts) or "no errors"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import tempfile
+from pathlib import Path
 
 import dj_database_url
 
@@ -32,12 +34,23 @@ MIDDLEWARE = [
 ]
 
 # SQLite by default; PostgreSQL (or anything dj-database-url reads) when DATABASE_URL is set,
-# as CI does, so the database-side tests run on both.
-DATABASES = {
-    "default": dj_database_url.parse(os.environ["DATABASE_URL"])
-    if os.environ.get("DATABASE_URL")
-    else {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
-}
+# as CI does, so the database-side tests run on both. SQLite uses a file, not memory, so that
+# worker processes started by the fencing tests see the same test database; they are told its
+# name through REDLOCK_TEST_DB_NAME.
+if os.environ.get("DATABASE_URL"):
+    _database = dj_database_url.parse(os.environ["DATABASE_URL"])
+else:
+    _path = str(Path(tempfile.gettempdir()) / f"django-redlock-tests-{os.getpid()}.sqlite3")
+    _database = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _path,
+        "TEST": {"NAME": _path},
+        "OPTIONS": {"timeout": 30},
+    }
+if os.environ.get("REDLOCK_TEST_DB_NAME"):
+    _database["NAME"] = os.environ["REDLOCK_TEST_DB_NAME"]
+    _database["TEST"] = {"NAME": os.environ["REDLOCK_TEST_DB_NAME"]}
+DATABASES = {"default": _database}
 
 TEMPLATES = [
     {
@@ -59,4 +72,5 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # subprocesses (management commands run from the shell) get them through the environment.
 REDLOCK: dict[str, object] = {
     "NODES": [url for url in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if url],
+    "RETRY_DELAY": 0.02,
 }

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.db import models
 
+from django_redlock.models import FencedModel
+
 
 class Invoice(models.Model):
     number = models.CharField(max_length=20)
@@ -9,3 +11,35 @@ class Invoice(models.Model):
 
     def __str__(self) -> str:
         return self.number
+
+
+class Ledger(FencedModel):
+    """A fenced row that workers increment under lock_for."""
+
+    value = models.IntegerField(default=0)
+    writer = models.CharField(max_length=40, default="")
+
+    def __str__(self) -> str:
+        return f"ledger {self.pk}: {self.value}"
+
+
+class WriteLog(models.Model):
+    """One row per accepted fenced write, in the same transaction as the write."""
+
+    ledger = models.ForeignKey(Ledger, on_delete=models.CASCADE)
+    token = models.BigIntegerField()
+    value = models.IntegerField()
+    writer = models.CharField(max_length=40)
+
+    def __str__(self) -> str:
+        return f"{self.writer} wrote {self.value} under {self.token}"
+
+
+class StrictSeat(FencedModel):
+    """A fenced row that refuses writes outside lock_for."""
+
+    fencing_required = True
+    holder = models.CharField(max_length=40, default="")
+
+    def __str__(self) -> str:
+        return f"seat {self.pk}"

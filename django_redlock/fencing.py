@@ -1,0 +1,192 @@
+"""Fencing tokens minted and checked by the database.
+
+Redlock alone cannot stop a holder whose lease silently expired (a GC pause, a stalled VM)
+from writing after the next holder started: the pause can fall between any check and the
+write (Kleppmann, "How to do distributed locking", 2016). The remedy is a fencing token that
+the storage itself checks. Here the storage is your database:
+
+1. **Claim.** Entering ``lock_for(instance)`` on a :class:`~django_redlock.models.FencedModel`
+   bumps the row's ``fencing_token`` in one atomic statement, once the Redlock is held. From
+   that moment every earlier holder is fenced off, even before the new holder writes.
+2. **Conditional writes.** Inside the block, ``save()`` and ``delete()`` add
+   ``AND fencing_token = <token>`` to their statement; zero rows means a newer holder exists
+   and :class:`~django_redlock.StaleFencingToken` is raised, with nothing written.
+
+Tokens must never be issued twice, so a mint is committed on its own: in autocommit it is its
+own transaction; inside ``atomic()`` it runs on a separate connection to the same database,
+so rolling back the caller's transaction does not hand the same number out again.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, models, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_redlock.exceptions import FencingUnavailable
+
+if TYPE_CHECKING:
+    from django.db.models.options import Options
+
+__all__ = ["FencingUnavailable", "active_token", "fenced", "mint_for_name", "mint_for_row"]
+
+# (model label, pk) -> (token, lock name), for the fenced blocks of this thread or task.
+_ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = contextvars.ContextVar(
+    "django_redlock_fences", default=MappingProxyType({})
+)
+
+# Seconds a mint on its own connection waits for a row lock before giving up (PostgreSQL):
+# the only holder of that lock can be the caller's own open transaction, which would wait
+# for us in turn.
+_MINT_LOCK_TIMEOUT_MS = 2000
+
+
+def active_token(instance: models.Model) -> tuple[int, str] | None:
+    """The (token, lock name) under which ``instance``'s row is held here, or None."""
+    fences = _ACTIVE.get()
+    if not fences:
+        return None
+    return fences.get((instance._meta.label_lower, instance.pk))
+
+
+@contextmanager
+def fenced(instance: models.Model, token: int, name: str) -> Iterator[None]:
+    """Make writes to ``instance``'s row in this thread or task conditional on ``token``."""
+    fences = dict(_ACTIVE.get())
+    fences[(instance._meta.label_lower, instance.pk)] = (token, name)
+    reset = _ACTIVE.set(fences)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(reset)
+
+
+def _column(meta: Options[Any], name: str) -> str:
+    field = meta.get_field(name)
+    assert isinstance(field, models.Field)
+    return str(field.column)
+
+
+def _durably(using: str, work: Any) -> int:
+    """Run ``work(connection)`` in a transaction that commits on its own."""
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            result: int = work(connection)
+            return result
+    # Inside the caller's transaction: a second connection to the same database commits the
+    # mint independently of whatever the caller's transaction does later.
+    own = connections.create_connection(using)
+    try:
+        own.ensure_connection()
+        own.set_autocommit(False)
+        try:
+            with own.cursor() as cursor:
+                if own.vendor == "postgresql":
+                    cursor.execute(f"SET LOCAL lock_timeout = {_MINT_LOCK_TIMEOUT_MS}")
+                elif own.vendor == "sqlite":
+                    cursor.execute(f"PRAGMA busy_timeout = {_MINT_LOCK_TIMEOUT_MS}")
+            result = work(own)
+            own.commit()
+            return result
+        except BaseException:
+            own.rollback()
+            raise
+    finally:
+        own.close()
+
+
+def mint_for_row(instance: models.Model, name: str) -> int:
+    """Bump and return the fencing token of ``instance``'s row, committed on its own.
+
+    Raises:
+        FencingUnavailable: the row does not exist (or is not visible outside the caller's
+            transaction, e.g. created in it, or inside a ``TestCase``), or it stayed locked.
+    """
+    model = type(instance)
+    meta = model._meta
+    using = instance._state.db or "default"
+
+    def bump(connection: BaseDatabaseWrapper) -> int:
+        quote = connection.ops.quote_name
+        table = quote(meta.db_table)
+        column = quote(_column(meta, "fencing_token"))
+        assert meta.pk is not None
+        pk_column = quote(str(meta.pk.column))
+        pk_value = meta.pk.get_db_prep_value(instance.pk, connection)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {column} = {column} + 1 WHERE {pk_column} = %s",  # noqa: S608 - names quoted by the backend
+                [pk_value],
+            )
+            if cursor.rowcount != 1:
+                raise FencingUnavailable(
+                    f"cannot mint a fencing token for {name!r}: no committed row "
+                    f"{meta.label}(pk={instance.pk!r}) is visible to a separate transaction "
+                    "(deleted, or created in a transaction that has not committed, e.g. inside "
+                    "atomic() or a TestCase; use TransactionTestCase or commit it first)"
+                )
+            cursor.execute(
+                f"SELECT {column} FROM {table} WHERE {pk_column} = %s",  # noqa: S608
+                [pk_value],
+            )
+            (token,) = cursor.fetchone()
+        return int(token)
+
+    try:
+        return _durably(using, bump)
+    except DatabaseError as exc:
+        raise FencingUnavailable(
+            f"cannot mint a fencing token for {name!r}: {exc} (if your own open transaction "
+            "already wrote this row, enter lock_for before writing it)"
+        ) from exc
+
+
+def mint_for_name(name: str, using: str = "default") -> int:
+    """Bump and return the fencing counter of lock ``name`` (created at 1), committed alone.
+
+    Raises:
+        FencingUnavailable: the database refused (e.g. the counter row stayed locked).
+    """
+    from django_redlock.models import FencingCounter
+
+    meta = FencingCounter._meta
+
+    def bump(connection: BaseDatabaseWrapper) -> int:
+        quote = connection.ops.quote_name
+        table = quote(meta.db_table)
+        name_column = quote(_column(meta, "name"))
+        value_column = quote(_column(meta, "value"))
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {table} SET {value_column} = {value_column} + 1 "  # noqa: S608
+                f"WHERE {name_column} = %s",
+                [name],
+            )
+            if cursor.rowcount == 0:
+                # First mint for this name. Two processes may race to create it: the loser's
+                # INSERT fails on the unique name inside this transaction, so it retries the
+                # UPDATE in a new one (see the loop below).
+                cursor.execute(
+                    f"INSERT INTO {table} ({name_column}, {value_column}) VALUES (%s, 1)",  # noqa: S608
+                    [name],
+                )
+            cursor.execute(
+                f"SELECT {value_column} FROM {table} WHERE {name_column} = %s",  # noqa: S608
+                [name],
+            )
+            (value,) = cursor.fetchone()
+        return int(value)
+
+    last: DatabaseError | None = None
+    for _ in range(3):
+        try:
+            return _durably(using, bump)
+        except DatabaseError as exc:  # IntegrityError on a lost creation race, or a lock
+            last = exc
+    raise FencingUnavailable(f"cannot mint a fencing token for {name!r}: {last}") from last
