@@ -47,6 +47,8 @@ __all__ = [
     "ThreadConnections",
 ]
 
+# A connection set unused this long (seconds) looks for closed sockets before sending.
+_IDLE = 0.005
 # Replies here are tiny; a large read buffer costs an allocation per recv for nothing.
 _READ_SIZE = 8192
 _POLL_IN = select.POLLIN | select.POLLPRI
@@ -89,11 +91,14 @@ class Script:
         parts = (len(keys), *keys, *args)
         return b"*%d\r\n" % (len(parts) + 2) + self._evalsha_head + encode_parts(parts)
 
-    def head(self, arguments: int) -> str:
-        """The text that starts ``EVALSHA <sha> 1`` with one key and ``arguments`` ARGVs, for
-        callers that format the rest themselves (an f-string is several times faster than
-        the generic encoder on the hot path)."""
-        return f"*{4 + arguments}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.sha.decode()}\r\n$1\r\n1\r\n"
+    def head(self, keys: int, arguments: int) -> str:
+        """The text that starts ``EVALSHA <sha> <keys>`` for ``keys`` keys and ``arguments``
+        ARGVs, for callers that format the rest themselves (an f-string is several times
+        faster than the generic encoder on the hot path)."""
+        return (
+            f"*{3 + keys + arguments}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.sha.decode()}\r\n"
+            f"$1\r\n{keys}\r\n"
+        )
 
     def command(
         self,
@@ -396,6 +401,7 @@ class ConnectionSet:
         self.poller = select.poll()
         self.by_fd: dict[int, int] = {}
         self.polling: dict[int, int] = {}
+        self.last_post = float("-inf")
 
     def open_count(self) -> int:
         """How many sockets this set holds open now."""
@@ -526,6 +532,12 @@ class ConnectionSet:
         now = self.clock()
         if self.pid != current_pid():
             self._forget_all()
+        if now - self.last_post > _IDLE:
+            # After a pause, first take in what arrived meanwhile: a node that restarted has
+            # closed our socket, and learning that now (instead of from a failed send) lets
+            # this very operation reconnect to it.
+            self._poll_once(0)
+        self.last_post = now
         connections = self.connections
         for index, command in enumerate(commands):
             if command is None:
@@ -574,8 +586,10 @@ class ConnectionSet:
         return exchange
 
     def _poll_once(self, timeout: float) -> None:
-        # poll() takes whole milliseconds; round up so a short timeout is not a busy loop.
-        for fd, event in self.poller.poll(max(1, int(timeout * 1000 + 0.999))):
+        # poll() takes whole milliseconds; round up so a short timeout is not a busy loop
+        # (a timeout of exactly 0 only looks).
+        wait = 0 if timeout == 0 else max(1, int(timeout * 1000 + 0.999))
+        for fd, event in self.poller.poll(wait):
             index = self.polling.get(fd)
             if index is None:
                 continue

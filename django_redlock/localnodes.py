@@ -29,6 +29,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from django_redlock._resp import encode_command
+from django_redlock.redlock import EPOCH_KEY
+
 __all__ = ["SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
 
 SERVER_BIN_ENV = "REDLOCK_SERVER_BIN"
@@ -84,16 +87,17 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _send_ping(address: str | tuple[str, int], timeout: float) -> bool:
+def _command(address: str | tuple[str, int], timeout: float, *parts: str) -> bytes | None:
+    """Send one command on a new connection; the first bytes of the reply, or None."""
     family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(address)
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            return sock.recv(64).startswith(b"+PONG")
+            sock.sendall(encode_command(*parts))
+            return sock.recv(64)
     except OSError:
-        return False
+        return None
 
 
 class LocalNode:
@@ -171,8 +175,12 @@ class LocalNode:
             args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
         return args + list(self.extra_args)
 
-    def start(self) -> None:
+    def start(self, *, fresh: bool = True) -> None:
         """Start the process and wait until it answers PING.
+
+        Args:
+            fresh: declare the new node fresh, so it votes at once (see :meth:`declare_fresh`).
+                False leaves it to be seen as a node that lost its data: quarantined.
 
         Raises:
             RuntimeError: it exited or did not answer within 15 seconds (log included).
@@ -193,12 +201,20 @@ class LocalNode:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
-            if _send_ping(self._address(), 0.5):
+            if (_command(self._address(), 0.5, "PING") or b"").startswith(b"+PONG"):
+                if fresh:
+                    self.declare_fresh()
                 return
             time.sleep(0.005)
         log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
         self.kill()
         raise RuntimeError(f"{self.name} ({self.binary}) did not start; log tail:\n{log}")
+
+    def declare_fresh(self) -> None:
+        """Mark the node's data as new, not lost: it votes at once (no restart quarantine)."""
+        reply = _command(self._address(), 5.0, "SET", EPOCH_KEY, "0")
+        if reply != b"+OK\r\n":
+            raise RuntimeError(f"{self.name}: could not declare it fresh: {reply!r}")
 
     def _signal(self, signum: int) -> None:
         if not self.running:
@@ -240,10 +256,11 @@ class LocalNode:
                 self.process.wait()
         self.paused = False
 
-    def restart(self) -> None:
-        """Kill and start again on the same address, with an empty dataset."""
+    def restart(self, *, fresh: bool = False) -> None:
+        """Kill and start again on the same address with an empty dataset: by default as a
+        crash looks to the lock (quarantined); ``fresh=True`` declares it fresh instead."""
         self.kill()
-        self.start()
+        self.start(fresh=fresh)
 
     @contextlib.contextmanager
     def paused_while(self) -> Iterator[None]:
@@ -325,7 +342,7 @@ class LocalCluster:
             shutil.rmtree(self.directory, ignore_errors=True)
 
     def ensure_running(self) -> None:
-        """Resume paused nodes and restart dead ones (between tests)."""
+        """Resume paused nodes and restart dead ones, fresh (between tests)."""
         for node in self.nodes:
             if node.running and node.paused:
                 node.resume()

@@ -61,6 +61,7 @@ __all__ = [
     "DEFAULT_NODE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_TTL",
+    "EPOCH_KEY",
     "MAX_NAME_BYTES",
     "MAX_TTL",
     "Lease",
@@ -97,24 +98,33 @@ _ACQUIRE = _script("acquire")
 _RELEASE = _script("release")
 _EXTEND = _script("extend")
 _GRANTED = b"OK"
-_ACQUIRE_HEAD = _ACQUIRE.head(3)
-_RELEASE_HEAD = _RELEASE.head(1)
-_EXTEND_HEAD = _EXTEND.head(2)
+_ACQUIRE_HEAD = _ACQUIRE.head(2, 4)
+_RELEASE_HEAD = _RELEASE.head(1, 1)
+_EXTEND_HEAD = _EXTEND.head(1, 2)
+
+EPOCH_KEY = "\x00django_redlock:epoch"
+"""Each node's restart marker (see ``scripts/acquire.lua``). The NUL byte keeps it apart from
+every lock key: lock names cannot contain control characters."""
+_EPOCH_BULK = f"${len(EPOCH_KEY)}\r\n{EPOCH_KEY}\r\n"
 _HOLDER = _script("holder")
 
 
 # Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
 # non-ASCII characters (len in characters != len in bytes) takes the generic encoder.
-def _acquire_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
-    fallback = Fallback(partial(_ACQUIRE.eval, (key,), (token, ttl_ms, owner)), False)
+def _acquire_command(key: str, token: str, ttl_ms: int, owner: str, quarantine_ms: int) -> Command:
+    keys = (key, EPOCH_KEY)
+    args = (token, ttl_ms, owner, quarantine_ms)
+    fallback = Fallback(partial(_ACQUIRE.eval, keys, args), False)
     if key.isascii() and owner.isascii():
         ttl = str(ttl_ms)
+        quarantine = str(quarantine_ms)
         text = (
-            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n"
+            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_EPOCH_BULK}$40\r\n{token}\r\n"
             f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
+            f"${len(quarantine)}\r\n{quarantine}\r\n"
         )
         return (text.encode(), fallback)
-    return (_ACQUIRE.evalsha((key,), (token, ttl_ms, owner)), fallback)
+    return (_ACQUIRE.evalsha(keys, args), fallback)
 
 
 def _release_command(key: str, token: str) -> Command:
@@ -410,6 +420,9 @@ class LockManager:
         retry_delay: mean seconds between attempts of a blocking acquire (±50% jitter).
         drift_factor: share of the ttl set aside for clock drift, 0 ≤ f < 0.5.
         key_prefix: prepended to every lock name to form the Redis key.
+        max_ttl: the longest lease any acquire may ask for (default ``max(ttl, 60)``), and
+            so the restart quarantine: a node that lost its data votes again only this many
+            seconds after it came back, when every lease it may have granted has run out.
         clock: monotonic clock in seconds for lease validity and retry budgets (tests
             inject a fake one; per-node network timeouts always use real time).
         sleep: how to wait between attempts (tests inject a fake one).
@@ -428,6 +441,7 @@ class LockManager:
         retry_delay: float = DEFAULT_RETRY_DELAY,
         drift_factor: float = DEFAULT_DRIFT_FACTOR,
         key_prefix: str = "redlock:",
+        max_ttl: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         observer: LockObserver | None = None,
@@ -445,7 +459,14 @@ class LockManager:
         self.key_prefix = key_prefix
         self._clock = clock
         self._sleep = sleep
+        self.max_ttl = MAX_TTL
         self.ttl = self._validate_ttl(ttl)
+        self.max_ttl = self._validate_ttl(
+            max(self.ttl, 60.0) if max_ttl is None else max_ttl, "max_ttl"
+        )
+        if self.ttl > self.max_ttl:
+            raise ValueError(f"ttl={ttl!r} is above max_ttl={max_ttl!r}")
+        self._quarantine_ms = math.ceil(self.max_ttl * 1000)
         self.quorum = len(self.addresses) // 2 + 1
         self._host = socket.gethostname()
         self._owner_cache: dict[tuple[object, ...], str] = {}
@@ -496,6 +517,11 @@ class LockManager:
         seconds = _seconds(ttl, argument)
         if seconds > MAX_TTL:
             raise ValueError(f"{argument}={ttl!r} is above the cap of {MAX_TTL:g} seconds")
+        if seconds > self.max_ttl:
+            raise ValueError(
+                f"{argument}={ttl!r} is above max_ttl={self.max_ttl:g}: raise max_ttl (the "
+                "restart quarantine) to take longer leases"
+            )
         # One attempt costs up to one node timeout; the lease must outlive that plus drift,
         # or validity could never be positive.
         floor = self.node_timeout + seconds * self.drift_factor + _DRIFT_MILLIS
@@ -599,7 +625,7 @@ class LockManager:
             # node late (pipelined, or re-sent after NOSCRIPT) and must never hit a later
             # attempt's key.
             token = secrets.token_hex(20)
-            command = _acquire_command(key, token, ttl_ms, owner)
+            command = _acquire_command(key, token, ttl_ms, owner, self._quarantine_ms)
             lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
             if lease is not None:
                 if auto_extend:
@@ -622,6 +648,21 @@ class LockManager:
             if deadline is not None:
                 delay = min(delay, deadline - now)
             self._sleep(delay)
+
+    def declare_fresh(self) -> None:
+        """Let every node vote at once, with no restart quarantine.
+
+        Only for brand-new or known-empty nodes (first set-up, test fixtures): on a node that
+        restarted while a lease it granted may still run, this allows a double grant.
+
+        Raises:
+            NodeError-derived ``redis.RedisError``: a node could not be reached.
+        """
+        from django_redlock.health import client_for
+
+        for address in self.addresses:
+            with client_for(address, max(self.node_timeout, 1.0)) as client:
+                client.set(EPOCH_KEY, 0)
 
     def holder(self, name: str) -> dict[str, Any] | None:
         """Who holds lock ``name``, from the owner metadata stored with it, or None.

@@ -36,6 +36,7 @@ def _fresh(cluster: LocalCluster) -> Iterator[LocalCluster]:
     for node in cluster:
         with node_client(node) as client:
             client.flushall()
+        node.declare_fresh()  # FLUSHALL also drops the restart marker
     yield cluster
     cluster.ensure_running()
 

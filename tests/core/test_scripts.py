@@ -18,8 +18,10 @@ def node(cluster3):
         yield client
 
 
-def acquire(client, key, token, ttl_ms=10_000, owner="{}"):
-    return client.eval(redlock._ACQUIRE.source, 1, key, token, ttl_ms, owner)
+def acquire(client, key, token, ttl_ms=10_000, owner="{}", quarantine_ms=60_000):
+    return client.eval(
+        redlock._ACQUIRE.source, 2, key, redlock.EPOCH_KEY, token, ttl_ms, owner, quarantine_ms
+    )
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -72,17 +74,20 @@ def test_hostile_names_are_data_not_code(cluster3):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
             assert client.hget(lease.key, "t") == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        assert client.dbsize() == 0
+        assert client.keys() == [redlock.EPOCH_KEY.encode()]  # no lock key is left
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
+    epoch = redlock.EPOCH_KEY
     assert (
-        redlock._acquire_command(key, token, 1500, owner)[0]
-        == redlock._ACQUIRE.evalsha((key,), (token, 1500, owner))
-        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 1, key, token, 1500, owner)
+        redlock._acquire_command(key, token, 1500, owner, 60000)[0]
+        == redlock._ACQUIRE.evalsha((key, epoch), (token, 1500, owner, 60000))
+        == encode_command(
+            b"EVALSHA", redlock._ACQUIRE.sha, 2, key, epoch, token, 1500, owner, 60000
+        )
     )
     assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha((key,), (token,))
     assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
@@ -109,3 +114,15 @@ def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():
         str(r) if isinstance(r, ReplyError) else r for r in expected
     ]
     assert len(got) == 10
+
+
+def test_a_node_without_its_marker_is_quarantined_then_votes_again(node):
+    node.delete(redlock.EPOCH_KEY)  # as after a restart without persistence
+    with pytest.raises(Exception, match="QUARANTINED node lost its data 0 ms ago"):
+        acquire(node, "k", "a" * 40, quarantine_ms=60_000)
+    marker = int(node.get(redlock.EPOCH_KEY))
+    assert marker > 0  # the node's own clock when it was first seen empty
+    node.set(redlock.EPOCH_KEY, marker - 60_000)  # ...a quarantine ago
+    assert acquire(node, "k", "a" * 40, quarantine_ms=60_000) == b"OK"
+    node.set(redlock.EPOCH_KEY, 0)  # declared fresh: votes at once
+    assert acquire(node, "k2", "a" * 40, quarantine_ms=60_000) == b"OK"
