@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "DRIFT_FACTOR": DEFAULT_DRIFT_FACTOR,
     "KEY_PREFIX": "redlock:",
     "TIMEOUT": 10.0,
+    "MAX_TTL": None,
 }
 """Every ``REDLOCK`` key and its default."""
 
@@ -72,6 +73,7 @@ class RedlockSettings:
     drift_factor: float
     key_prefix: str
     timeout: float | None = 10.0
+    max_ttl: float | None = None
     problems: tuple[Problem, ...] = field(default=())
 
 
@@ -360,6 +362,24 @@ def inspect(
                 _hint("django_redlock.E011", "None makes lock_for wait forever (discouraged)."),
             )
         )
+    max_ttl = values["MAX_TTL"]
+    if max_ttl is not None and (
+        _number(max_ttl) is None
+        or not 0 < max_ttl <= MAX_TTL
+        or (ttl is not None and max_ttl < ttl)
+    ):
+        problems.append(
+            Problem(
+                "django_redlock.E012",
+                "error",
+                f"REDLOCK['MAX_TTL'] must be seconds in [TTL, {MAX_TTL:g}] or None, "
+                f"not {max_ttl!r}",
+                _hint(
+                    "django_redlock.E012",
+                    "It is the longest lease allowed and the restart quarantine of a node.",
+                ),
+            )
+        )
     if not isinstance(values["KEY_PREFIX"], str):
         problems.append(
             Problem(
@@ -383,6 +403,7 @@ def inspect(
             drift_factor=drift,
             key_prefix=values["KEY_PREFIX"],
             timeout=None if timeout is None else float(timeout),
+            max_ttl=None if max_ttl is None else float(max_ttl),
             problems=tuple(problems),
         ),
         problems,
@@ -436,6 +457,7 @@ def get_manager() -> LockManager:
                 retry_delay=config.retry_delay,
                 drift_factor=config.drift_factor,
                 key_prefix=config.key_prefix,
+                max_ttl=config.max_ttl,
                 observer=observer,
             )
         except (TypeError, ValueError) as exc:
