@@ -27,6 +27,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -402,10 +403,21 @@ class ConnectionSet:
         self.by_fd: dict[int, int] = {}
         self.polling: dict[int, int] = {}
         self.last_post = float("-inf")
+        self._subscriber: Subscriber | None = None
+
+    @property
+    def subscriber(self) -> Subscriber:
+        """This thread's pub/sub sockets (opened on first use by a waiting acquire)."""
+        if self._subscriber is None:
+            self._subscriber = Subscriber(self.addresses)
+        return self._subscriber
 
     def open_count(self) -> int:
-        """How many sockets this set holds open now."""
-        return sum(1 for conn in self.connections if conn is not None)
+        """How many sockets this set holds open now (pub/sub ones included)."""
+        count = sum(1 for conn in self.connections if conn is not None)
+        if self._subscriber is not None:
+            count += sum(1 for conn in self._subscriber.connections if conn is not None)
+        return count
 
     def close(self) -> None:
         """Close every socket (in the owning process only)."""
@@ -414,6 +426,8 @@ class ConnectionSet:
             return
         for index in range(len(self.connections)):
             self._drop(index, "connection closed by the client")
+        if self._subscriber is not None:
+            self._subscriber.close()
 
     def __del__(self) -> None:
         # A manager dropped without close(): close its sockets instead of leaking them.
@@ -423,6 +437,7 @@ class ConnectionSet:
     def _forget_all(self) -> None:
         # After fork: the sockets belong to the parent; never read, write or close them here.
         self.connections = [None] * len(self.addresses)
+        self._subscriber = None
         self.poller = select.poll()
         self.by_fd.clear()
         self.polling.clear()
@@ -645,3 +660,113 @@ class ThreadConnections:
             every = list(self._all)
         for sets in every:
             sets.close()
+
+
+class Subscriber:
+    """Pub/sub sockets (one per node) on which a waiting acquire hears of releases.
+
+    A release publishes on the channel named like the lock key (``scripts/release.lua``); a
+    blocked acquire subscribes on every node, so a release on any of them wakes it at once.
+    Owned by one thread, like :class:`ConnectionSet`. It only says "something happened": the
+    caller then retries, so a message lost or a node that fails costs at most one poll delay.
+    """
+
+    def __init__(self, addresses: Sequence[NodeAddress]) -> None:
+        self.addresses = tuple(addresses)
+        self.pid = current_pid()
+        self.connections: list[_Connection | None] = [None] * len(self.addresses)
+
+    def _open(self, index: int) -> _Connection | None:
+        if self.pid != current_pid():
+            self.connections = [None] * len(self.addresses)
+            self.pid = current_pid()
+        conn = self.connections[index]
+        if conn is None:
+            try:
+                conn = _Connection(self.addresses[index], time.monotonic)
+            except NodeError:
+                return None
+            self.connections[index] = conn
+        return conn
+
+    def _drop(self, index: int) -> None:
+        conn = self.connections[index]
+        if conn is not None:
+            conn.close()
+            self.connections[index] = None
+
+    def _send(self, channel: str, verb: bytes) -> None:
+        for index in range(len(self.addresses)):
+            conn = self._open(index)
+            if conn is None:
+                continue
+            conn.out += encode_command(verb, channel)
+            try:
+                conn.flush()
+            except NodeError:
+                self._drop(index)
+
+    def subscribe(self, channel: str, timeout: float) -> None:
+        """Subscribe on every node and wait (up to ``timeout`` seconds) for the nodes to
+        confirm, so that a release from then on cannot go unheard."""
+        self._send(channel, b"SUBSCRIBE")
+        pending = {i for i, conn in enumerate(self.connections) if conn is not None}
+        deadline = time.monotonic() + timeout
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            for index, kind in self._poll(remaining):
+                if kind in (b"subscribe", b"closed"):
+                    pending.discard(index)
+
+    def unsubscribe(self, channel: str) -> None:
+        """Stop listening for ``channel`` (the confirmations are read and dropped later)."""
+        self._send(channel, b"UNSUBSCRIBE")
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a release message; True if one came."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if any(kind == b"message" for _, kind in self._poll(remaining)):
+                return True
+
+    def _poll(self, timeout: float) -> list[tuple[int, bytes]]:
+        """One poll of every socket: (node index, push kind) for each push that arrived."""
+        poller = select.poll()
+        by_fd: dict[int, int] = {}
+        for index, conn in enumerate(self.connections):
+            if conn is not None:
+                by_fd[conn.fileno()] = index
+                poller.register(conn.fileno(), conn.events())
+        if not by_fd:
+            time.sleep(timeout)  # nothing to listen to: the caller's poll delay applies
+            return []
+        pushes: list[tuple[int, bytes]] = []
+        for fd, event in poller.poll(max(1, int(timeout * 1000 + 0.999))):
+            index = by_fd[fd]
+            conn = self.connections[index]
+            assert conn is not None
+            try:
+                if event & select.POLLOUT:
+                    conn.flush()
+                if event & (_POLL_IN | _POLL_ERR):
+                    conn.receive()
+                    while (reply := conn.reader.gets()) is not False:
+                        if conn.slots:  # the login's own replies come first
+                            conn.slots.popleft()
+                            if isinstance(reply, ReplyError):
+                                raise NodeError(f"login refused: {reply}")
+                        elif isinstance(reply, list) and reply:
+                            pushes.append((index, bytes(reply[0])))
+            except NodeError:
+                self._drop(index)
+                pushes.append((index, b"closed"))
+        return pushes
+
+    def close(self) -> None:
+        for index in range(len(self.connections)):
+            self._drop(index)

@@ -98,7 +98,12 @@ _ACQUIRE = _script("acquire")
 _RELEASE = _script("release")
 _EXTEND = _script("extend")
 _GRANTED = b"OK"
-_ACQUIRE_HEAD = _ACQUIRE.head(2, 4)
+_ACQUIRE_HEAD = _ACQUIRE.head(4, 7)
+_LEAVE = _script("leave")
+# A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
+# every lock key (names cannot contain control characters).
+_LINE = "\x00q"
+_LAPSE = "\x00e"
 _RELEASE_HEAD = _RELEASE.head(1, 1)
 _EXTEND_HEAD = _EXTEND.head(1, 2)
 
@@ -111,17 +116,31 @@ _HOLDER = _script("holder")
 
 # Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
 # non-ASCII characters (len in characters != len in bytes) takes the generic encoder.
-def _acquire_command(key: str, token: str, ttl_ms: int, owner: str, quarantine_ms: int) -> Command:
-    keys = (key, EPOCH_KEY)
-    args = (token, ttl_ms, owner, quarantine_ms)
+def _acquire_command(
+    key: str,
+    token: str,
+    ttl_ms: int,
+    owner: str,
+    quarantine_ms: int,
+    waiter: str = "",
+    ticket: int = 0,
+    lifetime_ms: int = 0,
+) -> Command:
+    keys = (key, EPOCH_KEY, key + _LINE, key + _LAPSE)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
     fallback = Fallback(partial(_ACQUIRE.eval, keys, args), False)
     if key.isascii() and owner.isascii():
         ttl = str(ttl_ms)
         quarantine = str(quarantine_ms)
+        ticket_text = str(ticket)
+        lifetime = str(lifetime_ms)
+        size = len(key) + 2
         text = (
-            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_EPOCH_BULK}$40\r\n{token}\r\n"
+            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_EPOCH_BULK}"
+            f"${size}\r\n{key}{_LINE}\r\n${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n"
             f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
-            f"${len(quarantine)}\r\n{quarantine}\r\n"
+            f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
+            f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
         )
         return (text.encode(), fallback)
     return (_ACQUIRE.evalsha(keys, args), fallback)
@@ -224,6 +243,7 @@ class Lease:
         # owner's release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
         self._renew_until: float | None = None
+        self._unanimous = False  # no node refused the acquire (no place in line left behind)
 
     @property
     def token(self) -> str:
@@ -482,7 +502,7 @@ class LockManager:
             # A node that owes replies this long gets a fresh connection (bounded count:
             # the old one is closed), so a half-open socket cannot block it forever.
             stall_reset=max(1.0, 20 * self.node_timeout),
-            preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER),
+            preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE),
         )
 
     def __repr__(self) -> str:
@@ -618,36 +638,69 @@ class LockManager:
         owner = self._owner(origin)
         started = self._clock()
         deadline = None if (blocking and wait is None) else started + (wait or 0.0)
+        # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
+        # a single try never queues.
+        waiter = secrets.token_hex(8) if blocking else ""
+        ticket = time.time_ns() // 1000
+        lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
+        connections = self._connections.get()
+        listening = False
         attempts = 0
-        while True:
-            attempts += 1
-            # A fresh token per attempt: the clean-up release of a failed attempt may reach a
-            # node late (pipelined, or re-sent after NOSCRIPT) and must never hit a later
-            # attempt's key.
-            token = secrets.token_hex(20)
-            command = _acquire_command(key, token, ttl_ms, owner, self._quarantine_ms)
-            lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
-            if lease is not None:
-                if auto_extend:
-                    lease._guard = threading.Lock()
-                    if hold is not None:
-                        lease._renew_until = time.monotonic() + hold
-                    _extender.schedule(lease, time.monotonic() + seconds / 3)
-                if self.observer is not None:
-                    self.observer.acquired(lease, lease.acquired_at - started)
-                return lease
-            assert error is not None
-            now = self._clock()
-            if not blocking or (deadline is not None and now >= deadline):
-                logger.debug("gave up on %r: %s", name, error)
-                error.origin = origin
-                if self.observer is not None:
-                    self.observer.gave_up(error, now - started)
-                raise error
-            delay = self.retry_delay * random.uniform(0.5, 1.5)
-            if deadline is not None:
-                delay = min(delay, deadline - now)
-            self._sleep(delay)
+        try:
+            while True:
+                attempts += 1
+                # A fresh token per attempt: the clean-up release of a failed attempt may
+                # reach a node late (pipelined, or re-sent after NOSCRIPT) and must never hit a
+                # later attempt's key.
+                token = secrets.token_hex(20)
+                command = _acquire_command(
+                    key, token, ttl_ms, owner, self._quarantine_ms, waiter, ticket, lifetime_ms
+                )
+                lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
+                if lease is not None:
+                    if waiter and (attempts > 1 or not lease._unanimous):
+                        # Our place in line may remain on nodes that did not grant this
+                        # attempt; with the earliest ticket it would hold up everyone else.
+                        self._leave_line(connections, key, waiter)
+                    if auto_extend:
+                        lease._guard = threading.Lock()
+                        if hold is not None:
+                            lease._renew_until = time.monotonic() + hold
+                        _extender.schedule(lease, time.monotonic() + seconds / 3)
+                    if self.observer is not None:
+                        self.observer.acquired(lease, lease.acquired_at - started)
+                    return lease
+                assert error is not None
+                now = self._clock()
+                if not blocking or (deadline is not None and now >= deadline):
+                    logger.debug("gave up on %r: %s", name, error)
+                    if waiter:
+                        self._leave_line(connections, key, waiter)
+                    error.origin = origin
+                    if self.observer is not None:
+                        self.observer.gave_up(error, now - started)
+                    raise error
+                delay = self.retry_delay * random.uniform(0.5, 1.5)
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if self._sleep is not time.sleep:
+                    self._sleep(delay)  # an injected sleep (tests) replaces the notifications
+                elif not listening:
+                    # Listen before the next try: a release from now on wakes us, and the try
+                    # right after subscribing covers a release that came before it.
+                    connections.subscriber.subscribe(key, self.node_timeout)
+                    listening = True
+                else:
+                    connections.subscriber.wait(delay)
+        finally:
+            if listening:
+                connections.subscriber.unsubscribe(key)
+
+    def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
+        """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
+        our place to lapse."""
+        command = _LEAVE.command((key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
+        connections.post([command] * len(self.addresses), 1, len(self.addresses))
 
     def declare_fresh(self) -> None:
         """Let every node vote at once, with no restart quarantine.
@@ -742,19 +795,20 @@ class LockManager:
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: that instant is when validity reaches 0.
             expires_at = start + elapsed + validity
-            return (
-                Lease(
-                    self,
-                    name=name,
-                    key=key,
-                    token=token,
-                    ttl=ttl,
-                    expires_at=expires_at,
-                    acquired_at=start + elapsed,
-                    origin=origin,
-                ),
-                None,
+            lease = Lease(
+                self,
+                name=name,
+                key=key,
+                token=token,
+                ttl=ttl,
+                expires_at=expires_at,
+                acquired_at=start + elapsed,
+                origin=origin,
             )
+            # No node refused: none of them put us in its wait line (nodes not waited for ran
+            # the same script on a free lock, which grants without queueing).
+            lease._unanimous = exchange.no == 0
+            return lease, None
 
         # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
         # node that answered with another holder's time left certainly holds no key of ours.

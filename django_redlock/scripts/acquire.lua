@@ -2,11 +2,19 @@
 --
 -- KEYS[1]  the lock key
 -- KEYS[2]  the node's epoch marker (one per node, never expires, never a user lock name)
+-- KEYS[3]  the lock's wait line: a sorted set of waiter ids by ticket (KEYS[1] .. "\0q")
+-- KEYS[4]  when each waiter's place in line lapses, ms on the node's clock (KEYS[1] .. "\0e")
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
 -- ARGV[3]  owner metadata (JSON: host, pid, thread, task, origin, acquired_at); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (the longest lease any client may hold)
+-- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
+-- ARGV[6]  the waiter's ticket: the same number on every node (its first try, in µs)
+-- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
 --
+-- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has
+-- the same order everywhere, and a free lock goes to the head of the line (a try that jumps
+-- the line is refused). A waiter that stops trying drops out when its place lapses.
 -- Returns the status reply OK when the key now holds this token (newly taken, or already
 -- ours from an earlier attempt of the same acquire, in which case its expiry is reset);
 -- otherwise an integer: the holder's remaining milliseconds, or -1 when the key has no
@@ -39,11 +47,50 @@ if age < tonumber(ARGV[4]) then
         .. (tonumber(ARGV[4]) - age) .. ' ms')
 end
 
+local waiter = ARGV[5]
+local line, lapse = KEYS[3], KEYS[4]
+
+-- The first waiter in line whose place has not lapsed (lapsed ones are dropped on the way).
+local function head()
+    for _ = 1, 32 do
+        local first = redis.call('ZRANGE', line, 0, 0)
+        if #first == 0 then
+            return nil
+        end
+        if tonumber(redis.call('HGET', lapse, first[1]) or '0') > now then
+            return first[1]
+        end
+        redis.call('ZREM', line, first[1])
+        redis.call('HDEL', lapse, first[1])
+    end
+    return nil
+end
+
+local function wait_in_line()
+    if waiter == '' then
+        return
+    end
+    local lifetime = tonumber(ARGV[7])
+    redis.call('ZADD', line, 'NX', ARGV[6], waiter)
+    redis.call('HSET', lapse, waiter, string.format('%d', now + lifetime))
+    redis.call('PEXPIRE', line, lifetime)
+    redis.call('PEXPIRE', lapse, lifetime)
+end
+
 local token = redis.call('HGET', KEYS[1], 't')
 if token == false then
     if redis.call('EXISTS', KEYS[1]) == 1 then
         -- Not a hash of ours (or a hash without a token): treat as held, never overwrite.
         return redis.call('PTTL', KEYS[1])
+    end
+    local first = head()
+    if first ~= nil and first ~= waiter then
+        wait_in_line()
+        return 0 -- free, but another waiter is ahead in line
+    end
+    if first ~= nil then
+        redis.call('ZREM', line, waiter)
+        redis.call('HDEL', lapse, waiter)
     end
     redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[3])
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -53,4 +100,5 @@ if token == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {ok = 'OK'}
 end
+wait_in_line()
 return redis.call('PTTL', KEYS[1])

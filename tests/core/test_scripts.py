@@ -18,10 +18,12 @@ def node(cluster3):
         yield client
 
 
-def acquire(client, key, token, ttl_ms=10_000, owner="{}", quarantine_ms=60_000):
-    return client.eval(
-        redlock._ACQUIRE.source, 2, key, redlock.EPOCH_KEY, token, ttl_ms, owner, quarantine_ms
-    )
+def acquire(
+    client, key, token, ttl_ms=10_000, owner="{}", quarantine_ms=60_000, waiter="", ticket=0
+):
+    keys = (key, redlock.EPOCH_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000)
+    return client.eval(redlock._ACQUIRE.source, 4, *keys, *args)
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -81,13 +83,12 @@ def test_hostile_names_are_data_not_code(cluster3):
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
-    epoch = redlock.EPOCH_KEY
+    keys = (key, redlock.EPOCH_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    args = (token, 1500, owner, 60000, "w1", 123, 4000)
     assert (
-        redlock._acquire_command(key, token, 1500, owner, 60000)[0]
-        == redlock._ACQUIRE.evalsha((key, epoch), (token, 1500, owner, 60000))
-        == encode_command(
-            b"EVALSHA", redlock._ACQUIRE.sha, 2, key, epoch, token, 1500, owner, 60000
-        )
+        redlock._acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0]
+        == redlock._ACQUIRE.evalsha(keys, args)
+        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args)
     )
     assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha((key,), (token,))
     assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
@@ -126,3 +127,17 @@ def test_a_node_without_its_marker_is_quarantined_then_votes_again(node):
     assert acquire(node, "k", "a" * 40, quarantine_ms=60_000) == b"OK"
     node.set(redlock.EPOCH_KEY, 0)  # declared fresh: votes at once
     assert acquire(node, "k2", "a" * 40, quarantine_ms=60_000) == b"OK"
+
+
+def test_a_free_lock_goes_to_the_head_of_the_line(node):
+    acquire(node, "k", "a" * 40)  # held by a
+    assert acquire(node, "k", "b" * 40, waiter="late", ticket=200) > 0  # queues
+    assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) > 0  # queues ahead
+    node.eval(redlock._RELEASE.source, 1, "k", "a" * 40)
+    assert acquire(node, "k", "d" * 40) == 0  # a single try may not jump the line
+    assert acquire(node, "k", "b" * 40, waiter="late", ticket=200) == 0  # not first in line
+    assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) == b"OK"
+    assert node.zrange("k\x00q", 0, -1) == [b"late"]
+    node.eval(redlock._RELEASE.source, 1, "k", "c" * 40)
+    assert node.eval(redlock._LEAVE.source, 2, "k\x00q", "k\x00e", "late") == 1
+    assert acquire(node, "k", "d" * 40) == b"OK"  # the line is empty again
