@@ -248,12 +248,69 @@ def _w4_pottery(urls: list[str]) -> tuple[Callable[[str], bool], Callable[[], No
     return acquire, release
 
 
+CONTENDERS = (
+    ("django_redlock", "django_redlock N=5", 5),
+    ("redis-py", "redis-py Lock (1 node)", 1),
+    ("python-redis-lock", "python-redis-lock (1 node)", 1),
+    ("pottery", "pottery Redlock N=5", 5),
+)
+
+
+def w2(cluster5: LocalCluster, seconds: float) -> None:
+    from benchmarks.contention import run_w2
+
+    print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each")
+    print(f"{'contender':28} {'pairs/s':>9}")
+    rates: dict[str, float] = {}
+    for kind, label, nodes in CONTENDERS:
+        rates[kind] = run_w2(kind, cluster5.urls[:nodes], seconds)
+        print(f"{label:28} {rates[kind]:9.0f}")
+    print("ratios (same run):")
+    ours = rates["django_redlock"]
+    print(
+        f"  django_redlock N=5 / redis-py 1 node = {ours / rates['redis-py']:.2f}x"
+        " (target >= 0.65x)"
+    )
+    print(f"  django_redlock N=5 / pottery N=5     = {ours / rates['pottery']:.1f}x (target >= 9x)")
+
+
+def w3(cluster5: LocalCluster, seconds: float) -> None:
+    from benchmarks.contention import run_w3
+
+    print(f"\nW3: 8 processes, one key, 1 ms critical section, {seconds:g} s each")
+    print(
+        f"{'contender':28} {'CS/s':>7} {'handoffs/s':>10} {'share':>6} {'wait p50':>9} "
+        f"{'wait p99':>9} {'Jain':>5} {'lost':>5}"
+    )
+    results = {}
+    for kind, label, nodes in CONTENDERS:
+        result = run_w3(kind, cluster5.urls[:nodes], seconds)
+        results[kind] = result
+        print(
+            f"{label:28} {result.per_second:7.0f} {result.handoffs_per_second:10.0f} "
+            f"{result.handoff_share:6.2f} {result.wait_p50_ms:7.1f}ms {result.wait_p99_ms:7.1f}ms "
+            f"{result.fairness:5.2f} {result.lost_updates:5d}"
+        )
+    ours, anchor = results["django_redlock"], results["python-redis-lock"]
+    print("ratios (same run):")
+    print(
+        f"  django_redlock CS/s / python-redis-lock CS/s = "
+        f"{ours.per_second / max(anchor.per_second, 1e-9):.2f}x  (target >= 1.0x)"
+    )
+    print(
+        f"  django_redlock hand-offs / critical sections = {ours.handoff_share:.2f}"
+        f"  (target >= 0.9); fairness {ours.fairness:.2f} (target >= 0.95); "
+        f"lost updates {ours.lost_updates} (target 0)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
     parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds")
     parser.add_argument("--w4", type=int, default=400, help="W4 pairs per contender")
-    parser.add_argument("--only", choices=["w1", "w4"], help="run one workload")
+    parser.add_argument("--seconds", type=float, default=3.0, help="W2/W3 seconds each")
+    parser.add_argument("--only", choices=["w1", "w2", "w3", "w4"], help="run one workload")
     args = parser.parse_args(argv)
 
     print(f"server: {server_version()}")
@@ -263,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
             w1(cluster3, cluster5, args.pairs, args.rounds)
         if args.only in (None, "w4"):
             w4(cluster5, args.w4)
+        if args.only in (None, "w2"):
+            w2(cluster5, args.seconds)
+        if args.only in (None, "w3"):
+            w3(cluster5, args.seconds)
     return 0
 
 

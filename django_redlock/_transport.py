@@ -671,10 +671,16 @@ class Subscriber:
     caller then retries, so a message lost or a node that fails costs at most one poll delay.
     """
 
+    # Channels stay subscribed between waits (a thread that waited for a lock once is likely
+    # to wait for it again): SUBSCRIBE/UNSUBSCRIBE on every node for every wait would cost
+    # more than the wait itself. The oldest are dropped past this many.
+    KEEP = 16
+
     def __init__(self, addresses: Sequence[NodeAddress]) -> None:
         self.addresses = tuple(addresses)
         self.pid = current_pid()
         self.connections: list[_Connection | None] = [None] * len(self.addresses)
+        self.channels: dict[str, None] = {}  # subscribed, oldest first
 
     def _open(self, index: int) -> _Connection | None:
         if self.pid != current_pid():
@@ -694,6 +700,8 @@ class Subscriber:
         if conn is not None:
             conn.close()
             self.connections[index] = None
+            # The next subscribe must subscribe again on the new connection.
+            self.channels.clear()
 
     def _send(self, channel: str, verb: bytes) -> None:
         for index in range(len(self.addresses)):
@@ -708,7 +716,16 @@ class Subscriber:
 
     def subscribe(self, channel: str, timeout: float) -> None:
         """Subscribe on every node and wait (up to ``timeout`` seconds) for the nodes to
-        confirm, so that a release from then on cannot go unheard."""
+        confirm, so that a release from then on cannot go unheard. A no-op for a channel
+        already subscribed on every open connection."""
+        if channel in self.channels and all(conn is not None for conn in self.connections):
+            self.channels[channel] = self.channels.pop(channel)  # most recently used
+            return
+        if len(self.channels) >= self.KEEP:
+            oldest = next(iter(self.channels))
+            del self.channels[oldest]
+            self._send(oldest, b"UNSUBSCRIBE")
+        self.channels[channel] = None
         self._send(channel, b"SUBSCRIBE")
         pending = {i for i, conn in enumerate(self.connections) if conn is not None}
         deadline = time.monotonic() + timeout
@@ -716,26 +733,27 @@ class Subscriber:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
-            for index, kind in self._poll(remaining):
+            for index, kind, _ in self._poll(remaining):
                 if kind in (b"subscribe", b"closed"):
                     pending.discard(index)
 
-    def unsubscribe(self, channel: str) -> None:
-        """Stop listening for ``channel`` (the confirmations are read and dropped later)."""
-        self._send(channel, b"UNSUBSCRIBE")
-
-    def wait(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a release message; True if one came."""
+    def wait(self, timeout: float, waiter: str) -> bool:
+        """Wait up to ``timeout`` seconds for a release that calls ``waiter`` (or nobody in
+        particular); True if one came. Releases that name another waiter are ignored."""
         deadline = time.monotonic() + timeout
+        wanted = (b"", waiter.encode())
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            if any(kind == b"message" for _, kind in self._poll(remaining)):
+            if any(
+                kind == b"message" and payload in wanted
+                for _, kind, payload in self._poll(remaining)
+            ):
                 return True
 
-    def _poll(self, timeout: float) -> list[tuple[int, bytes]]:
-        """One poll of every socket: (node index, push kind) for each push that arrived."""
+    def _poll(self, timeout: float) -> list[tuple[int, bytes, bytes]]:
+        """One poll of every socket: (node index, push kind, payload) for each push."""
         poller = select.poll()
         by_fd: dict[int, int] = {}
         for index, conn in enumerate(self.connections):
@@ -745,7 +763,7 @@ class Subscriber:
         if not by_fd:
             time.sleep(timeout)  # nothing to listen to: the caller's poll delay applies
             return []
-        pushes: list[tuple[int, bytes]] = []
+        pushes: list[tuple[int, bytes, bytes]] = []
         for fd, event in poller.poll(max(1, int(timeout * 1000 + 0.999))):
             index = by_fd[fd]
             conn = self.connections[index]
@@ -760,11 +778,12 @@ class Subscriber:
                             conn.slots.popleft()
                             if isinstance(reply, ReplyError):
                                 raise NodeError(f"login refused: {reply}")
-                        elif isinstance(reply, list) and reply:
-                            pushes.append((index, bytes(reply[0])))
+                        elif isinstance(reply, list) and len(reply) == 3:
+                            payload = reply[2] if isinstance(reply[2], bytes) else b""
+                            pushes.append((index, bytes(reply[0]), payload))
             except NodeError:
                 self._drop(index)
-                pushes.append((index, b"closed"))
+                pushes.append((index, b"closed", b""))
         return pushes
 
     def close(self) -> None:

@@ -104,7 +104,7 @@ _LEAVE = _script("leave")
 # every lock key (names cannot contain control characters).
 _LINE = "\x00q"
 _LAPSE = "\x00e"
-_RELEASE_HEAD = _RELEASE.head(1, 1)
+_RELEASE_HEAD = _RELEASE.head(3, 1)
 _EXTEND_HEAD = _EXTEND.head(1, 2)
 
 EPOCH_KEY = "\x00django_redlock:epoch"
@@ -149,10 +149,16 @@ def _acquire_command(
 def _release_command(key: str, token: str) -> Command:
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
-    fallback = Fallback(partial(_RELEASE.eval, (key,), (token,)), True)
+    keys = (key, key + _LINE, key + _LAPSE)
+    fallback = Fallback(partial(_RELEASE.eval, keys, (token,)), True)
     if key.isascii():
-        return (f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n".encode(), fallback)
-    return (_RELEASE.evalsha((key,), (token,)), fallback)
+        size = len(key) + 2
+        text = (
+            f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n${size}\r\n{key}{_LINE}\r\n"
+            f"${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n"
+        )
+        return (text.encode(), fallback)
+    return (_RELEASE.evalsha(keys, (token,)), fallback)
 
 
 def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
@@ -646,55 +652,51 @@ class LockManager:
         connections = self._connections.get()
         listening = False
         attempts = 0
-        try:
-            while True:
-                attempts += 1
-                # A fresh token per attempt: the clean-up release of a failed attempt may
-                # reach a node late (pipelined, or re-sent after NOSCRIPT) and must never hit a
-                # later attempt's key.
-                token = secrets.token_hex(20)
-                command = _acquire_command(
-                    key, token, ttl_ms, owner, self._quarantine_ms, waiter, ticket, lifetime_ms
-                )
-                lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
-                if lease is not None:
-                    if waiter and (attempts > 1 or not lease._unanimous):
-                        # Our place in line may remain on nodes that did not grant this
-                        # attempt; with the earliest ticket it would hold up everyone else.
-                        self._leave_line(connections, key, waiter)
-                    if auto_extend:
-                        lease._guard = threading.Lock()
-                        if hold is not None:
-                            lease._renew_until = time.monotonic() + hold
-                        _extender.schedule(lease, time.monotonic() + seconds / 3)
-                    if self.observer is not None:
-                        self.observer.acquired(lease, lease.acquired_at - started)
-                    return lease
-                assert error is not None
-                now = self._clock()
-                if not blocking or (deadline is not None and now >= deadline):
-                    logger.debug("gave up on %r: %s", name, error)
-                    if waiter:
-                        self._leave_line(connections, key, waiter)
-                    error.origin = origin
-                    if self.observer is not None:
-                        self.observer.gave_up(error, now - started)
-                    raise error
-                delay = self.retry_delay * random.uniform(0.5, 1.5)
-                if deadline is not None:
-                    delay = min(delay, deadline - now)
-                if self._sleep is not time.sleep:
-                    self._sleep(delay)  # an injected sleep (tests) replaces the notifications
-                elif not listening:
-                    # Listen before the next try: a release from now on wakes us, and the try
-                    # right after subscribing covers a release that came before it.
-                    connections.subscriber.subscribe(key, self.node_timeout)
-                    listening = True
-                else:
-                    connections.subscriber.wait(delay)
-        finally:
-            if listening:
-                connections.subscriber.unsubscribe(key)
+        while True:
+            attempts += 1
+            # A fresh token per attempt: the clean-up release of a failed attempt may
+            # reach a node late (pipelined, or re-sent after NOSCRIPT) and must never hit a
+            # later attempt's key.
+            token = secrets.token_hex(20)
+            command = _acquire_command(
+                key, token, ttl_ms, owner, self._quarantine_ms, waiter, ticket, lifetime_ms
+            )
+            lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
+            if lease is not None:
+                if waiter and (attempts > 1 or not lease._unanimous):
+                    # Our place in line may remain on nodes that did not grant this
+                    # attempt; with the earliest ticket it would hold up everyone else.
+                    self._leave_line(connections, key, waiter)
+                if auto_extend:
+                    lease._guard = threading.Lock()
+                    if hold is not None:
+                        lease._renew_until = time.monotonic() + hold
+                    _extender.schedule(lease, time.monotonic() + seconds / 3)
+                if self.observer is not None:
+                    self.observer.acquired(lease, lease.acquired_at - started)
+                return lease
+            assert error is not None
+            now = self._clock()
+            if not blocking or (deadline is not None and now >= deadline):
+                logger.debug("gave up on %r: %s", name, error)
+                if waiter:
+                    self._leave_line(connections, key, waiter)
+                error.origin = origin
+                if self.observer is not None:
+                    self.observer.gave_up(error, now - started)
+                raise error
+            delay = self.retry_delay * random.uniform(0.5, 1.5)
+            if deadline is not None:
+                delay = min(delay, deadline - now)
+            if self._sleep is not time.sleep:
+                self._sleep(delay)  # an injected sleep (tests) replaces the notifications
+            elif not listening:
+                # Listen before the next try: a release from now on wakes us, and the try
+                # right after subscribing covers a release that came before it.
+                connections.subscriber.subscribe(key, self.node_timeout)
+                listening = True
+            else:
+                connections.subscriber.wait(delay, waiter)
 
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
@@ -786,7 +788,7 @@ class LockManager:
         results = exchange.results
         if granted >= quorum and validity > 0:
             logger.info("acquired %r on %d/%d nodes", name, granted, size)
-            if exchange.no:
+            if any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results):
                 logger.warning(
                     "acquired %r despite node errors: %s",
                     name,

@@ -26,6 +26,10 @@ def acquire(
     return client.eval(redlock._ACQUIRE.source, 4, *keys, *args)
 
 
+def release(client, key, token):
+    return client.eval(redlock._RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token)
+
+
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
     assert acquire(node, "k", "a" * 40, owner='{"pid":1}') == b"OK"
     assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":1}'}
@@ -53,11 +57,11 @@ def test_acquire_never_overwrites_foreign_keys(node):
 
 def test_release_deletes_only_its_own_token(node):
     acquire(node, "k", "a" * 40)
-    assert node.eval(redlock._RELEASE.source, 1, "k", "b" * 40) == 0
+    assert release(node, "k", "b" * 40) == 0
     assert node.exists("k") == 1
-    assert node.eval(redlock._RELEASE.source, 1, "k", "a" * 40) == 1
+    assert release(node, "k", "a" * 40) == 1
     assert node.exists("k") == 0
-    assert node.eval(redlock._RELEASE.source, 1, "k", "a" * 40) == 0
+    assert release(node, "k", "a" * 40) == 0
 
 
 def test_extend_renews_only_its_own_live_key(node):
@@ -90,7 +94,9 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
         == redlock._ACQUIRE.evalsha(keys, args)
         == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args)
     )
-    assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha((key,), (token,))
+    assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha(
+        (key, key + redlock._LINE, key + redlock._LAPSE), (token,)
+    )
     assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
 
 
@@ -133,11 +139,11 @@ def test_a_free_lock_goes_to_the_head_of_the_line(node):
     acquire(node, "k", "a" * 40)  # held by a
     assert acquire(node, "k", "b" * 40, waiter="late", ticket=200) > 0  # queues
     assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) > 0  # queues ahead
-    node.eval(redlock._RELEASE.source, 1, "k", "a" * 40)
+    release(node, "k", "a" * 40)
     assert acquire(node, "k", "d" * 40) == 0  # a single try may not jump the line
     assert acquire(node, "k", "b" * 40, waiter="late", ticket=200) == 0  # not first in line
     assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) == b"OK"
     assert node.zrange("k\x00q", 0, -1) == [b"late"]
-    node.eval(redlock._RELEASE.source, 1, "k", "c" * 40)
+    release(node, "k", "c" * 40)
     assert node.eval(redlock._LEAVE.source, 2, "k\x00q", "k\x00e", "late") == 1
     assert acquire(node, "k", "d" * 40) == b"OK"  # the line is empty again

@@ -1,0 +1,159 @@
+"""W2 and W3: several processes, side by side, one library at a time.
+
+- W2: 4 processes, each taking and releasing its own keys: pairs/s.
+- W3: 8 processes on one key with a 1 ms critical section: critical sections/s, hand-offs/s
+  (consecutive holders in different processes), wait p50/p99, Jain's fairness index over the
+  processes, and lost updates of a non-atomic counter incremented in the critical section.
+
+Every contender gets the same clients (50 ms socket timeout, no client retries).
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+NODE_TIMEOUT = 0.05
+TTL = 10.0
+
+
+def _client(url: str) -> redis.Redis:
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=NODE_TIMEOUT,
+        socket_connect_timeout=NODE_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextManager[Any]]:
+    """A factory of blocking lock context managers for one library."""
+    if kind == "django_redlock":
+        from django_redlock import LockManager
+
+        manager = LockManager(urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
+        return lambda name: manager.lock(name, timeout=60.0)
+    if kind == "redis-py":
+        client = _client(urls[0])
+        return lambda name: client.lock(name, timeout=TTL, blocking_timeout=60.0)
+    if kind == "python-redis-lock":
+        import redis_lock
+
+        client = _client(urls[0])
+        return lambda name: redis_lock.Lock(client, name, expire=int(TTL))
+    if kind == "pottery":
+        from pottery import Redlock
+
+        masters = frozenset(_client(url) for url in urls)
+        return lambda name: Redlock(
+            key=name, masters=masters, auto_release_time=TTL, context_manager_timeout=60.0
+        )
+    raise ValueError(kind)
+
+
+def _w2_worker(kind: str, urls: list[str], index: int, seconds: float, go: Any, out: Any) -> None:
+    locker = make_locker(kind, urls)
+    go.wait()
+    deadline = time.monotonic() + seconds
+    pairs = 0
+    while time.monotonic() < deadline:
+        with locker(f"w2:{index}:{pairs}"):
+            pass
+        pairs += 1
+    out.put(pairs)
+
+
+def _w3_worker(
+    kind: str, urls: list[str], index: int, seconds: float, go: Any, out: Any, counter: Any
+) -> None:
+    locker = make_locker(kind, urls)
+    go.wait()
+    deadline = time.monotonic() + seconds
+    waits: list[float] = []
+    order: list[int] = []
+    while time.monotonic() < deadline:
+        asked = time.perf_counter()
+        with locker("w3:shared"):
+            waits.append(time.perf_counter() - asked)
+            value = counter.value  # a non-atomic read-modify-write: lost updates show here
+            busy_until = time.perf_counter() + 0.001  # the 1 ms critical section
+            while time.perf_counter() < busy_until:
+                pass
+            counter.value = value + 1
+            order.append(value)
+    out.put((index, waits, order))
+
+
+@dataclass
+class W3Result:
+    label: str
+    sections: int
+    per_second: float
+    handoffs_per_second: float
+    handoff_share: float
+    wait_p50_ms: float
+    wait_p99_ms: float
+    fairness: float
+    lost_updates: int
+
+
+def run_w2(kind: str, urls: list[str], seconds: float, processes: int = 4) -> float:
+    context = multiprocessing.get_context("spawn")
+    go, out = context.Event(), context.Queue()
+    workers = [
+        context.Process(target=_w2_worker, args=(kind, urls, index, seconds, go, out))
+        for index in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.5)  # let every worker import and connect before the clock starts
+    go.set()
+    total: int = sum(out.get(timeout=120) for _ in workers)
+    for worker in workers:
+        worker.join(60)
+    return total / seconds
+
+
+def run_w3(kind: str, urls: list[str], seconds: float, processes: int = 8) -> W3Result:
+    context = multiprocessing.get_context("spawn")
+    go, out = context.Event(), context.Queue()
+    counter = context.Value("q", 0, lock=False)
+    workers = [
+        context.Process(target=_w3_worker, args=(kind, urls, index, seconds, go, out, counter))
+        for index in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    time.sleep(1.5)
+    go.set()
+    results = [out.get(timeout=180) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    counts = [len(order) for _, _, order in results]
+    sections = sum(counts)
+    holder_by_value = {value: index for index, _, order in results for value in order}
+    sequence = [holder_by_value[value] for value in sorted(holder_by_value)]
+    handoffs = sum(1 for a, b in itertools.pairwise(sequence) if a != b)
+    waits = sorted(wait for _, process_waits, _ in results for wait in process_waits)
+    fairness = sum(counts) ** 2 / (len(counts) * sum(c * c for c in counts)) if sections else 0.0
+    return W3Result(
+        label=kind,
+        sections=sections,
+        per_second=sections / seconds,
+        handoffs_per_second=handoffs / seconds,
+        handoff_share=handoffs / max(1, sections - 1),
+        wait_p50_ms=statistics.median(waits) * 1000 if waits else 0.0,
+        wait_p99_ms=waits[min(len(waits) - 1, int(0.99 * len(waits)))] * 1000 if waits else 0.0,
+        fairness=fairness,
+        lost_updates=sections - int(counter.value),
+    )
