@@ -563,7 +563,9 @@ class ConnectionSet:
                 try:
                     conn = self._connection(index, now)
                 except NodeError as exc:
-                    exchange.results[index] = exc
+                    # Stored without its traceback: frames hold this set, and a cycle through
+                    # them would leave the sockets to the garbage collector.
+                    exchange.results[index] = exc.with_traceback(None)
                     exchange.no += 1
                     continue
             exchange.pending += 1

@@ -250,6 +250,8 @@ class Lease:
         self._guard: threading.Lock | None = None
         self._renew_until: float | None = None
         self._unanimous = False  # no node refused the acquire (no place in line left behind)
+        self._depth = 1
+        self._scope: tuple[object, ...] | None = None
 
     @property
     def token(self) -> str:
@@ -361,8 +363,17 @@ class Lease:
     def _release_now(self) -> None:
         if self._released:
             raise LeaseReleased(self.name)
+        if self._depth > 1:
+            self._depth -= 1  # an inner re-entry ends; the keys stay until the last exit
+            return
         self._released = True
+        self._manager._forget_owner(self)
         self._manager._release(self)
+
+    @property
+    def depth(self) -> int:
+        """How many times the owner holds it (re-entries in the same thread or task)."""
+        return 0 if self._released else self._depth
 
     def __enter__(self) -> Lease:
         return self
@@ -496,6 +507,9 @@ class LockManager:
         self.quorum = len(self.addresses) // 2 + 1
         self._host = socket.gethostname()
         self._owner_cache: dict[tuple[object, ...], str] = {}
+        # Leases by (owner scope, name), for re-entry. The scope names the process, thread
+        # and asyncio task, so another thread, task or a forked child is never the owner.
+        self._held: dict[tuple[tuple[object, ...], str], Lease] = {}
         self._connections = ThreadConnections(self._new_connection_set)
 
     def _new_connection_set(self) -> ConnectionSet:
@@ -625,6 +639,12 @@ class LockManager:
             TypeError, ValueError: a bad argument.
         """
         name = validate_name(name)
+        scope = _owner_scope()
+        held = self._held.get((scope, name))
+        if held is not None and not held.released and not held.lost:
+            # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
+            held._depth += 1
+            return held
         seconds = self.ttl if ttl is None else self._validate_ttl(ttl)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
@@ -672,6 +692,8 @@ class LockManager:
                     if hold is not None:
                         lease._renew_until = time.monotonic() + hold
                     _extender.schedule(lease, time.monotonic() + seconds / 3)
+                lease._scope = scope
+                self._held[(scope, name)] = lease
                 if self.observer is not None:
                     self.observer.acquired(lease, lease.acquired_at - started)
                 return lease
@@ -754,6 +776,10 @@ class LockManager:
         owner["nodes"] = count
         owner["ttl"] = ttls[raw]
         return owner
+
+    def _forget_owner(self, lease: Lease) -> None:
+        if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
+            del self._held[(lease._scope, lease.name)]
 
     def _notify_lost(self, lease: Lease, reason: str) -> None:
         logger.warning("lease on %r lost: %s", lease.name, reason)
@@ -950,6 +976,17 @@ class LockManager:
                 "origin": origin,
             },
         )
+
+
+def _owner_scope() -> tuple[object, ...]:
+    """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
+    asyncio = sys.modules.get("asyncio")
+    task = None
+    if asyncio is not None and asyncio.events._get_running_loop() is not None:
+        task = asyncio.current_task()
+    # The task object itself (not its id, which a later task may reuse); held only while
+    # the lease is, and dropped on its last release.
+    return (current_pid(), threading.get_ident(), task)
 
 
 def _current_task_name() -> str | None:

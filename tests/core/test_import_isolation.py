@@ -28,9 +28,10 @@ def test_core_runs_without_django(cluster3):
         from django_redlock.localnodes import LocalCluster
 
         manager = LockManager({cluster3.urls!r})
+        rival = LockManager({cluster3.urls!r})
         with manager.lock("no-django", ttl=5.0) as lease:
             try:
-                manager.acquire("no-django", blocking=False)
+                rival.acquire("no-django", blocking=False)
             except LockContended:
                 pass
             else:

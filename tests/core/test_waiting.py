@@ -1,0 +1,178 @@
+"""Waiting and ownership: prompt fair hand-off, no lost wake-up, re-entry, fork."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import warnings
+
+from django_redlock import LockContended, LockManager
+from tests.helpers import node_client
+
+# The poll fallback of these waiters is 10 s (retry_delay): only a release notification can
+# wake them within the few seconds the tests allow.
+SLOW_POLL = 10.0
+PROMPT = 5.0
+
+
+def line_length(cluster, name: str) -> int:
+    with node_client(cluster[0]) as client:
+        return int(client.zcard(f"redlock:{name}\x00q"))
+
+
+def wait_for(condition, timeout: float = PROMPT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.002)
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_its_poll(cluster3):
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("handoff", ttl=30.0)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    got = threading.Event()
+
+    def wait() -> None:
+        waiter.acquire("handoff", ttl=30.0, timeout=60.0).release()
+        got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wait_for(lambda: line_length(cluster3, "handoff") == 1)  # it is waiting in line
+    lease.release()
+    assert got.wait(PROMPT), "the waiter slept through the release"
+    thread.join(PROMPT)
+
+
+def test_a_release_racing_the_subscribe_is_not_lost(cluster3):
+    holder = LockManager(cluster3.urls)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    for round_ in range(10):
+        lease = holder.acquire(f"race{round_}", ttl=30.0)
+        got = threading.Event()
+
+        def wait(name: str = f"race{round_}", got: threading.Event = got) -> None:
+            waiter.acquire(name, ttl=30.0, timeout=60.0).release()
+            got.set()
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        # Release the moment the waiter's first try has queued it: it is then subscribing.
+        wait_for(lambda name=f"race{round_}": line_length(cluster3, name) == 1)
+        lease.release()
+        assert got.wait(PROMPT), f"round {round_}: the wake-up was lost"
+        thread.join(PROMPT)
+
+
+def test_waiters_get_the_lock_in_the_order_they_asked(cluster3):
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("fifo", ttl=30.0)
+    order: list[int] = []
+    threads = []
+    for index in range(3):
+        manager = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+
+        def wait(manager: LockManager = manager, index: int = index) -> None:
+            with manager.lock("fifo", ttl=30.0, timeout=60.0):
+                order.append(index)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        threads.append(thread)
+        wait_for(lambda index=index: line_length(cluster3, "fifo") == index + 1)
+    lease.release()
+    for thread in threads:
+        thread.join(3 * PROMPT)
+    assert order == [0, 1, 2]
+
+
+def test_a_single_try_does_not_jump_the_line(cluster3):
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("line", ttl=30.0)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    thread = threading.Thread(target=lambda: waiter.acquire("line", timeout=60.0).release())
+    thread.start()
+    wait_for(lambda: line_length(cluster3, "line") == 1)
+    lease.release()
+    thread.join(PROMPT)
+    assert not thread.is_alive()
+
+
+def test_reentry_in_one_thread_shares_the_lease_and_counts(cluster3):
+    manager = LockManager(cluster3.urls)
+    with manager.lock("nested", ttl=10.0) as outer:
+        with manager.lock("nested", ttl=10.0) as inner:
+            assert inner is outer
+            assert outer.depth == 2
+        assert outer.depth == 1
+        assert not outer.released
+        with node_client(cluster3[0]) as client:
+            assert client.hget(outer.key, "t") == outer.token.encode()
+        # Another thread is never the owner.
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                manager.acquire("nested", blocking=False)
+            except LockContended as error:
+                errors.append(error)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join(PROMPT)
+        assert len(errors) == 1
+    assert outer.released
+
+
+def test_reentry_is_per_asyncio_task(cluster3):
+    manager = LockManager(cluster3.urls)
+
+    async def main() -> None:
+        lease = manager.acquire("per-task", ttl=10.0)
+        assert manager.acquire("per-task", ttl=10.0) is lease  # same task: re-entry
+        lease.release()
+
+        async def other_task() -> str:
+            try:
+                manager.acquire("per-task", blocking=False)
+            except LockContended:
+                return "contended"
+            return "acquired"
+
+        assert await asyncio.create_task(other_task()) == "contended"
+        lease.release()
+
+    asyncio.run(main())
+
+
+def test_a_forked_child_owns_nothing_of_the_parents(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("forked", ttl=10.0, auto_extend=True)
+    read, write = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        pid = os.fork()
+    if pid == 0:  # the child: report, then leave at once without running pytest's teardown
+        code = 0
+        try:
+            try:
+                manager.acquire("forked", blocking=False)
+                code = 1  # it re-entered the parent's lease: wrong
+            except LockContended:
+                pass
+            manager.acquire("child-only", ttl=5.0).release()  # its own sockets work
+        except BaseException:
+            code = 2
+        os.write(write, bytes([code]))
+        os._exit(0)
+    os.close(write)
+    status = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert status == b"\x00"
+    # The parent's lease and connections are untouched by the child.
+    assert lease.extend() > 0
+    lease.release()
