@@ -726,6 +726,14 @@ class LockManager:
         command = _LEAVE.command((key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
         connections.post([command] * len(self.addresses), 1, len(self.addresses))
 
+    def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
+        """The active locks whose names start with ``prefix``, merged across the nodes: a
+        :class:`~django_redlock.operators.LockListing` (SCAN, capped at ``limit`` keys per
+        node; never the tokens)."""
+        from django_redlock.operators import list_locks
+
+        return list_locks(self, prefix, limit=limit)
+
     def declare_fresh(self) -> None:
         """Let every node vote at once, with no restart quarantine.
 

@@ -1,0 +1,121 @@
+"""manage.py redlock_status and manager.locks(): node health, quorum, active locks."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_redlock import LockManager, get_manager
+from django_redlock.operators import escape_glob
+from tests.helpers import node_client
+
+
+def run_status(*args: str) -> tuple[str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    call_command("redlock_status", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_a_healthy_cluster_exits_0_and_lists_locks(redlock_nodes):
+    lease = get_manager().acquire("orders:42", ttl=30.0, origin="view:shop.pay")
+    lease.extend()  # every node holds it
+    out, _ = run_status()
+    assert "Quorum: 3 of 3 nodes vote, 2 needed: healthy" in out
+    assert "orders:42  3/3 nodes" in out
+    assert "view:shop.pay" in out
+    assert lease.token not in out
+    lease.release()
+
+
+def test_json_schema(redlock_nodes):
+    lease = get_manager().acquire("report", ttl=30.0)
+    lease.extend()
+    out, _ = run_status("--json")
+    payload = json.loads(out)
+    assert payload["healthy"] is True
+    assert (payload["quorum"], payload["voting"]) == (2, 3)
+    node = payload["nodes"][0]
+    assert set(node) >= {
+        "node",
+        "reachable",
+        "votes",
+        "latency_ms",
+        "server",
+        "version",
+        "role",
+        "run_id",
+        "uptime_s",
+        "maxmemory_policy",
+        "persistence",
+        "clock_offset_ms",
+        "quarantine_left_s",
+        "problems",
+        "warnings",
+    }
+    assert node["role"] == "master"
+    assert node["votes"] is True
+    (lock,) = payload["locks"]
+    assert (lock["name"], lock["nodes"], lock["partial"]) == ("report", 3, False)
+    assert lock["owner"]["pid"] > 0
+    assert "t" not in lock["owner"]
+    lease.release()
+
+
+def test_no_quorum_exits_1_fast_and_never_hangs(redlock_nodes):
+    redlock_nodes[0].pause()
+    redlock_nodes[1].kill()
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="no quorum: 1 of 3 nodes can vote, 2 needed"):
+        run_status()
+    assert time.monotonic() - started < 5  # each stopped node costs one 0.25 s timeout
+
+
+def test_a_restarted_node_shows_its_quarantine(redlock_nodes, settings):
+    settings.REDLOCK = {"NODES": redlock_nodes.urls, "MAX_TTL": 60.0}
+    redlock_nodes[2].restart()
+    get_manager().acquire("wake").release()  # node 2's first vote starts its quarantine
+    deadline = time.monotonic() + 5
+    while "QUARANTINED" not in (out := run_status()[0]):
+        assert time.monotonic() < deadline, out
+    assert "Quorum: 2 of 3 nodes vote" in out
+
+
+def test_leftover_keys_on_a_minority_are_partial(redlock_nodes):
+    with node_client(redlock_nodes[0]) as client:
+        client.hset("redlock:leftover", mapping={"t": "x" * 40, "o": '{"pid": 7}'})
+        client.pexpire("redlock:leftover", 30_000)
+    listing = get_manager().locks()
+    (lock,) = listing.locks
+    assert (lock.name, lock.nodes, lock.partial) == ("leftover", 1, True)
+    assert lock.owner == {"pid": 7}
+
+
+def test_prefix_globs_are_escaped(redlock_nodes):
+    manager = get_manager()
+    leases = [manager.acquire(name, ttl=30.0) for name in ("job*", "job1", "job?x")]
+    names = [lock.name for lock in manager.locks("job*").locks]
+    assert names == ["job*"]
+    assert escape_glob("a*b?[c]\\") == "a\\*b\\?\\[c\\]\\\\"
+    for lease in leases:
+        lease.release()
+
+
+def test_the_listing_is_capped(redlock_nodes):
+    manager = LockManager(redlock_nodes.urls)
+    leases = [manager.acquire(f"many:{index}", ttl=30.0) for index in range(12)]
+    listing = manager.locks("many:", limit=5)
+    assert listing.truncated
+    assert len(listing.locks) <= 5
+    for lease in leases:
+        lease.release()
+
+
+def test_an_invalid_setting_is_a_command_error(settings):
+    settings.REDLOCK = {"NODES": []}
+    with pytest.raises(CommandError, match="REDLOCK is not usable"):
+        run_status()
