@@ -20,7 +20,7 @@ from django.db import models, transaction
 from django_redlock.exceptions import StaleFencingToken, UnfencedWrite
 from django_redlock.fencing import active_token
 
-__all__ = ["FencedModel", "FencingCounter"]
+__all__ = ["ActiveLock", "FencedModel", "FencingCounter"]
 
 _TOKEN = "fencing_token"
 
@@ -121,3 +121,21 @@ class FencingCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.value}"
+
+
+class ActiveLock(models.Model):
+    """No table: it only gives the admin a slot for the "Active locks" page
+    (``admin:django_redlock_activelock_changelist``), and permissions to guard it:
+    ``view_activelock`` to see the page, ``release_activelock`` to force-release."""
+
+    name = models.CharField(max_length=1024, primary_key=True)
+
+    class Meta:
+        managed = False
+        verbose_name = "active lock"
+        verbose_name_plural = "active locks"
+        default_permissions = ("view",)
+        permissions = (("release_activelock", "Can force-release an active lock"),)
+
+    def __str__(self) -> str:
+        return self.name

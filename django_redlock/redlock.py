@@ -112,6 +112,7 @@ EPOCH_KEY = "\x00django_redlock:epoch"
 every lock key: lock names cannot contain control characters."""
 _EPOCH_BULK = f"${len(EPOCH_KEY)}\r\n{EPOCH_KEY}\r\n"
 _HOLDER = _script("holder")
+_FORCE_RELEASE = _script("force_release")
 
 
 # Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
@@ -733,6 +734,24 @@ class LockManager:
         from django_redlock.operators import list_locks
 
         return list_locks(self, prefix, limit=limit)
+
+    def force_release(self, name: str) -> int:
+        """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
+        it. For operators: the evicted holder is not told, so pair it with a fencing token
+        bump (the admin page does) wherever writes must be refused.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        key = self.key_prefix + validate_name(name)
+        command = _FORCE_RELEASE.command((key, key + _LINE, key + _LAPSE), ())
+        size = len(self.addresses)
+        exchange = self._connections.get().run(
+            [command] * size, time.monotonic() + self.node_timeout, 1, size, give_up=size
+        )
+        deleted: int = exchange.yes
+        logger.warning("force-released %r on %d/%d nodes", name, deleted, size)
+        return deleted
 
     def declare_fresh(self) -> None:
         """Let every node vote at once, with no restart quarantine.

@@ -1,0 +1,101 @@
+"""The "Active locks" admin page: who may see it, what it shows, and force release."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth.models import Permission
+from django.test import Client
+from django.urls import reverse
+
+from django_redlock import get_manager
+from tests.testapp.models import Ledger
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAGE = "admin:django_redlock_activelock_changelist"
+RELEASE = "admin:django_redlock_activelock_release"
+
+
+def staff(django_user_model, *perms: str) -> Client:
+    user = django_user_model.objects.create_user(
+        username="ops-" + "-".join(p.split("_")[0] for p in perms) or "ops", password="pw"
+    )
+    user.is_staff = True
+    user.save()
+    for codename in perms:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_anonymous_users_go_to_the_login_page(client: Client):
+    response = client.get(reverse(PAGE))
+    assert response.status_code == 302
+    assert "/admin/login/" in response["Location"]
+
+
+def test_staff_without_the_view_permission_get_403(django_user_model):
+    assert staff(django_user_model).get(reverse(PAGE)).status_code == 403
+
+
+def test_the_page_shows_nodes_and_locks_without_tokens(django_user_model, redlock_nodes):
+    lease = get_manager().acquire("<script>alert(1)</script>", ttl=30.0, origin="view:x.y")
+    lease.extend()
+    response = staff(django_user_model, "view_activelock").get(reverse(PAGE))
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert "3 of 3 nodes can vote" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page  # escaped, never executed
+    assert "<script>alert(1)</script>" not in page
+    assert "view:x.y" in page
+    assert lease.token not in page
+    assert "Force release" not in page  # viewing does not allow releasing
+    lease.release()
+
+
+def test_search_filters_by_name(admin_client: Client, redlock_nodes):
+    manager = get_manager()
+    leases = [manager.acquire(name, ttl=30.0) for name in ("orders:1", "reports:1")]
+    page = admin_client.get(reverse(PAGE), {"q": "orders"}).content.decode()
+    assert "orders:1" in page
+    assert "reports:1" not in page
+    refreshing = admin_client.get(reverse(PAGE), {"refresh": "5"}).content.decode()
+    assert '<meta http-equiv="refresh" content="5">' in refreshing
+    for lease in leases:
+        lease.release()
+
+
+def test_force_release_needs_its_own_permission(django_user_model, redlock_nodes):
+    viewer = staff(django_user_model, "view_activelock")
+    response = viewer.post(reverse(RELEASE), {"name": "x", "confirm": "yes"})
+    assert response.status_code == 403
+
+
+def test_force_release_confirms_then_releases_bumps_the_fence_and_logs(
+    django_user_model, redlock_nodes
+):
+    ledger = Ledger.objects.create()
+    name = f"testapp.ledger:{ledger.pk}"
+    operator = staff(django_user_model, "view_activelock", "release_activelock")
+    manager = get_manager()
+    lease = manager.acquire(name, ttl=30.0)
+    page = operator.get(reverse(PAGE)).content.decode()
+    assert "Force release" in page
+    confirm = operator.get(reverse(RELEASE), {"name": name})
+    assert confirm.status_code == 200
+    assert "Yes, force-release it" in confirm.content.decode()
+    assert manager.holder(name) is not None  # a GET changes nothing
+    # A POST without the CSRF token is refused.
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(django_user_model.objects.get(username__startswith="ops-view-release"))
+    assert strict.post(reverse(RELEASE), {"name": name, "confirm": "yes"}).status_code == 403
+    done = operator.post(reverse(RELEASE), {"name": name, "confirm": "yes"})
+    assert done.status_code == 302
+    assert manager.holder(name) is None
+    assert Ledger.objects.get(pk=ledger.pk).fencing_token == 1  # the evicted holder is fenced
+    entry = LogEntry.objects.get(action_flag=DELETION)
+    assert entry.object_repr == name
+    assert "bumped to 1" in entry.change_message
+    assert lease.token not in entry.change_message
