@@ -21,6 +21,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
+from django_redlock import metrics
 from django_redlock.conf import get_manager
 from django_redlock.exceptions import FencingUnavailable
 from django_redlock.models import ActiveLock, FencedModel
@@ -106,7 +107,13 @@ class ActiveLockAdmin(_ModelAdmin):
         for lock in locks:
             row = fenced_row(lock.name)
             rows.append({"lock": lock, "fencing_token": row.fencing_token if row else None})
-        context.update(report=report, rows=rows, truncated=listing.truncated, manager=manager)
+        context.update(
+            report=report,
+            rows=rows,
+            truncated=listing.truncated,
+            manager=manager,
+            process=sorted(metrics.summary().items()),
+        )
         return TemplateResponse(
             request, "admin/django_redlock/activelock/change_list.html", context
         )

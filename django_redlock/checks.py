@@ -14,6 +14,7 @@
 | E010 | KEY_PREFIX is not a str |
 | E011 | TIMEOUT is not seconds >= 0 or None |
 | E012 | MAX_TTL is not seconds in [TTL, 86400] or None |
+| E013 | METRICS_LABEL is neither "prefix" nor "name" |
 | W001 | an even number of nodes |
 | W002 | a single node (fine for development) |
 | W003 | a node password inside a URL (shown on DEBUG error pages) |

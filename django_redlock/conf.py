@@ -46,6 +46,7 @@ DEFAULTS: dict[str, Any] = {
     "KEY_PREFIX": "redlock:",
     "TIMEOUT": 10.0,
     "MAX_TTL": None,
+    "METRICS_LABEL": "prefix",
 }
 """Every ``REDLOCK`` key and its default."""
 
@@ -74,6 +75,7 @@ class RedlockSettings:
     key_prefix: str
     timeout: float | None = 10.0
     max_ttl: float | None = None
+    metrics_label: str = "prefix"
     problems: tuple[Problem, ...] = field(default=())
 
 
@@ -380,6 +382,15 @@ def inspect(
                 ),
             )
         )
+    if values["METRICS_LABEL"] not in ("prefix", "name"):
+        problems.append(
+            Problem(
+                "django_redlock.E013",
+                "error",
+                f"REDLOCK['METRICS_LABEL'] must be 'prefix' or 'name', "
+                f"not {values['METRICS_LABEL']!r}",
+            )
+        )
     if not isinstance(values["KEY_PREFIX"], str):
         problems.append(
             Problem(
@@ -404,6 +415,7 @@ def inspect(
             key_prefix=values["KEY_PREFIX"],
             timeout=None if timeout is None else float(timeout),
             max_ttl=None if max_ttl is None else float(max_ttl),
+            metrics_label=values["METRICS_LABEL"],
             problems=tuple(problems),
         ),
         problems,
@@ -449,6 +461,7 @@ def get_manager() -> LockManager:
 
         config = get_settings()
         observer = SignalObserver()
+        observer.label_mode = config.metrics_label
         try:
             _manager = LockManager(
                 config.nodes,

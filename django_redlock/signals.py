@@ -19,6 +19,9 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
+from django_redlock import metrics
+from django_redlock.exceptions import QuorumUnreachable
+
 if TYPE_CHECKING:
     from django_redlock.exceptions import LockNotAcquired
     from django_redlock.redlock import Lease
@@ -40,11 +43,17 @@ def _send(signal: Signal, sender: object, **kwargs: object) -> None:
 
 
 class SignalObserver:
-    """The :class:`~django_redlock.redlock.LockObserver` the Django layer installs."""
+    """The :class:`~django_redlock.redlock.LockObserver` the Django layer installs: sends the
+    signals and records the metrics."""
 
     manager: object = None  # set once the manager exists: the sender of lock_busy
+    label_mode = "prefix"
+
+    def _label(self, name: str) -> str:
+        return metrics.label_for(name, self.label_mode)
 
     def acquired(self, lease: Lease, waited: float) -> None:
+        metrics.record("acquired", self._label(lease.name), seconds=waited)
         _send(
             lock_acquired,
             lease._manager,
@@ -55,6 +64,7 @@ class SignalObserver:
         )
 
     def released(self, lease: Lease, held: float) -> None:
+        metrics.record("released", self._label(lease.name), seconds=held)
         _send(
             lock_released,
             lease._manager,
@@ -65,9 +75,10 @@ class SignalObserver:
         )
 
     def extended(self, lease: Lease, validity: float) -> None:
-        return None
+        metrics.record("extended", self._label(lease.name))
 
     def lost(self, lease: Lease, reason: str) -> None:
+        metrics.record("lost", self._label(lease.name))
         _send(
             lock_lost,
             lease._manager,
@@ -78,6 +89,10 @@ class SignalObserver:
         )
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
+        outcome = "quorum_unreachable" if isinstance(error, QuorumUnreachable) else "contended"
+        metrics.record(outcome, self._label(error.name), seconds=waited)
+        for node in error.node_errors:
+            metrics.record("node_error", "", node=node)
         _send(
             lock_busy,
             self.manager,

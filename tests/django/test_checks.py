@@ -47,6 +47,7 @@ def test_a_good_setting_has_no_messages(settings):
         ({"NODES": THREE, "KEY_PREFIX": 7}, "django_redlock.E010"),
         ({"NODES": THREE, "TIMEOUT": -1}, "django_redlock.E011"),
         ({"NODES": THREE, "TTL": 30, "MAX_TTL": 10}, "django_redlock.E012"),
+        ({"NODES": THREE, "METRICS_LABEL": "full"}, "django_redlock.E013"),
         ({"NODES": THREE[:2]}, "django_redlock.W001"),
         ({"NODES": THREE[:1]}, "django_redlock.W002"),
         ({"NODES": ["redis://:pw@127.0.0.1:7001/0", *THREE[1:]]}, "django_redlock.W003"),

@@ -14,7 +14,10 @@ The ``--json`` output is a stable schema::
                 "problems": [str], "warnings": [str]}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...}}],
-     "locks_truncated": bool}
+     "locks_truncated": bool,
+     "this_process": {"acquired": int, "contended": int, "quorum_unreachable": int,
+                      "released": int, "extended": int, "lost": int, "node_error": int}}
+    (counts of this process only; keys appear once the event happened)
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
+from django_redlock import metrics
 from django_redlock.conf import get_manager
 from django_redlock.operators import list_locks, status
 
@@ -54,6 +58,7 @@ class Command(BaseCommand):
             payload = report.as_dict()
             payload["locks"] = [asdict(lock) for lock in listing.locks]
             payload["locks_truncated"] = listing.truncated
+            payload["this_process"] = metrics.summary()
             self.stdout.write(_dumps(payload))
         else:
             self._print(report, listing)
