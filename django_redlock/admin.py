@@ -11,6 +11,7 @@ appear on the page.
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -106,7 +107,16 @@ class ActiveLockAdmin(_ModelAdmin):
         rows = []
         for lock in locks:
             row = fenced_row(lock.name)
-            rows.append({"lock": lock, "fencing_token": row.fencing_token if row else None})
+            since = lock.owner.get("acquired_at")
+            rows.append(
+                {
+                    "lock": lock,
+                    "fencing_token": row.fencing_token if row else None,
+                    "acquired": datetime.fromtimestamp(since, UTC)
+                    if isinstance(since, int | float)
+                    else None,
+                }
+            )
         context.update(
             report=report,
             rows=rows,

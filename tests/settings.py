@@ -19,11 +19,13 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",
     "django_redlock",
     "tests.testapp",
 ]
 
 ROOT_URLCONF = "tests.urls"
+STATIC_URL = "/static/"
 
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
