@@ -479,6 +479,27 @@ def get_manager() -> LockManager:
     return _manager
 
 
+_async_manager: Any = None
+
+
+def get_async_manager() -> Any:
+    """The process-wide :class:`~django_redlock.aredlock.AsyncLockManager`, built from the
+    same settings (and observer) as :func:`get_manager`; its connections are per event loop.
+
+    Raises:
+        ImproperlyConfigured: as :func:`get_manager`.
+    """
+    global _async_manager
+    manager = get_manager()
+    if _async_manager is None or _async_manager.sync is not manager:
+        from django_redlock.aredlock import AsyncLockManager
+
+        wrapper = AsyncLockManager.__new__(AsyncLockManager)
+        AsyncLockManager._wrap(wrapper, manager)
+        _async_manager = wrapper
+    return _async_manager
+
+
 def reset(**kwargs: object) -> None:
     """Drop the parsed settings and the manager (a ``setting_changed`` receiver)."""
     global _settings, _manager
@@ -488,3 +509,5 @@ def reset(**kwargs: object) -> None:
         _manager.close()
     _settings = None
     _manager = None
+    global _async_manager
+    _async_manager = None

@@ -20,11 +20,11 @@ from datetime import UTC, datetime
 from functools import wraps
 from typing import Any, Literal, TypeVar, cast
 
-from asgiref.sync import iscoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction
 from django.core.management.base import BaseCommand, CommandError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
-from django_redlock.conf import get_manager, get_settings
+from django_redlock.conf import get_async_manager, get_manager, get_settings
 from django_redlock.exceptions import (
     LeaseReleased,
     LockContended,
@@ -121,6 +121,20 @@ def _finish(lease: Lease) -> None:
         logger.error("lock %r was lost while the view ran: %s", lease.name, lost)
 
 
+async def _afinish(lease: Any) -> None:
+    """The async twin of :func:`_finish`."""
+    lost = lease._lost_reason
+    try:
+        await lease.release()
+    except LockLost as error:
+        logger.error("lock %r was lost while the view ran: %s", lease.name, error)
+        return
+    except LeaseReleased:
+        return
+    if lost is not None:
+        logger.error("lock %r was lost while the view ran: %s", lease.name, lost)
+
+
 def locked_view(
     name: ViewName = None,
     *,
@@ -174,17 +188,21 @@ def locked_view(
                 request: HttpRequest, *args: Any, **kwargs: Any
             ) -> HttpResponseBase:
                 lock = _resolve_name(name, view, request, args, kwargs)
-                manager = get_manager()
                 try:
-                    lease = await sync_to_async(acquire, thread_sensitive=False)(
-                        manager, lock, origin
+                    lease = await get_async_manager().acquire(
+                        lock,
+                        ttl=ttl,
+                        blocking=timeout > 0,
+                        timeout=timeout if timeout > 0 else None,
+                        auto_extend=auto_extend,
+                        origin=origin,
                     )
                 except LockNotAcquired as error:
                     return refuse(request, error)
                 try:
                     return cast(HttpResponseBase, await view(request, *args, **kwargs))
                 finally:
-                    await sync_to_async(_finish, thread_sensitive=False)(lease)
+                    await _afinish(lease)
 
             return cast(F, wraps(view)(_async_view_wrapper))
 

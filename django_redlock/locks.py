@@ -20,7 +20,7 @@ from contextlib import asynccontextmanager, contextmanager
 from asgiref.sync import sync_to_async
 from django.db import models
 
-from django_redlock.conf import get_manager, get_settings
+from django_redlock.conf import get_async_manager, get_manager, get_settings
 from django_redlock.redlock import Lease
 
 __all__ = ["alock_for", "lock_for", "lock_name"]
@@ -152,9 +152,9 @@ async def alock_for(
 
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
-    manager = get_manager()
-    lease = await sync_to_async(manager.acquire, thread_sensitive=False)(name, **options)  # type: ignore[arg-type]
-    exit_lease = sync_to_async(lease.__exit__, thread_sensitive=False)
+    # Native asyncio: no thread hop for the lock itself (the database mint, when there is
+    # one, runs in Django's sync thread as any ORM call from async code does).
+    lease = await get_async_manager().acquire(name, **options)
     try:
         instance = await sync_to_async(_mint, thread_sensitive=True)(target, name, fencing, lease)
         if instance is None:
@@ -164,6 +164,6 @@ async def alock_for(
             with fenced(instance, lease.fencing_token, name):
                 yield lease
     except BaseException:
-        await exit_lease(*sys.exc_info())
+        await lease.__aexit__(*sys.exc_info())
         raise
-    await exit_lease(None, None, None)
+    await lease.__aexit__(None, None, None)

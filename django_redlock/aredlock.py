@@ -1,0 +1,523 @@
+"""The asyncio twin of :class:`~django_redlock.redlock.LockManager`: no thread hop per call.
+
+Same algorithm, same Lua scripts, same validity arithmetic and errors; the transport is
+asyncio streams instead of non-blocking sockets: per event loop, one connection per node,
+shared by every task of that loop. A command is written to every node at once (one round
+trip whatever N); each connection has a FIFO of futures that its reader task resolves in
+order, so replies can never be handed to the wrong command, and commands of many tasks
+pipeline on one socket. The outcome is known at a quorum of yes votes, or once a quorum is
+no longer possible; a node that owes too many replies is skipped without sending.
+
+Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
+and the operator calls (``holder``, ``locks``, ``force_release``, ``declare_fresh``) are the
+sync manager's: they are not on any hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+import secrets
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from django_redlock import _extender
+from django_redlock._nodes import NodeAddress
+from django_redlock._resp import ReplyError, encode_command, make_reader
+from django_redlock._transport import TIMED_OUT, Command, NodeError
+from django_redlock.exceptions import (
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnreachable,
+)
+from django_redlock.redlock import (
+    _ACQUIRE,
+    _DRIFT_MILLIS,
+    _EXTEND,
+    _FORCE_RELEASE,
+    _GRANTED,
+    _HOLDER,
+    _LAPSE,
+    _LEAVE,
+    _LINE,
+    _RELEASE,
+    Lease,
+    LockManager,
+    _acquire_command,
+    _error_text,
+    _extend_command,
+    _owner_scope,
+    _release_command,
+    _seconds,
+    validate_name,
+)
+
+__all__ = ["AsyncLease", "AsyncLockManager"]
+
+_MAX_OUTSTANDING = 32
+
+
+class _AsyncConnection:
+    """One stream to one node, with the futures of the replies it still owes, in order."""
+
+    def __init__(self, address: NodeAddress) -> None:
+        self.address = address
+        self.writer: asyncio.StreamWriter | None = None
+        self.pending: deque[asyncio.Future[Any]] = deque()
+        self.reader_task: asyncio.Task[None] | None = None
+        self.broken: str | None = None
+        self.connected = asyncio.Event()
+
+    async def open(self, timeout: float) -> None:
+        address = self.address
+        try:
+            if address.path is not None:
+                opening = asyncio.open_unix_connection(address.path)
+            else:
+                ssl = address.ssl_context() if address.tls else None
+                opening = asyncio.open_connection(
+                    address.host,
+                    address.port,
+                    ssl=ssl,
+                    server_hostname=address.host if ssl else None,
+                )
+            reader, writer = await asyncio.wait_for(opening, timeout)
+        except (TimeoutError, OSError, ValueError) as exc:
+            self.broken = str(exc) or "connect timed out"
+            self.connected.set()
+            return
+        self.writer = writer
+        self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
+        login: list[bytes] = []
+        if address.password is not None:
+            parts: tuple[str, ...] = (address.password,)
+            if address.username:
+                parts = (address.username, address.password)
+            login.append(encode_command(b"AUTH", *parts))
+        if address.db:
+            login.append(encode_command(b"SELECT", address.db))
+        for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
+            login.append(encode_command(b"SCRIPT", b"LOAD", script.source))
+        logins = len(login) - 6  # AUTH/SELECT; the SCRIPT LOADs may fail harmlessly (ACLs)
+        futures = [self._send_raw(command) for command in login]
+        self.connected.set()
+        for future in futures[:logins]:
+            future.add_done_callback(self._check_login)
+
+    def _check_login(self, done: asyncio.Future[Any]) -> None:
+        if not done.cancelled() and isinstance(done.result(), ReplyError):
+            self._fail(f"login refused: {done.result()}")
+
+    def _send_raw(self, command: bytes) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.broken is not None or self.writer is None:
+            future.set_result(NodeError(self.broken or "not connected"))
+            return future
+        self.pending.append(future)
+        self.writer.write(command)
+        return future
+
+    async def _read(self, stream: asyncio.StreamReader) -> None:
+        parser = make_reader()
+        try:
+            while True:
+                data = await stream.read(65536)
+                if not data:
+                    self._fail("connection closed by the server")
+                    return
+                parser.feed(data)
+                while (reply := parser.gets()) is not False:
+                    if self.pending:
+                        future = self.pending.popleft()
+                        if not future.done():
+                            future.set_result(reply)
+        except (OSError, asyncio.CancelledError) as exc:
+            self._fail(str(exc) or "connection lost")
+
+    def _fail(self, reason: str) -> None:
+        self.broken = reason
+        while self.pending:
+            future = self.pending.popleft()
+            if not future.done():
+                future.set_result(NodeError(reason))
+        if self.writer is not None:
+            self.writer.close()
+
+    def close(self) -> None:
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+        if self.writer is not None:
+            self.writer.close()
+
+
+class _LoopConnections:
+    """The connections of one event loop, one per node."""
+
+    def __init__(self, addresses: Sequence[NodeAddress]) -> None:
+        self.addresses = tuple(addresses)
+        self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
+
+    async def connection(self, index: int, timeout: float) -> _AsyncConnection:
+        conn = self.connections[index]
+        if conn is None or conn.broken is not None:
+            if conn is not None:
+                conn.close()
+            conn = _AsyncConnection(self.addresses[index])
+            self.connections[index] = conn
+            await conn.open(timeout)
+        else:
+            await conn.connected.wait()
+        return conn
+
+    async def run(
+        self,
+        commands: Sequence[Command | None],
+        timeout: float,
+        yes_value: object,
+        need: int,
+        give_up: int | None = None,
+    ) -> tuple[list[Any], int, int]:
+        """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts."""
+        size = len(commands)
+        results: list[Any] = [TIMED_OUT] * size
+        give_up = size - need if give_up is None else give_up
+        counts = [0, 0]
+        decided = asyncio.Event()
+
+        def record(index: int, reply: Any) -> None:
+            results[index] = reply
+            counts[0 if reply == yes_value else 1] += 1
+            if counts[0] >= need or counts[1] > give_up:
+                decided.set()
+
+        async def one(index: int, command: Command) -> None:
+            conn = await self.connection(index, timeout)
+            if conn.broken is not None:
+                record(index, NodeError(conn.broken))
+                return
+            if len(conn.pending) >= _MAX_OUTSTANDING:
+                record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
+                return
+            reply = await conn._send_raw(command[0])
+            if (
+                isinstance(reply, ReplyError)
+                and str(reply).startswith("NOSCRIPT")
+                and command[1] is not None
+            ):
+                reply = await conn._send_raw(command[1].build())
+            record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
+
+        tasks = []
+        for index, command in enumerate(commands):
+            if command is None:
+                results[index] = None
+                continue
+            tasks.append(asyncio.ensure_future(one(index, command)))
+        if tasks:
+            waiter: asyncio.Future[Any] = asyncio.ensure_future(decided.wait())
+            everyone: asyncio.Future[Any] = asyncio.gather(*tasks)
+            await asyncio.wait(
+                [waiter, everyone], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            waiter.cancel()
+        return results, counts[0], counts[1]
+
+    def close(self) -> None:
+        for conn in self.connections:
+            if conn is not None:
+                conn.close()
+        self.connections = [None] * len(self.addresses)
+
+
+class AsyncLease(Lease):
+    """A held lock from :class:`AsyncLockManager`: ``await lease.release()``,
+    ``await lease.extend()``, ``async with``; ``validity``, ``lost`` and ``check()`` as for
+    :class:`~django_redlock.Lease`."""
+
+    _async_manager: AsyncLockManager
+
+    async def extend(self) -> float:  # type: ignore[override]
+        self.check()
+        return await self._async_manager._extend(self)
+
+    async def release(self) -> None:  # type: ignore[override]
+        if self._released:
+            raise LeaseReleased(self.name)
+        if self._depth > 1:
+            self._depth -= 1
+            return
+        guard = self._guard
+        if guard is not None:
+            # Serialise with the extender thread without blocking the loop for long: it
+            # holds the guard only for one renewal round trip.
+            await asyncio.to_thread(guard.acquire)
+            try:
+                await self._release_async()
+            finally:
+                guard.release()
+            return
+        await self._release_async()
+
+    async def _release_async(self) -> None:
+        if self._released:
+            raise LeaseReleased(self.name)
+        self._released = True
+        self._manager._forget_owner(self)
+        await self._async_manager._release(self)
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self._released:
+            return
+        lost = self._lost_reason
+        if exc is None:
+            await self.release()
+            if lost is not None:
+                raise LockLost(self.name, lost)
+            return
+        with contextlib.suppress(LockLost, LeaseReleased):  # the block's own error wins
+            await self.release()
+
+
+class AsyncLockManager:
+    """Redlock for asyncio code: ``await manager.acquire(...)``, ``async with manager.lock()``.
+
+    Takes the same arguments as :class:`~django_redlock.LockManager` (except ``sleep``, which
+    is ``asyncio.sleep``) and raises the same errors.
+    """
+
+    def __init__(self, nodes: Sequence[object], **options: Any) -> None:
+        self._wrap(LockManager(nodes, **options))
+
+    def _wrap(self, sync: LockManager) -> None:
+        """Share ``sync``'s configuration, owners and observer (``get_async_manager``)."""
+        self.sync = sync
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopConnections] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        # Configuration and operator calls (ttl, quorum, nodes, holder, locks, ...).
+        return getattr(self.sync, name)
+
+    def _connections(self) -> _LoopConnections:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            connections = self._loops.get(loop)
+            if connections is None:
+                connections = _LoopConnections(self.sync.addresses)
+                self._loops[loop] = connections
+        return connections
+
+    async def aclose(self) -> None:
+        """Close this loop's connections."""
+        self._connections().close()
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> AsyncLease:
+        """Take lock ``name`` (see :meth:`LockManager.acquire`)."""
+        sync = self.sync
+        name = validate_name(name)
+        scope = _owner_scope()
+        held = sync._held.get((scope, name))
+        if isinstance(held, AsyncLease) and not held.released and not held.lost:
+            held._depth += 1
+            return held
+        seconds = sync.ttl if ttl is None else sync._validate_ttl(ttl)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and wait:
+            raise ValueError("timeout must be None or 0 when blocking=False")
+        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
+        if hold is not None and not auto_extend:
+            raise ValueError("max_hold only applies with auto_extend=True")
+        key = sync.key_prefix + name
+        ttl_ms = math.ceil(seconds * 1000)
+        owner = sync._owner(origin)
+        started = sync._clock()
+        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
+        waiter = secrets.token_hex(8) if blocking else ""
+        ticket = time.time_ns() // 1000
+        lifetime_ms = math.ceil(max(1.0, 4 * sync.retry_delay) * 1000)
+        connections = self._connections()
+        size = len(sync.addresses)
+        attempts = 0
+        while True:
+            attempts += 1
+            token = secrets.token_hex(20)
+            command = _acquire_command(
+                key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
+            )
+            start = sync._clock()
+            results, granted, refused = await connections.run(
+                [command] * size, sync.node_timeout, _GRANTED, sync.quorum
+            )
+            elapsed = sync._clock() - start
+            validity = seconds - elapsed - (seconds * sync.drift_factor + _DRIFT_MILLIS)
+            if granted >= sync.quorum and validity > 0:
+                lease = AsyncLease(
+                    sync,
+                    name=name,
+                    key=key,
+                    token=token,
+                    ttl=seconds,
+                    expires_at=start + elapsed + validity,
+                    acquired_at=start + elapsed,
+                    origin=origin,
+                )
+                lease._async_manager = self
+                lease._scope = scope
+                sync._held[(scope, name)] = lease
+                if waiter and (attempts > 1 or refused):
+                    await connections.run(
+                        [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
+                        0.0,
+                        1,
+                        size,
+                    )
+                if auto_extend:
+                    lease._guard = threading.Lock()
+                    if hold is not None:
+                        lease._renew_until = time.monotonic() + hold
+                    _extender.schedule(lease, time.monotonic() + seconds / 3)
+                if sync.observer is not None:
+                    sync.observer.acquired(lease, lease.acquired_at - started)
+                return lease
+            release = _release_command(key, token)
+            await connections.run(
+                [None if type(reply) is int else release for reply in results], 0.0, 1, size
+            )
+            errors = {
+                sync.addresses[index].label: _error_text(reply, sync.node_timeout)
+                for index, reply in enumerate(results)
+                if reply is TIMED_OUT or isinstance(reply, NodeError)
+            }
+            held_ms = [reply for reply in results if type(reply) is int]
+            kind: type[LockNotAcquired] = (
+                LockContended
+                if len(errors) <= size - sync.quorum and granted < sync.quorum
+                else QuorumUnreachable
+            )
+            error = kind(
+                name,
+                votes=granted,
+                quorum=sync.quorum,
+                node_errors=errors,
+                retry_after=max(held_ms) / 1000 if held_ms and min(held_ms) >= 0 else None,
+                attempts=attempts,
+                origin=origin,
+            )
+            now = sync._clock()
+            if not blocking or (deadline is not None and now >= deadline):
+                if waiter:
+                    await connections.run(
+                        [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
+                        0.0,
+                        1,
+                        size,
+                    )
+                if sync.observer is not None:
+                    sync.observer.gave_up(error, now - started)
+                raise error
+            delay = sync.retry_delay * random.uniform(0.5, 1.5)
+            if deadline is not None:
+                delay = min(delay, deadline - now)
+            await asyncio.sleep(delay)
+
+    async def _release(self, lease: AsyncLease) -> None:
+        sync = self.sync
+        size = len(sync.addresses)
+        expired = lease._expires_at <= sync._clock()
+        results, deleted, _ = await self._connections().run(
+            [_release_command(lease.key, lease.token)] * size, sync.node_timeout, 1, sync.quorum
+        )
+        gone = sum(1 for reply in results if reply == 0)
+        if sync.observer is not None:
+            sync.observer.released(lease, sync._clock() - lease.acquired_at)
+        if expired:
+            lease._mark_lost("the lease expired before it was released")
+            raise LockLost(lease.name, "the lease expired before it was released")
+        if gone > size - sync.quorum:
+            reason = f"only {deleted} of {size} nodes still held it at release"
+            lease._mark_lost(reason)
+            raise LockLost(lease.name, reason)
+
+    async def _extend(self, lease: AsyncLease) -> float:
+        sync = self.sync
+        size = len(sync.addresses)
+        start = sync._clock()
+        _, extended, refused = await self._connections().run(
+            [_extend_command(lease.key, lease.token, math.ceil(lease.ttl * 1000))] * size,
+            sync.node_timeout,
+            1,
+            sync.quorum,
+        )
+        now = sync._clock()
+        validity = lease.ttl - (now - start) - (lease.ttl * sync.drift_factor + _DRIFT_MILLIS)
+        if extended >= sync.quorum and now < lease._expires_at and validity > 0:
+            lease._expires_at = start + lease.ttl - (lease.ttl * sync.drift_factor + _DRIFT_MILLIS)
+            if sync.observer is not None:
+                sync.observer.extended(lease, validity)
+            return validity
+        reason = (
+            "the lease expired while it was being extended"
+            if now >= lease._expires_at
+            else f"not extended on {refused} of {size} nodes, a quorum needs {sync.quorum}"
+        )
+        lease._mark_lost(reason)
+        await self._connections().run(
+            [_release_command(lease.key, lease.token)] * size, 0.0, 1, size
+        )
+        raise LockLost(lease.name, reason)
+
+    def lock(self, name: str, **options: Any) -> _AsyncLockContext:
+        """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit."""
+        return _AsyncLockContext(self, name, options)
+
+
+class _AsyncLockContext:
+    def __init__(self, manager: AsyncLockManager, name: str, options: dict[str, Any]) -> None:
+        self._manager = manager
+        self._name = name
+        self._options = options
+        self._lease: AsyncLease | None = None
+
+    async def __aenter__(self) -> AsyncLease:
+        self._lease = await self._manager.acquire(self._name, **self._options)
+        return self._lease
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self._lease is not None
+        await self._lease.__aexit__(exc_type, exc, traceback)

@@ -1,0 +1,124 @@
+"""AsyncLockManager: the same semantics on asyncio, against real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from django_redlock import LockContended, LockLost, LockManager, QuorumUnreachable
+from django_redlock.aredlock import AsyncLease, AsyncLockManager
+from tests.helpers import node_client
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_acquire_release_and_contention_with_the_sync_manager(cluster5):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster5.urls)
+        lease = await manager.acquire("a", ttl=10.0)
+        assert isinstance(lease, AsyncLease)
+        assert lease.validity > 9.0
+        with pytest.raises(LockContended):
+            LockManager(cluster5.urls).acquire("a", blocking=False)
+        assert await lease.extend() > 9.0
+        await lease.release()
+        assert lease.released
+        LockManager(cluster5.urls).acquire("a", blocking=False).release()
+        await manager.aclose()
+
+    run(main())
+
+
+def test_the_async_context_manager_and_lock_lost(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        async with manager.lock("ctx", ttl=10.0) as lease:
+            assert not lease.lost
+        assert lease.released
+
+        async def taken_over() -> None:
+            async with manager.lock("gone", ttl=10.0) as lease:
+                for node in cluster3:
+                    with node_client(node) as client:
+                        client.hset(lease.key, "t", "someone-else")
+
+        with pytest.raises(LockLost):
+            await taken_over()
+
+    run(main())
+
+
+def test_a_blocking_acquire_waits_for_the_holder(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls, retry_delay=0.01)
+        holder = await manager.acquire("wait", ttl=10.0)
+
+        async def release_soon() -> None:
+            await asyncio.sleep(0)  # let the waiter make its first attempt
+            await holder.release()
+
+        async def other_task() -> AsyncLease:
+            return await manager.acquire("wait", ttl=10.0, timeout=5.0)
+
+        waiting = asyncio.create_task(other_task())
+        await release_soon()
+        second = await waiting
+        assert second is not holder
+        await second.release()
+
+    run(main())
+
+
+def test_reentry_is_per_task(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        lease = await manager.acquire("nested", ttl=10.0)
+        assert await manager.acquire("nested", ttl=10.0) is lease
+        assert lease.depth == 2
+
+        async def other() -> str:
+            try:
+                await manager.acquire("nested", blocking=False)
+            except LockContended:
+                return "contended"
+            return "acquired"
+
+        assert await asyncio.create_task(other()) == "contended"
+        await lease.release()
+        await lease.release()
+        assert lease.released
+
+    run(main())
+
+
+def test_a_paused_minority_is_tolerated_and_a_majority_fails_fast(cluster5):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster5.urls, node_timeout=0.05)
+        cluster5[0].pause()
+        cluster5[1].pause()
+        for attempt in range(10):
+            lease = await manager.acquire(f"m{attempt}", ttl=5.0)
+            await lease.release()
+        cluster5[2].pause()
+        started = time.monotonic()
+        with pytest.raises(QuorumUnreachable):
+            await manager.acquire("down", blocking=False)
+        assert time.monotonic() - started < 0.5
+
+    run(main())
+
+
+def test_evalsha_falls_back_after_a_script_flush(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        await (await manager.acquire("warm", ttl=5.0)).release()
+        for node in cluster3:
+            with node_client(node) as client:
+                client.script_flush()
+        await (await manager.acquire("after", ttl=5.0)).release()
+
+    run(main())
