@@ -117,9 +117,12 @@ class Result:
 
 
 def _measure(result: Result, run: PairRunner, count: int, tag: str) -> None:
+    # Each contender gets its own key names: pottery, for one, prefixes "redlock:" too, and
+    # its leftover string keys would collide with ours.
+    label = "".join(char for char in result.label if char.isalnum())
     for index in range(count):
         start = time.perf_counter()
-        ok = run(f"bench:{tag}:{index}")
+        ok = run(f"bench:{label}:{tag}:{index}")
         result.pair_us.append((time.perf_counter() - start) * 1e6)
         result.attempts += 1
         result.successes += ok
@@ -146,6 +149,8 @@ def w1(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int, rounds: int) 
         for label, run in order:
             slow = label.startswith("pottery")
             _measure(results[label], run, per_round // 4 if slow else per_round, f"{round_index}")
+
+    async_pair_us = _w1_async(cluster5.urls, max(1000, pairs // 2))
 
     print(
         f"\nW1: one client, acquire + release of fresh keys ({pairs} pairs each, {rounds} rounds)"
