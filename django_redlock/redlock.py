@@ -83,6 +83,8 @@ MAX_TTL = 86400.0
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
 
+# Seconds between two "acquired despite node errors" warnings of one manager.
+_WARN_EVERY = 10.0
 # The spec adds 2 ms to the drift term for the resolution of the nodes' expiry clocks.
 _DRIFT_MILLIS = 0.002
 _SCRIPTS = Path(__file__).with_name("scripts")
@@ -511,6 +513,7 @@ class LockManager:
         # Leases by (owner scope, name), for re-entry. The scope names the process, thread
         # and asyncio task, so another thread, task or a forked child is never the owner.
         self._held: dict[tuple[tuple[object, ...], str], Lease] = {}
+        self._last_warning = float("-inf")
         self._connections = ThreadConnections(self._new_connection_set)
 
     def _new_connection_set(self) -> ConnectionSet:
@@ -804,6 +807,15 @@ class LockManager:
         owner["ttl"] = ttls[raw]
         return owner
 
+    def _warn_now(self) -> bool:
+        """Rate limit for warnings that a loaded or degraded cluster would repeat on every
+        acquire (a stalled node): logging them all would cost more than the locks."""
+        now = time.monotonic()
+        if now - self._last_warning < _WARN_EVERY:
+            return False
+        self._last_warning = now
+        return True
+
     def _forget_owner(self, lease: Lease) -> None:
         if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
             del self._held[(lease._scope, lease.name)]
@@ -841,10 +853,14 @@ class LockManager:
         results = exchange.results
         if granted >= quorum and validity > 0:
             logger.info("acquired %r on %d/%d nodes", name, granted, size)
-            if any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results):
+            if (
+                any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
+                and self._warn_now()
+            ):
                 logger.warning(
-                    "acquired %r despite node errors: %s",
+                    "acquired %r despite node errors (at most one such warning per %g s): %s",
                     name,
+                    _WARN_EVERY,
                     _summarise(self.addresses, results, self.node_timeout),
                 )
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
