@@ -376,7 +376,7 @@ class AsyncLockManager:
                 key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
             )
             start = sync._clock()
-            results, granted, refused = await connections.run(
+            results, granted, _ = await connections.run(
                 [command] * size, sync.node_timeout, _GRANTED, sync.quorum
             )
             elapsed = sync._clock() - start
@@ -395,13 +395,7 @@ class AsyncLockManager:
                 lease._async_manager = self
                 lease._scope = scope
                 sync._held[(scope, name)] = lease
-                if waiter and (attempts > 1 or refused):
-                    await connections.run(
-                        [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
-                        0.0,
-                        1,
-                        size,
-                    )
+                lease._waiter = waiter  # dropped from the line by the release
                 if auto_extend:
                     lease._guard = threading.Lock()
                     if hold is not None:
@@ -456,7 +450,10 @@ class AsyncLockManager:
         size = len(sync.addresses)
         expired = lease._expires_at <= sync._clock()
         results, deleted, _ = await self._connections().run(
-            [_release_command(lease.key, lease.token)] * size, sync.node_timeout, 1, sync.quorum
+            [_release_command(lease.key, lease.token, lease._waiter)] * size,
+            sync.node_timeout,
+            1,
+            sync.quorum,
         )
         gone = sum(1 for reply in results if reply == 0)
         if sync.observer is not None:

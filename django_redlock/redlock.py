@@ -106,7 +106,7 @@ _LEAVE = _script("leave")
 # every lock key (names cannot contain control characters).
 _LINE = "\x00q"
 _LAPSE = "\x00e"
-_RELEASE_HEAD = _RELEASE.head(3, 1)
+_RELEASE_HEAD = _RELEASE.head(3, 2)
 _EXTEND_HEAD = _EXTEND.head(1, 2)
 
 EPOCH_KEY = "\x00django_redlock:epoch"
@@ -149,19 +149,19 @@ def _acquire_command(
     return (_ACQUIRE.evalsha(keys, args), fallback)
 
 
-def _release_command(key: str, token: str) -> Command:
+def _release_command(key: str, token: str, waiter: str = "") -> Command:
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
     keys = (key, key + _LINE, key + _LAPSE)
-    fallback = Fallback(partial(_RELEASE.eval, keys, (token,)), True)
+    fallback = Fallback(partial(_RELEASE.eval, keys, (token, waiter)), True)
     if key.isascii():
         size = len(key) + 2
         text = (
             f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n${size}\r\n{key}{_LINE}\r\n"
-            f"${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n"
+            f"${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
         )
         return (text.encode(), fallback)
-    return (_RELEASE.evalsha(keys, (token,)), fallback)
+    return (_RELEASE.evalsha(keys, (token, waiter)), fallback)
 
 
 def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
@@ -252,9 +252,9 @@ class Lease:
         # owner's release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
         self._renew_until: float | None = None
-        self._unanimous = False  # no node refused the acquire (no place in line left behind)
         self._depth = 1
         self._scope: tuple[object, ...] | None = None
+        self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
 
     @property
     def token(self) -> str:
@@ -687,10 +687,9 @@ class LockManager:
             )
             lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
             if lease is not None:
-                if waiter and (attempts > 1 or not lease._unanimous):
-                    # Our place in line may remain on nodes that did not grant this
-                    # attempt; with the earliest ticket it would hold up everyone else.
-                    self._leave_line(connections, key, waiter)
+                # Our place in line may remain on nodes that did not grant this attempt; the
+                # release drops it there (see release.lua), at no extra round trip.
+                lease._waiter = waiter
                 if auto_extend:
                     lease._guard = threading.Lock()
                     if hold is not None:
@@ -876,9 +875,6 @@ class LockManager:
                 acquired_at=start + elapsed,
                 origin=origin,
             )
-            # No node refused: none of them put us in its wait line (nodes not waited for ran
-            # the same script on a free lock, which grants without queueing).
-            lease._unanimous = exchange.no == 0
             return lease, None
 
         # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
@@ -929,7 +925,7 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
-        command = _release_command(lease.key, lease.token)
+        command = _release_command(lease.key, lease.token, lease._waiter)
         exchange = connections.run(
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum
         )

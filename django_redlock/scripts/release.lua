@@ -4,6 +4,7 @@
 -- KEYS[2]  the lock's wait line (sorted set of waiter ids by ticket)
 -- KEYS[3]  the lapse times of the places in line (hash, ms on the node's clock)
 -- ARGV[1]  the lease token
+-- ARGV[2]  the holder's waiter id ("" when it took the lock with a single try)
 --
 -- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
 -- held by another token: another holder's key is never deleted).
@@ -13,9 +14,19 @@
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
+    if ARGV[2] ~= '' then
+        redis.call('ZREM', KEYS[2], ARGV[2])
+        redis.call('HDEL', KEYS[3], ARGV[2])
+    end
     return 0
 end
 redis.call('DEL', KEYS[1])
+-- The holder's own place in line may remain on nodes that did not grant it the lock (they
+-- queued it, then the others gave it a quorum): drop it, or it would head the line.
+if ARGV[2] ~= '' then
+    redis.call('ZREM', KEYS[2], ARGV[2])
+    redis.call('HDEL', KEYS[3], ARGV[2])
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local next_waiter = ''

@@ -26,8 +26,8 @@ def acquire(
     return client.eval(redlock._ACQUIRE.source, 4, *keys, *args)
 
 
-def release(client, key, token):
-    return client.eval(redlock._RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token)
+def release(client, key, token, waiter=""):
+    return client.eval(redlock._RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token, waiter)
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -94,8 +94,8 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
         == redlock._ACQUIRE.evalsha(keys, args)
         == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args)
     )
-    assert redlock._release_command(key, token)[0] == redlock._RELEASE.evalsha(
-        (key, key + redlock._LINE, key + redlock._LAPSE), (token,)
+    assert redlock._release_command(key, token, "w1")[0] == redlock._RELEASE.evalsha(
+        (key, key + redlock._LINE, key + redlock._LAPSE), (token, "w1")
     )
     assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
 
