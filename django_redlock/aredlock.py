@@ -186,50 +186,75 @@ class _LoopConnections:
         need: int,
         give_up: int | None = None,
     ) -> tuple[list[Any], int, int]:
-        """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts."""
+        """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
+
+        Commands are written synchronously to every connected node (no task per node: on a
+        small machine a task costs more than the round trip); replies are tallied by future
+        callbacks, and the caller resumes once the outcome is known or ``timeout`` passes.
+        """
         size = len(commands)
         results: list[Any] = [TIMED_OUT] * size
         give_up = size - need if give_up is None else give_up
         counts = [0, 0]
-        decided = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        decided: asyncio.Future[None] = loop.create_future()
 
         def record(index: int, reply: Any) -> None:
             results[index] = reply
             counts[0 if reply == yes_value else 1] += 1
-            if counts[0] >= need or counts[1] > give_up:
-                decided.set()
+            if (counts[0] >= need or counts[1] > give_up) and not decided.done():
+                decided.set_result(None)
 
-        async def one(index: int, command: Command) -> None:
-            conn = await self.connection(index, timeout)
-            if conn.broken is not None:
-                record(index, NodeError(conn.broken))
-                return
-            if len(conn.pending) >= _MAX_OUTSTANDING:
-                record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
-                return
-            reply = await conn._send_raw(command[0])
-            if (
-                isinstance(reply, ReplyError)
-                and str(reply).startswith("NOSCRIPT")
-                and command[1] is not None
-            ):
-                reply = await conn._send_raw(command[1].build())
-            record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
-
-        tasks = []
+        missing = [
+            index
+            for index, command in enumerate(commands)
+            if command is not None
+            and (self.connections[index] is None or self.connections[index].broken is not None)  # type: ignore[union-attr]
+        ]
+        if missing:  # connect the nodes that need it, all at once
+            await asyncio.gather(*(self.connection(index, timeout) for index in missing))
+        pending = 0
         for index, command in enumerate(commands):
             if command is None:
                 results[index] = None
                 continue
-            tasks.append(asyncio.ensure_future(one(index, command)))
-        if tasks:
-            waiter: asyncio.Future[Any] = asyncio.ensure_future(decided.wait())
-            everyone: asyncio.Future[Any] = asyncio.gather(*tasks)
-            await asyncio.wait(
-                [waiter, everyone], timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            waiter.cancel()
-        return results, counts[0], counts[1]
+            conn = self.connections[index]
+            assert conn is not None
+            if conn.broken is not None:
+                record(index, NodeError(conn.broken))
+                continue
+            if len(conn.pending) >= _MAX_OUTSTANDING:
+                record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
+                continue
+            pending += 1
+            self._expect(conn, index, command, conn._send_raw(command[0]), record)
+        if pending and not decided.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(decided), timeout)
+        return list(results), counts[0], counts[1]
+
+    def _expect(
+        self,
+        conn: _AsyncConnection,
+        index: int,
+        command: Command,
+        future: asyncio.Future[Any],
+        record: Any,
+    ) -> None:
+        def done(reply_future: asyncio.Future[Any]) -> None:
+            reply = reply_future.result()
+            fallback = command[1]
+            if (
+                isinstance(reply, ReplyError)
+                and str(reply).startswith("NOSCRIPT")
+                and fallback is not None
+            ):
+                retry = conn._send_raw(fallback.build())
+                self._expect(conn, index, (b"", None), retry, record)
+                return
+            record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
+
+        future.add_done_callback(done)
 
     def close(self) -> None:
         for conn in self.connections:

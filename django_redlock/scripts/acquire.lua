@@ -33,18 +33,29 @@
 -- it, and is deleted with it: one key per lock per node, nothing to leak.
 -- No `#!lua` shebang: plain EVAL semantics; this script writes, so a full node (OOM) refuses it,
 -- which is the right answer for an acquire.
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local epoch = redis.call('GET', KEYS[2])
-if epoch == false then
-    redis.call('SET', KEYS[2], string.format('%d', now))
-    epoch = now
+local now = 0
+local function clock()
+    if now == 0 then
+        local time = redis.call('TIME')
+        now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    end
+    return now
 end
-local age = now - tonumber(epoch)
-if age < tonumber(ARGV[4]) then
-    return redis.error_reply(
-        'QUARANTINED node lost its data ' .. age .. ' ms ago; it votes again in '
-        .. (tonumber(ARGV[4]) - age) .. ' ms')
+if epoch ~= '0' then
+    -- Not (or no longer) known fresh: check the quarantine on the node's own clock.
+    if epoch == false then
+        redis.call('SET', KEYS[2], string.format('%d', clock()))
+        epoch = clock()
+    end
+    local age = clock() - tonumber(epoch)
+    if age < tonumber(ARGV[4]) then
+        return redis.error_reply(
+            'QUARANTINED node lost its data ' .. age .. ' ms ago; it votes again in '
+            .. (tonumber(ARGV[4]) - age) .. ' ms')
+    end
+    -- The quarantine is over: mark the node fresh so later acquires skip this check.
+    redis.call('SET', KEYS[2], '0')
 end
 
 local waiter = ARGV[5]
@@ -57,7 +68,7 @@ local function head()
         if #first == 0 then
             return nil
         end
-        if tonumber(redis.call('HGET', lapse, first[1]) or '0') > now then
+        if tonumber(redis.call('HGET', lapse, first[1]) or '0') > clock() then
             return first[1]
         end
         redis.call('ZREM', line, first[1])
@@ -72,7 +83,7 @@ local function wait_in_line()
     end
     local lifetime = tonumber(ARGV[7])
     redis.call('ZADD', line, 'NX', ARGV[6], waiter)
-    redis.call('HSET', lapse, waiter, string.format('%d', now + lifetime))
+    redis.call('HSET', lapse, waiter, string.format('%d', clock() + lifetime))
     redis.call('PEXPIRE', line, lifetime)
     redis.call('PEXPIRE', lapse, lifetime)
 end

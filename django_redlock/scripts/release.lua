@@ -27,6 +27,10 @@ if ARGV[2] ~= '' then
     redis.call('ZREM', KEYS[2], ARGV[2])
     redis.call('HDEL', KEYS[3], ARGV[2])
 end
+-- Nobody waits (no line): nothing to publish. Waiters always queue before they listen.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+    return 1
+end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local next_waiter = ''
