@@ -87,13 +87,20 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _command(address: str | tuple[str, int], timeout: float, *parts: str) -> bytes | None:
-    """Send one command on a new connection; the first bytes of the reply, or None."""
+def _command(
+    address: str | tuple[str, int], timeout: float, *parts: str, password: str | None = None
+) -> bytes | None:
+    """Send one command on a new connection (after AUTH when a password is given); the first
+    bytes of its reply, or None."""
     family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout)
             sock.connect(address)
+            if password is not None:
+                sock.sendall(encode_command("AUTH", password))
+                if not sock.recv(64).startswith(b"+OK"):
+                    return None
             sock.sendall(encode_command(*parts))
             return sock.recv(64)
     except OSError:
@@ -118,9 +125,11 @@ class LocalNode:
         name: str = "node",
         binary: str | None = None,
         tcp: bool = False,
+        password: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         self.directory = Path(directory)
+        self.password = password
         self.name = name
         self.binary = binary or server_binary()
         self.port: int | None = _free_port() if tcp else None
@@ -132,10 +141,11 @@ class LocalNode:
 
     @property
     def url(self) -> str:
-        """The node's URL for :class:`~django_redlock.LockManager`."""
+        """The node's URL for :class:`~django_redlock.LockManager` (with its password)."""
+        login = f":{self.password}@" if self.password else ""
         if self.port is not None:
-            return f"redis://127.0.0.1:{self.port}/0"
-        return f"unix://{self.socket_path}"
+            return f"redis://{login}127.0.0.1:{self.port}/0"
+        return f"unix://{login}{self.socket_path}"
 
     @property
     def pid(self) -> int | None:
@@ -173,6 +183,8 @@ class LocalNode:
         ]
         if self.port is None:
             args += ["--unixsocket", self.socket_path, "--unixsocketperm", "700"]
+        if self.password:
+            args += ["--requirepass", self.password]
         return args + list(self.extra_args)
 
     def start(self, *, fresh: bool = True) -> None:
@@ -201,7 +213,8 @@ class LocalNode:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
-            if (_command(self._address(), 0.5, "PING") or b"").startswith(b"+PONG"):
+            reply = _command(self._address(), 0.5, "PING", password=self.password) or b""
+            if reply.startswith(b"+PONG"):
                 if fresh:
                     self.declare_fresh()
                 return
@@ -212,7 +225,7 @@ class LocalNode:
 
     def declare_fresh(self) -> None:
         """Mark the node's data as new, not lost: it votes at once (no restart quarantine)."""
-        reply = _command(self._address(), 5.0, "SET", EPOCH_KEY, "0")
+        reply = _command(self._address(), 5.0, "SET", EPOCH_KEY, "0", password=self.password)
         if reply != b"+OK\r\n":
             raise RuntimeError(f"{self.name}: could not declare it fresh: {reply!r}")
 
@@ -295,6 +308,7 @@ class LocalCluster:
         *,
         tcp: bool = False,
         binary: str | None = None,
+        password: str | None = None,
         extra_args: Sequence[str] = (),
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int):
@@ -306,7 +320,12 @@ class LocalCluster:
         binary = binary or server_binary()
         self.nodes = [
             LocalNode(
-                self.directory, name=f"n{index}", binary=binary, tcp=tcp, extra_args=extra_args
+                self.directory,
+                name=f"n{index}",
+                binary=binary,
+                tcp=tcp,
+                password=password,
+                extra_args=extra_args,
             )
             for index in range(size)
         ]

@@ -842,11 +842,12 @@ class LockManager:
             exchange = connections.run(
                 [command] * size, time.monotonic() + self.node_timeout, _GRANTED, quorum
             )
+            elapsed = self._clock() - start
         except BaseException:
-            # Interrupted (KeyboardInterrupt, cancel): some SETs may have landed.
+            # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may have
+            # landed, and nobody will release them.
             self._forget(connections, key, token, None)
             raise
-        elapsed = self._clock() - start
         validity = ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
         granted = exchange.yes
         results = exchange.results
