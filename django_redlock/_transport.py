@@ -358,6 +358,14 @@ class _Connection:
             self.sock.close()
 
 
+def _close_quietly(connections: list[_Connection | None]) -> None:
+    """Close every socket in ``connections`` (in place: the list is emptied of them)."""
+    for index, conn in enumerate(connections):
+        if conn is not None:
+            conn.close()
+            connections[index] = None
+
+
 def _describe(exc: OSError) -> str:
     if isinstance(exc, ssl.SSLError):
         return f"TLS error: {exc.reason or exc}"
@@ -404,6 +412,10 @@ class ConnectionSet:
         self.polling: dict[int, int] = {}
         self.last_post = float("-inf")
         self._subscriber: Subscriber | None = None
+        # Closes the sockets when the set is dropped without close(). A weakref finalizer
+        # runs before the garbage collector finalizes the sockets themselves, even when the
+        # set is freed as part of a reference cycle; it holds the list, not the set.
+        weakref.finalize(self, _close_quietly, self.connections)
 
     @property
     def subscriber(self) -> Subscriber:
@@ -429,14 +441,12 @@ class ConnectionSet:
         if self._subscriber is not None:
             self._subscriber.close()
 
-    def __del__(self) -> None:
-        # A manager dropped without close(): close its sockets instead of leaking them.
-        with contextlib.suppress(Exception):  # interpreter shutdown: nobody to report to
-            self.close()
-
     def _forget_all(self) -> None:
-        # After fork: the sockets belong to the parent; never read, write or close them here.
-        self.connections = [None] * len(self.addresses)
+        # After fork: the sockets are copies of the parent's. Closing our copy does not touch
+        # the parent's connection (no shutdown is sent), and nothing is read or written.
+        _close_quietly(self.connections)
+        if self._subscriber is not None:
+            _close_quietly(self._subscriber.connections)
         self._subscriber = None
         self.poller = select.poll()
         self.by_fd.clear()
@@ -683,10 +693,12 @@ class Subscriber:
         self.pid = current_pid()
         self.connections: list[_Connection | None] = [None] * len(self.addresses)
         self.channels: dict[str, None] = {}  # subscribed, oldest first
+        weakref.finalize(self, _close_quietly, self.connections)
 
     def _open(self, index: int) -> _Connection | None:
-        if self.pid != current_pid():
-            self.connections = [None] * len(self.addresses)
+        if self.pid != current_pid():  # after fork: our copies of the parent's sockets
+            _close_quietly(self.connections)
+            self.channels.clear()
             self.pid = current_pid()
         conn = self.connections[index]
         if conn is None:

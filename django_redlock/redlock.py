@@ -514,19 +514,22 @@ class LockManager:
         # and asyncio task, so another thread, task or a forked child is never the owner.
         self._held: dict[tuple[tuple[object, ...], str], Lease] = {}
         self._last_warning = float("-inf")
-        self._connections = ThreadConnections(self._new_connection_set)
-
-    def _new_connection_set(self) -> ConnectionSet:
-        return ConnectionSet(
-            self.addresses,
-            # Network deadlines are real time (poll() waits in real time); the injected
-            # clock governs lease arithmetic and retry budgets only.
-            clock=time.monotonic,
-            max_outstanding=32,
-            # A node that owes replies this long gets a fresh connection (bounded count:
-            # the old one is closed), so a half-open socket cannot block it forever.
-            stall_reset=max(1.0, 20 * self.node_timeout),
-            preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE),
+        # A partial, not a bound method: the connections must not hold the manager, so that a
+        # manager dropped without close() is freed by reference counting (no cycle) and its
+        # sockets are closed at once rather than whenever the cycle collector runs.
+        self._connections = ThreadConnections(
+            partial(
+                ConnectionSet,
+                self.addresses,
+                # Network deadlines are real time (poll() waits in real time); the injected
+                # clock governs lease arithmetic and retry budgets only.
+                clock=time.monotonic,
+                max_outstanding=32,
+                # A node that owes replies this long gets a fresh connection (bounded count:
+                # the old one is closed), so a half-open socket cannot block it forever.
+                stall_reset=max(1.0, 20 * self.node_timeout),
+                preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE),
+            )
         )
 
     def __repr__(self) -> str:
