@@ -44,12 +44,14 @@ def test_a_node_restarted_empty_cannot_hand_out_a_lock_it_forgot(cluster3):
 
 def test_a_fresh_cluster_from_the_launcher_votes_at_once():
     with LocalCluster(3) as cluster:
-        manager = LockManager(cluster.urls)  # max_ttl 60 s: quarantine would last a minute
+        # max_ttl 60 s: a quarantine would last a minute. A generous node timeout: a node that
+        # just restarted compiles its scripts first, and the machine may be busy.
+        manager = LockManager(cluster.urls, node_timeout=0.5, retry_delay=0.05)
         manager.acquire("first", ttl=5.0).release()
         cluster[0].restart()
         cluster[1].kill()
         with pytest.raises(LockNotAcquired) as info:
-            manager.acquire("second", ttl=5.0, blocking=False)
+            manager.acquire("second", ttl=5.0, timeout=0.5)
         assert any(text.startswith("QUARANTINED") for text in info.value.node_errors.values())
         cluster[1].start()  # fresh by default
         cluster[0].declare_fresh()
