@@ -25,24 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
+from benchmarks.contention import _client
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.localnodes import LocalCluster, server_version
 
 NODE_TIMEOUT = 0.05
 TTL = 10.0
-
-
-def _client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=NODE_TIMEOUT,
-        socket_connect_timeout=NODE_TIMEOUT,
-        retry=Retry(NoBackoff(), 0),
-    )
 
 
 def _percentile(samples: list[float], q: float) -> float:

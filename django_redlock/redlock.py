@@ -36,10 +36,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-from django_redlock import _extender
-from django_redlock._nodes import NodeAddress, parse_nodes
-from django_redlock._process import current_pid
-from django_redlock._transport import (
+# Relative imports: the core's only imports from this package are its own Django-free
+# modules (a test proves no Django module is ever imported).
+from . import _extender
+from ._nodes import NodeAddress, parse_nodes
+from ._process import current_pid
+from ._transport import (
     TIMED_OUT,
     Command,
     ConnectionSet,
@@ -48,7 +50,7 @@ from django_redlock._transport import (
     Script,
     ThreadConnections,
 )
-from django_redlock.exceptions import (
+from .exceptions import (
     LeaseReleased,
     LockContended,
     LockLost,
@@ -736,7 +738,7 @@ class LockManager:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
         :class:`~django_redlock.operators.LockListing` (SCAN, capped at ``limit`` keys per
         node; never the tokens)."""
-        from django_redlock.operators import list_locks
+        from .operators import list_locks
 
         return list_locks(self, prefix, limit=limit)
 
@@ -767,7 +769,7 @@ class LockManager:
         Raises:
             NodeError-derived ``redis.RedisError``: a node could not be reached.
         """
-        from django_redlock.health import client_for
+        from .health import client_for
 
         for address in self.addresses:
             with client_for(address, max(self.node_timeout, 1.0)) as client:
