@@ -34,10 +34,7 @@ from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import TIMED_OUT, Command, NodeError
 from django_redlock.exceptions import (
     LeaseReleased,
-    LockContended,
     LockLost,
-    LockNotAcquired,
-    QuorumUnreachable,
 )
 from django_redlock.redlock import (
     _ACQUIRE,
@@ -53,11 +50,9 @@ from django_redlock.redlock import (
     Lease,
     LockManager,
     _acquire_command,
-    _error_text,
     _extend_command,
     _owner_scope,
     _release_command,
-    _seconds,
     validate_name,
 )
 
@@ -374,15 +369,9 @@ class AsyncLockManager:
         if isinstance(held, AsyncLease) and not held.released and not held.lost:
             held._depth += 1
             return held
-        seconds = sync.ttl if ttl is None else sync._validate_ttl(ttl)
-        if not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
-        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
-        if not blocking and wait:
-            raise ValueError("timeout must be None or 0 when blocking=False")
-        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
-        if hold is not None and not auto_extend:
-            raise ValueError("max_hold only applies with auto_extend=True")
+        seconds, wait, hold = sync._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         key = sync.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = sync._owner(origin)
@@ -433,26 +422,8 @@ class AsyncLockManager:
             await connections.run(
                 [None if type(reply) is int else release for reply in results], 0.0, 1, size
             )
-            errors = {
-                sync.addresses[index].label: _error_text(reply, sync.node_timeout)
-                for index, reply in enumerate(results)
-                if reply is TIMED_OUT or isinstance(reply, NodeError)
-            }
-            held_ms = [reply for reply in results if type(reply) is int]
-            kind: type[LockNotAcquired] = (
-                LockContended
-                if len(errors) <= size - sync.quorum and granted < sync.quorum
-                else QuorumUnreachable
-            )
-            error = kind(
-                name,
-                votes=granted,
-                quorum=sync.quorum,
-                node_errors=errors,
-                retry_after=max(held_ms) / 1000 if held_ms and min(held_ms) >= 0 else None,
-                attempts=attempts,
-                origin=origin,
-            )
+            error = sync._failure(name, results, granted, elapsed, attempts)
+            error.origin = origin
             now = sync._clock()
             if not blocking or (deadline is not None and now >= deadline):
                 if waiter:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -264,19 +263,3 @@ def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
             by_run_id.setdefault(node.run_id, node.node)
     voting = sum(1 for node in nodes if node.votes)
     return Report(nodes=nodes, quorum=manager.quorum, voting=voting)
-
-
-def describe(nodes: Iterable[NodeStatus]) -> list[str]:
-    """One line per node, for terminals."""
-    lines = []
-    for node in nodes:
-        if not node.reachable:
-            lines.append(f"{node.node}: DOWN ({'; '.join(node.problems)})")
-            continue
-        state = "votes" if node.votes else "does not vote"
-        if node.quarantine_left_s:
-            state = f"quarantined for {node.quarantine_left_s:.1f} s more"
-        lines.append(
-            f"{node.node}: {node.server} {node.version}, {node.latency_ms:.2f} ms, {state}"
-        )
-    return lines

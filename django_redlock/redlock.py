@@ -654,20 +654,9 @@ class LockManager:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
-        seconds = self.ttl if ttl is None else self._validate_ttl(ttl)
-        if not isinstance(blocking, bool):
-            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
-        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
-        if not blocking and wait:
-            raise ValueError("timeout must be None or 0 when blocking=False")
-        if not isinstance(auto_extend, bool):
-            raise TypeError(f"auto_extend must be a bool, not {type(auto_extend).__name__}")
-        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
-        if hold is not None and not auto_extend:
-            raise ValueError("max_hold only applies with auto_extend=True")
-        if origin is not None and not isinstance(origin, str):
-            raise TypeError(f"origin must be a str, not {type(origin).__name__}")
-
+        seconds, wait, hold = self._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         key = self.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = self._owner(origin)
@@ -733,6 +722,62 @@ class LockManager:
         our place to lapse."""
         command = _LEAVE.command((key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
         connections.post([command] * len(self.addresses), 1, len(self.addresses))
+
+    def _acquire_arguments(
+        self,
+        ttl: object,
+        blocking: object,
+        timeout: object,
+        auto_extend: object,
+        max_hold: object,
+        origin: object,
+    ) -> tuple[float, float | None, float | None]:
+        """Check ``acquire``'s arguments (sync and asyncio alike); returns the lease length,
+        the wait (None: forever) and the hold limit, all in seconds.
+
+        Raises:
+            TypeError, ValueError: a bad argument; the message names it.
+        """
+        seconds = self.ttl if ttl is None else self._validate_ttl(ttl)
+        if not isinstance(blocking, bool):
+            raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
+        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+        if not blocking and wait:
+            raise ValueError("timeout must be None or 0 when blocking=False")
+        if not isinstance(auto_extend, bool):
+            raise TypeError(f"auto_extend must be a bool, not {type(auto_extend).__name__}")
+        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
+        if hold is not None and not auto_extend:
+            raise ValueError("max_hold only applies with auto_extend=True")
+        if origin is not None and not isinstance(origin, str):
+            raise TypeError(f"origin must be a str, not {type(origin).__name__}")
+        return seconds, wait, hold
+
+    def _failure(
+        self, name: str, results: Sequence[Any], granted: int, elapsed: float, attempts: int
+    ) -> LockNotAcquired:
+        """The error of a failed attempt (sync and asyncio alike): contended when the nodes
+        that answered could still have formed a quorum, else quorum unreachable."""
+        size = len(self.addresses)
+        held = [reply for reply in results if type(reply) is int]
+        errors = {
+            self.addresses[index].label: _error_text(reply, self.node_timeout)
+            for index, reply in enumerate(results)
+            if reply is TIMED_OUT or isinstance(reply, NodeError)
+        }
+        kind: type[LockNotAcquired] = QuorumUnreachable
+        if granted >= self.quorum:
+            errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
+        elif len(errors) <= size - self.quorum:
+            kind = LockContended
+        return kind(
+            name,
+            votes=granted,
+            quorum=self.quorum,
+            node_errors=errors,
+            retry_after=max(held) / 1000 if held and min(held) >= 0 else None,
+            attempts=attempts,
+        )
 
     def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
@@ -886,26 +931,7 @@ class LockManager:
         # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
         # node that answered with another holder's time left certainly holds no key of ours.
         self._forget(connections, key, token, results)
-        held = [reply for reply in results if isinstance(reply, int) and reply is not True]
-        errors = {
-            self.addresses[index].label: _error_text(reply, self.node_timeout)
-            for index, reply in enumerate(results)
-            if reply is TIMED_OUT or isinstance(reply, NodeError)
-        }
-        retry_after = max(held) / 1000 if held and min(held) >= 0 else None
-        kind: type[LockNotAcquired] = QuorumUnreachable
-        if granted >= quorum:
-            errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
-        elif len(errors) <= size - quorum:
-            kind = LockContended
-        error = kind(
-            name,
-            votes=granted,
-            quorum=quorum,
-            node_errors=errors,
-            retry_after=retry_after,
-            attempts=attempts,
-        )
+        error = self._failure(name, results, granted, elapsed, attempts)
         logger.debug("attempt %d on %r failed: %s", attempts, name, error)
         return None, error
 
