@@ -23,6 +23,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import secrets
 import select
 import socket
 import ssl
@@ -677,10 +678,12 @@ class ThreadConnections:
 class Subscriber:
     """Pub/sub sockets (one per node) on which a waiting acquire hears of releases.
 
-    A release publishes on the channel named like the lock key (``scripts/release.lua``); a
-    blocked acquire subscribes on every node, so a release on any of them wakes it at once.
-    Owned by one thread, like :class:`ConnectionSet`. It only says "something happened": the
-    caller then retries, so a message lost or a node that fails costs at most one poll delay.
+    Each subscriber is a *listener* with its own channel per lock (the lock key, ``"\\x00w"``,
+    the listener id), and its waiters' ids start with the listener id (:meth:`waiter_id`).
+    A release publishes only to the first waiter in line (``scripts/wake_next.lua``), so a
+    hand-off wakes one thread, not every waiter on every node. Owned by one thread, like
+    :class:`ConnectionSet`. A message only says "your turn may have come": the caller then
+    retries, so a message lost or a node that fails costs at most one poll delay.
     """
 
     # Channels stay subscribed between waits (a thread that waited for a lock once is likely
@@ -691,15 +694,29 @@ class Subscriber:
     def __init__(self, addresses: Sequence[NodeAddress]) -> None:
         self.addresses = tuple(addresses)
         self.pid = current_pid()
+        self.listener = secrets.token_hex(6)
         self.connections: list[_Connection | None] = [None] * len(self.addresses)
         self.channels: dict[str, None] = {}  # subscribed, oldest first
         weakref.finalize(self, _close_quietly, self.connections)
 
-    def _open(self, index: int) -> _Connection | None:
+    def waiter_id(self) -> str:
+        """A new id for one blocking acquire: ``<listener>.<nonce>`` (see wake_next.lua)."""
+        self._check_fork()
+        return f"{self.listener}.{secrets.token_hex(4)}"
+
+    def channel(self, key: str) -> str:
+        """The channel on which this listener's waiters for ``key`` are woken."""
+        return f"{key}\x00w{self.listener}"
+
+    def _check_fork(self) -> None:
         if self.pid != current_pid():  # after fork: our copies of the parent's sockets
             _close_quietly(self.connections)
             self.channels.clear()
+            self.listener = secrets.token_hex(6)  # never hear the parent's wake-ups
             self.pid = current_pid()
+
+    def _open(self, index: int) -> _Connection | None:
+        self._check_fork()
         conn = self.connections[index]
         if conn is None:
             try:
@@ -728,10 +745,11 @@ class Subscriber:
             except NodeError:
                 self._drop(index)
 
-    def subscribe(self, channel: str, timeout: float) -> None:
-        """Subscribe on every node and wait (up to ``timeout`` seconds) for the nodes to
-        confirm, so that a release from then on cannot go unheard. A no-op for a channel
-        already subscribed on every open connection."""
+    def subscribe(self, key: str, timeout: float) -> None:
+        """Subscribe to this listener's channel for lock ``key`` on every node and wait (up to
+        ``timeout`` seconds) for the nodes to confirm, so that a release from then on cannot
+        go unheard. A no-op for a channel already subscribed on every open connection."""
+        channel = self.channel(key)
         if channel in self.channels and all(conn is not None for conn in self.connections):
             self.channels[channel] = self.channels.pop(channel)  # most recently used
             return
@@ -752,16 +770,16 @@ class Subscriber:
                     pending.discard(index)
 
     def wait(self, timeout: float, waiter: str) -> bool:
-        """Wait up to ``timeout`` seconds for a release that calls ``waiter`` (or nobody in
-        particular); True if one came. Releases that name another waiter are ignored."""
+        """Wait up to ``timeout`` seconds for a release that calls ``waiter``; True if one
+        came. Messages for an earlier acquire of this listener are ignored."""
         deadline = time.monotonic() + timeout
-        wanted = (b"", waiter.encode())
+        wanted = waiter.encode()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
             if any(
-                kind == b"message" and payload in wanted
+                kind == b"message" and payload == wanted
                 for _, kind, payload in self._poll(remaining)
             ):
                 return True

@@ -94,8 +94,17 @@ _SCRIPTS = Path(__file__).with_name("scripts")
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
 
 
+_INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)
+
+
 def _script(name: str) -> Script:
-    return Script((_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8"))
+    """The script ``scripts/<name>.lua``, with each ``-- @include <file>.lua`` line replaced by
+    that file (Lua has no ``require`` in Redis): shared code lives in one place, and the
+    digest covers the text the nodes run."""
+    source = (_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8")
+    return Script(
+        _INCLUDE.sub(lambda m: (_SCRIPTS / m[1]).read_text(encoding="utf-8").rstrip("\n"), source)
+    )
 
 
 _ACQUIRE = _script("acquire")
@@ -664,10 +673,10 @@ class LockManager:
         deadline = None if (blocking and wait is None) else started + (wait or 0.0)
         # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
         # a single try never queues.
-        waiter = secrets.token_hex(8) if blocking else ""
+        connections = self._connections.get()
+        waiter = connections.subscriber.waiter_id() if blocking else ""
         ticket = time.time_ns() // 1000
         lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
-        connections = self._connections.get()
         listening = False
         attempts = 0
         while True:

@@ -1,6 +1,6 @@
 -- Release a Redlock lease on one node: compare-and-delete, then wake the next waiter.
 --
--- KEYS[1]  the lock key (also the name of the channel waiters listen on)
+-- KEYS[1]  the lock key (waiters listen on channels named after it: see wake_next.lua)
 -- KEYS[2]  the lock's wait line (sorted set of waiter ids by ticket)
 -- KEYS[3]  the lapse times of the places in line (hash, ms on the node's clock)
 -- ARGV[1]  the lease token
@@ -8,11 +8,11 @@
 --
 -- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
 -- held by another token: another holder's key is never deleted).
--- A release publishes the id of the first waiter in line (or "" when nobody waits) on the
--- lock's channel: only that waiter retries at once, the others keep waiting, so a release
--- costs one retry, not one per waiter.
+-- A release wakes only the first waiter in line (wake_next.lua): that waiter retries at once,
+-- the others keep waiting, so a release costs one retry and one wake-up, not one per waiter.
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
+-- @include wake_next.lua
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
     if ARGV[2] ~= '' then
         redis.call('ZREM', KEYS[2], ARGV[2])
@@ -27,24 +27,5 @@ if ARGV[2] ~= '' then
     redis.call('ZREM', KEYS[2], ARGV[2])
     redis.call('HDEL', KEYS[3], ARGV[2])
 end
--- Nobody waits (no line): nothing to publish. Waiters always queue before they listen.
-if redis.call('EXISTS', KEYS[2]) == 0 then
-    return 1
-end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local next_waiter = ''
-for _ = 1, 32 do
-    local first = redis.call('ZRANGE', KEYS[2], 0, 0)
-    if #first == 0 then
-        break
-    end
-    if tonumber(redis.call('HGET', KEYS[3], first[1]) or '0') > now then
-        next_waiter = first[1]
-        break
-    end
-    redis.call('ZREM', KEYS[2], first[1])
-    redis.call('HDEL', KEYS[3], first[1])
-end
-redis.call('PUBLISH', KEYS[1], next_waiter)
+wake_next(KEYS[1], KEYS[2], KEYS[3])
 return 1

@@ -147,3 +147,36 @@ def test_a_free_lock_goes_to_the_head_of_the_line(node):
     release(node, "k", "c" * 40)
     assert node.eval(redlock._LEAVE.source, 2, "k\x00q", "k\x00e", "late") == 1
     assert acquire(node, "k", "d" * 40) == b"OK"  # the line is empty again
+
+
+def published_until_marker(pubsub, node, marker: str) -> list[tuple[bytes, bytes]]:
+    """Every (channel, payload) published before ``marker``: pub/sub keeps the order of one
+    connection's messages, so once the marker arrives nothing earlier is still in flight."""
+    node.publish(marker, "end")
+    seen: list[tuple[bytes, bytes]] = []
+    while True:
+        message = pubsub.get_message(timeout=5.0)
+        assert message is not None, "the marker never arrived"
+        if message["type"] != "pmessage":
+            continue
+        if message["channel"] == marker.encode():
+            return seen
+        seen.append((message["channel"], message["data"]))
+
+
+def test_a_release_wakes_only_the_head_of_the_line_on_its_own_channel(node):
+    acquire(node, "k", "a" * 40)
+    for ticket, waiter in ((100, "aaaa.1"), (200, "bbbb.2"), (300, "cccc.3")):
+        assert acquire(node, "k", "z" * 40, waiter=waiter, ticket=ticket) > 0
+    pubsub = node.pubsub()
+    pubsub.psubscribe("k*")
+    assert pubsub.get_message(timeout=5.0)["type"] == "psubscribe"
+    assert release(node, "k", "a" * 40) == 1
+    # One message, to the head's listener, naming the head: the others are not woken.
+    assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00waaaa", b"aaaa.1")]
+    # A waiter whose place lapsed is skipped: the next live one is woken.
+    node.hset("k\x00e", "aaaa.1", "0")
+    acquire(node, "k", "y" * 40, waiter="bbbb.2", ticket=200)
+    node.eval(redlock._FORCE_RELEASE.source, 3, "k", "k\x00q", "k\x00e")
+    assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wcccc", b"cccc.3")]
+    pubsub.close()
