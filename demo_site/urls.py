@@ -7,6 +7,6 @@ from demo_site import views
 
 urlpatterns = [
     path("", views.home, name="home"),
-    path("lock/", views.take_and_release, name="take-and-release"),
+    path("seats/<int:pk>/book/", views.book, name="book"),
     path("admin/", admin.site.urls),
 ]

@@ -1,21 +1,50 @@
-"""The demo's pages: node state, and a button that takes and releases a lock."""
+"""The demo's pages: the bookings of each run, and a booking endpoint guarded per seat."""
 
 from __future__ import annotations
 
-import time
+from typing import Any
 
+from django.db.models import Count, Q
 from django.http import HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
-from django_redlock import LockNotAcquired, get_manager
+from demo_site.models import Event, Rejection, Sale, Seat
+from demo_site.services import Outcome, book_seat
+from django_redlock import QuorumUnreachable, get_manager, locked_view
 from django_redlock.health import probe
+
+
+def event_report(event: Event) -> dict[str, Any]:
+    """What happened to one event's seats: sales, double sales, fence rejections."""
+    seats = list(
+        event.seats.annotate(
+            sale_count=Count("sales", distinct=True),
+            rejection_count=Count("rejections", distinct=True),
+        )
+    )
+    sales = Sale.objects.filter(seat__event=event)
+    doubles = [seat for seat in seats if seat.sale_count > 1]
+    return {
+        "event": event,
+        "seats": seats,
+        "sold": sum(1 for seat in seats if seat.sold_to),
+        "sales": sales.count(),
+        "lost_leases": sales.filter(lease_lost=True).count(),
+        "doubles": [
+            {"seat": seat, "customers": [sale.customer for sale in seat.sales.all()]}
+            for seat in doubles
+        ],
+        "rejections": Rejection.objects.filter(seat__event=event).select_related("seat"),
+        "rejection_count": Rejection.objects.filter(seat__event=event).count(),
+    }
 
 
 def home(request: HttpRequest) -> HttpResponse:
     manager = get_manager()
     nodes = [probe(address) for address in manager.addresses]
     reachable = sum(1 for node in nodes if node.reachable)
+    events = Event.objects.order_by("-fenced", "id")
     return render(
         request,
         "demo/home.html",
@@ -24,24 +53,33 @@ def home(request: HttpRequest) -> HttpResponse:
             "nodes": nodes,
             "reachable": reachable,
             "quorum_ok": reachable >= manager.quorum,
+            "reports": [event_report(event) for event in events],
+            "free_seats": Seat.objects.filter(
+                Q(sold_to="") & Q(event__fenced=True), held_by=""
+            ).select_related("event")[:12],
             "result": request.session.pop("result", None),
+            "refresh": 2 if "live" in request.GET else None,
         },
     )
 
 
 @require_POST
-def take_and_release(request: HttpRequest) -> HttpResponse:
-    manager = get_manager()
-    started = time.perf_counter()
+@locked_view("demo_site.seat:{pk}", ttl=10.0)
+def book(request: HttpRequest, pk: int) -> HttpResponse:
+    """Buy a seat from the page. While a worker is buying the same seat the view answers
+    423 Locked at once (``@locked_view``); ``book_seat`` re-enters the same lock."""
+    seat = get_object_or_404(Seat.objects.select_related("event"), pk=pk)
+    customer = request.POST.get("customer", "").strip()[:100] or "a visitor"
     try:
-        with manager.lock("demo:button", ttl=10.0, timeout=2.0, origin="demo_site.views") as lease:
-            held_for = lease.validity
-        request.session["result"] = {
-            "ok": True,
-            "text": f"Took and released 'demo:button' in "
-            f"{(time.perf_counter() - started) * 1000:.2f} ms; validity at acquire was "
-            f"{held_for:.3f} s of a 10 s lease.",
-        }
-    except LockNotAcquired as exc:
-        request.session["result"] = {"ok": False, "text": f"{type(exc).__name__}: {exc}"}
+        result = book_seat(seat, customer, worker="web", timeout=1.0)
+    except QuorumUnreachable as error:
+        request.session["result"] = {"ok": False, "text": f"QuorumUnreachable: {error}"}
+        return redirect("home")
+    text = {
+        Outcome.SOLD: f"Sold {seat} to {customer} (fencing token {seat.fencing_token}).",
+        Outcome.TAKEN: f"{seat} is taken: {result.detail}.",
+        Outcome.BUSY: f"{seat} is being bought by someone else.",
+        Outcome.REFUSED: f"The database refused the sale: {result.detail}",
+    }[result.outcome]
+    request.session["result"] = {"ok": result.outcome is Outcome.SOLD, "text": text}
     return redirect("home")

@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_redlock",
     "tests.testapp",
+    "demo_site",  # the demo's booking service is tested like any app's
 ]
 
 ROOT_URLCONF = "tests.urls"
