@@ -228,6 +228,13 @@ class _LoopConnections:
                 await asyncio.wait_for(asyncio.shield(decided), timeout)
         return list(results), counts[0], counts[1]
 
+    def post(self, commands: Sequence[Command | None]) -> None:
+        """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
+        cancelled); the replies are read and dropped. Nodes not connected are skipped."""
+        for conn, command in zip(self.connections, commands, strict=True):
+            if command is not None and conn is not None and conn.broken is None:
+                conn._send_raw(command[0])
+
     def _expect(
         self,
         conn: _AsyncConnection,
@@ -390,9 +397,16 @@ class AsyncLockManager:
                 key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
             )
             start = sync._clock()
-            results, granted, _ = await connections.run(
-                [command] * size, sync.node_timeout, _GRANTED, sync.quorum
-            )
+            try:
+                results, granted, _ = await connections.run(
+                    [command] * size, sync.node_timeout, _GRANTED, sync.quorum
+                )
+            except BaseException:
+                # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
+                # still land on a slow node, and nobody would release them. The releases go
+                # out now, without awaiting, queued behind the SETs on each connection.
+                connections.post([_release_command(key, token)] * size)
+                raise
             elapsed = sync._clock() - start
             validity = seconds - elapsed - (seconds * sync.drift_factor + _DRIFT_MILLIS)
             if granted >= sync.quorum and validity > 0:

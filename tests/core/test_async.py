@@ -122,3 +122,35 @@ def test_evalsha_falls_back_after_a_script_flush(cluster3):
         await (await manager.acquire("after", ttl=5.0)).release()
 
     run(main())
+
+
+def test_a_task_cancelled_during_acquire_leaves_no_key_behind(cluster3):
+    """Cancelled while two nodes sit on its SET (SIGSTOP): once they wake, no key remains."""
+    manager = AsyncLockManager(cluster3.urls, node_timeout=5.0)
+
+    async def main() -> None:
+        task = asyncio.create_task(manager.acquire("cancelled", ttl=30.0, blocking=False))
+        # The free node has granted it: the attempt is now waiting on the paused ones.
+        with node_client(cluster3[0]) as client:
+            deadline = time.monotonic() + 5
+            while not client.exists("redlock:cancelled"):
+                assert time.monotonic() < deadline, "the acquire never reached the free node"
+                await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    cluster3[1].pause()
+    cluster3[2].pause()
+    try:
+        asyncio.run(main())
+    finally:
+        cluster3[1].resume()
+        cluster3[2].resume()
+    deadline = time.monotonic() + 5
+    while True:
+        left = [node.url for node in cluster3 if node_client(node).exists("redlock:cancelled")]
+        if not left:
+            break
+        assert time.monotonic() < deadline, f"left behind on {left}"
+        time.sleep(0.01)
