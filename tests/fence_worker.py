@@ -8,9 +8,11 @@ Modes:
 - ``pause PK TTL``: take ``lock_for(ledger)`` without auto-extension, read, print
   ``read <token>``, stop itself with SIGSTOP (a GC pause), and once resumed try the write;
   print ``stale`` (refused) or ``wrote``.
-- ``soak PK TTL SECONDS NAME``: increment the ledger under ``lock_for`` until SECONDS pass;
-  every accepted write also logs (token, value) in the same transaction. Prints a JSON
-  summary: accepted and refused counts.
+- ``soak PK TTL SECONDS NAME [TIMINGS]``: increment the ledger under ``lock_for`` until
+  SECONDS pass; every accepted write also logs (token, value) in the same transaction. Prints
+  a JSON summary: accepted and refused counts. With TIMINGS, appends one JSON line per
+  acquire to that file: its start and end on the system-wide monotonic clock (from the
+  ``lock_acquired``/``lock_busy`` signals, so the database mint is not counted) and outcome.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ def main() -> int:
 
     if mode == "soak":
         seconds, name = float(sys.argv[4]), sys.argv[5]
+        if len(sys.argv) > 6:
+            record_timings(sys.argv[6])
         accepted = refused = busy = 0
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -84,6 +88,20 @@ def main() -> int:
         return 0
 
     raise SystemExit(f"unknown mode {mode!r}")
+
+
+def record_timings(path: str) -> None:
+    from django_redlock.signals import lock_acquired, lock_busy
+
+    timings = open(path, "a", buffering=1)  # noqa: SIM115 - open for the process' life
+
+    def write(outcome: str, waited: float) -> None:
+        end = time.monotonic()
+        line = {"pid": os.getpid(), "start": end - waited, "end": end, "outcome": outcome}
+        timings.write(json.dumps(line) + "\n")
+
+    lock_acquired.connect(lambda **kw: write("acquired", kw["waited"]), weak=False)
+    lock_busy.connect(lambda **kw: write(type(kw["error"]).__name__, kw["waited"]), weak=False)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,9 @@ REDLOCK: dict[str, object] = {
     "NODES": [url for url in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if url],
     "RETRY_DELAY": 0.02,
 }
+# The long soak (tests/django/test_soak.py) restarts nodes empty: a short MAX_TTL keeps their
+# quarantine short (TTL must stay below it), and its workers get the node timeout its
+# invariant checks assume.
+for _setting in ("TTL", "MAX_TTL", "NODE_TIMEOUT"):
+    if os.environ.get(f"REDLOCK_TEST_{_setting}"):
+        REDLOCK[_setting] = float(os.environ[f"REDLOCK_TEST_{_setting}"])

@@ -13,6 +13,7 @@ import threading
 
 import pytest
 from django.core.management import call_command
+from django.db import connections
 from django.test import override_settings
 from django.utils import timezone
 
@@ -40,9 +41,14 @@ def race(cluster, seat: Seat):
             with node_client(node) as client:
                 client.delete(key)
         other = Seat.objects.select_related("event").get(pk=seat.pk)
-        thread = threading.Thread(
-            target=lambda: results.setdefault("b", book_seat(other, "B", worker="b"))
-        )
+
+        def buyer_b() -> None:
+            try:
+                results["b"] = book_seat(other, "B", worker="b")
+            finally:
+                connections.close_all()  # this thread's own database connection
+
+        thread = threading.Thread(target=buyer_b)
         thread.start()
         thread.join(30)
 
