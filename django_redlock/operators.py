@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from django_redlock.health import client_for
-from django_redlock.redlock import EPOCH_KEY
+from django_redlock.redlock import _HOLDER, EPOCH_KEY
 
 if TYPE_CHECKING:
     from django_redlock.redlock import LockManager
@@ -182,6 +182,32 @@ class Report:
         }
 
 
+def _scripts_denied(client: redis.Redis, prefix: str) -> str | None:
+    """Why this connection's user may not run the lock scripts on keys under ``prefix``
+    (an ACL without EVALSHA/EVAL, or without those keys), or None when it may.
+
+    Runs the read-only holder script on a key no lock uses: EVALSHA first (NOSCRIPT means it
+    is allowed but not loaded yet), then EVAL, which the library falls back to.
+    """
+    probe_key = prefix + "\x00acl-probe"
+    for attempt in ("evalsha", "eval"):
+        try:
+            if attempt == "evalsha":
+                client.evalsha(_HOLDER.sha.decode(), 1, probe_key)
+            else:
+                client.eval(_HOLDER.source.decode(), 1, probe_key)
+            return None
+        except redis.exceptions.NoScriptError:
+            continue
+        except redis.exceptions.NoPermissionError as exc:
+            return f"the ACL user may not run the lock scripts ({attempt.upper()}): {exc}"
+        except redis.exceptions.ResponseError as exc:
+            if "NOPERM" in str(exc):
+                return f"the ACL user may not run the lock scripts ({attempt.upper()}): {exc}"
+            raise
+    return None
+
+
 def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
     label = address.label
     try:
@@ -198,10 +224,13 @@ def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
                 fsync = client.config_get("appendfsync").get("appendfsync")
             except redis.RedisError:  # CONFIG is often denied by ACLs
                 fsync = None
+            denied = _scripts_denied(client, manager.key_prefix)
     except redis.RedisError as exc:
         return NodeStatus(node=label, reachable=False, problems=[str(exc) or type(exc).__name__])
 
     problems: list[str] = []
+    if denied:
+        problems.append(denied)
     warnings: list[str] = []
     role = str(info.get("role", "unknown"))
     if role != "master":

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import LockManager, get_manager
-from django_redlock.operators import escape_glob
+from django_redlock.operators import escape_glob, status
 from tests.helpers import node_client
 
 
@@ -73,6 +73,25 @@ def test_no_quorum_exits_1_fast_and_never_hangs(redlock_nodes):
     with pytest.raises(CommandError, match="no quorum: 1 of 3 nodes can vote, 2 needed"):
         run_status()
     assert time.monotonic() - started < 5  # each stopped node costs one 0.25 s timeout
+
+
+def test_an_acl_user_without_the_script_commands_is_a_problem_at_status_time(
+    redlock_nodes, settings
+):
+    for node in redlock_nodes:
+        with node_client(node) as client:
+            client.execute_command(
+                "ACL", "SETUSER", "weak", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"
+            )
+    weak = [node.url.replace("unix://", "unix://weak:pw@") for node in redlock_nodes]
+    settings.REDLOCK = {"NODES": [*weak[:2], redlock_nodes.urls[2]]}
+    with pytest.raises(CommandError, match="no quorum: 1 of 3 nodes can vote"):
+        run_status()
+    report = status(get_manager())
+    problems = [" ".join(node.problems) for node in report.nodes]
+    assert all("the ACL user may not run the lock scripts (EVALSHA)" in p for p in problems[:2])
+    assert "no permissions to run the 'evalsha' command" in problems[0]
+    assert report.nodes[2].votes
 
 
 def test_a_restarted_node_shows_its_quarantine(redlock_nodes, settings):
