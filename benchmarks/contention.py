@@ -67,7 +67,7 @@ def _w2_worker(kind: str, urls: list[str], index: int, seconds: float, go: Any, 
     deadline = time.monotonic() + seconds
     pairs = 0
     while time.monotonic() < deadline:
-        with locker(f"w2:{index}:{pairs}"):
+        with locker(f"w2:{kind}:{index}:{pairs}"):
             pass
         pairs += 1
     out.put(pairs)
@@ -83,7 +83,9 @@ def _w3_worker(
     order: list[int] = []
     while time.monotonic() < deadline:
         asked = time.perf_counter()
-        with locker("w3:shared"):
+        # One key per contender: pottery also prefixes "redlock:", and a key left by one
+        # contender must not meet the next one.
+        with locker(f"w3:{kind}:shared"):
             waits.append(time.perf_counter() - asked)
             value = counter.value  # a non-atomic read-modify-write: lost updates show here
             busy_until = time.perf_counter() + 0.001  # the 1 ms critical section
