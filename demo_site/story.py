@@ -207,6 +207,7 @@ class Phase:
         self.paused: set[int] = set()
         self.paused_nodes: set[int] = set()
         self.restarts = 0
+        self.sweeps = 0
         self.holds_cleared = 0
 
     def seat_label(self, seat_id: int) -> str:
@@ -261,6 +262,7 @@ class Phase:
                     # The housekeeping a cron job would do: one run at a time, cluster-wide.
                     with contextlib.redirect_stdout(_Counter(self)):
                         call_command("clear_expired_holds")
+                    self.sweeps += 1
                     last_sweep = time.monotonic()
                 time.sleep(0.2)
         finally:
@@ -290,6 +292,7 @@ class Phase:
             "buyer_pauses": self.nemesis.pauses,
             "node_pauses": self.nemesis.node_pauses,
             "kills": self.nemesis.kills,
+            "sweeps": self.sweeps,
             "holds_cleared": self.holds_cleared,
             "busy": self.shared.total("busy"),
             "errors": self.shared.total("errors"),
@@ -368,7 +371,8 @@ def summary(reports: Sequence[dict[str, Any]]) -> Iterator[str]:
         ("buyers paused > ttl", "buyer_pauses"),
         ("nodes paused", "node_pauses"),
         ("buyers killed", "kills"),
-        ("expired holds cleared", "holds_cleared"),
+        ("sweeper runs", "sweeps"),
+        ("expired holds it cleared", "holds_cleared"),
         ("seconds", "seconds"),
     ]
     yield f"{'':26}" + "".join(f"{report['name']:>24}" for report in reports)

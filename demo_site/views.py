@@ -44,7 +44,7 @@ def home(request: HttpRequest) -> HttpResponse:
     manager = get_manager()
     nodes = [probe(address) for address in manager.addresses]
     reachable = sum(1 for node in nodes if node.reachable)
-    events = Event.objects.order_by("-fenced", "id")
+    events = Event.objects.order_by("id")
     return render(
         request,
         "demo/home.html",

@@ -49,7 +49,7 @@ def test_the_demo_tells_the_story_then_serves_it(tmp_path):
         text = "".join(output)
         assert "serving until Ctrl-C" in text, text
         assert "nemesis (seed 7)" in text
-        rows = text.split("Summary")[1].splitlines()[2:12]
+        rows = text.split("Summary")[1].splitlines()[2:13]
         summary = {row[:26].strip(): row[26:].split() for row in rows}
         # With fencing every seat is sold exactly once, whatever the nemesis did.
         assert summary["seats sold"][0] == "10", text
