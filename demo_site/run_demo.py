@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_redlock.localnodes import LocalCluster, server_version
+from django_redlock.localnodes import LocalCluster, _die_with_parent, server_version
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1")
     seed = args.seed if args.seed is not None else random.randrange(10_000)
+    # SIGTERM (kill, a closed terminal) unwinds like Ctrl-C: the buyers, the server and the
+    # nodes are stopped by the cleanups below instead of being left running.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
     with LocalCluster(args.nodes) as cluster, tempfile.TemporaryDirectory() as scratch:
         print(f"started {args.nodes} nodes ({server_version()}):")
@@ -59,7 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         server_log = Path(scratch) / "runserver.log"
         with server_log.open("wb") as log:
             server = subprocess.Popen(
-                [*manage, "runserver", "--noreload", args.addr], stdout=log, stderr=log
+                [*manage, "runserver", "--noreload", args.addr],
+                stdout=log,
+                stderr=log,
+                preexec_fn=_die_with_parent,  # never outlives the demo, even a killed one
             )
         try:
             reports = tell_the_story(cluster, args, seed)

@@ -268,7 +268,11 @@ class Phase:
         finally:
             stop.set()
             chaos.join(10)
+            interrupted = sys.exc_info()[0] is not None
             for process in self.processes:
+                if interrupted and process.pid is not None:
+                    os.kill(process.pid, signal.SIGCONT)  # in case the nemesis had it paused
+                    process.kill()
                 process.join(15)
                 if process.is_alive():
                     process.kill()
