@@ -745,14 +745,15 @@ class Subscriber:
             except NodeError:
                 self._drop(index)
 
-    def subscribe(self, key: str, timeout: float) -> None:
+    def subscribe(self, key: str, timeout: float) -> bool:
         """Subscribe to this listener's channel for lock ``key`` on every node and wait (up to
         ``timeout`` seconds) for the nodes to confirm, so that a release from then on cannot
-        go unheard. A no-op for a channel already subscribed on every open connection."""
+        go unheard. Returns False, doing nothing, when the channel was already subscribed on
+        every node (a release since then was heard), True when it had to subscribe."""
         channel = self.channel(key)
         if channel in self.channels and all(conn is not None for conn in self.connections):
             self.channels[channel] = self.channels.pop(channel)  # most recently used
-            return
+            return False
         if len(self.channels) >= self.KEEP:
             oldest = next(iter(self.channels))
             del self.channels[oldest]
@@ -764,10 +765,11 @@ class Subscriber:
         while pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
+                return True
             for index, kind, _ in self._poll(remaining):
                 if kind in (b"subscribe", b"closed"):
                     pending.discard(index)
+        return True
 
     def wait(self, timeout: float, waiter: str) -> bool:
         """Wait up to ``timeout`` seconds for a release that calls ``waiter``; True if one

@@ -718,12 +718,14 @@ class LockManager:
                 delay = min(delay, deadline - now)
             if self._sleep is not time.sleep:
                 self._sleep(delay)  # an injected sleep (tests) replaces the notifications
-            elif not listening:
-                # Listen before the next try: a release from now on wakes us, and the try
-                # right after subscribing covers a release that came before it.
-                connections.subscriber.subscribe(key, self.node_timeout)
+            elif not listening and connections.subscriber.subscribe(key, self.node_timeout):
+                # Just subscribed: a release from now on wakes us, and the try right after
+                # subscribing covers a release that came between our try and the subscription.
                 listening = True
             else:
+                # Listening since before our last try (this thread kept the channel from an
+                # earlier wait): any release since then was published to us.
+                listening = True
                 connections.subscriber.wait(delay, waiter)
 
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:

@@ -67,6 +67,31 @@ def test_a_release_racing_the_subscribe_is_not_lost(cluster3):
         thread.join(PROMPT)
 
 
+def test_a_thread_that_stays_subscribed_is_woken_every_time(cluster3):
+    """The second and later waits of a thread skip subscribing (it never unsubscribed) and
+    the extra try that follows a new subscription: the release must still reach them."""
+    holder = LockManager(cluster3.urls)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    requests: list[threading.Event] = [threading.Event() for _ in range(10)]
+    got: list[threading.Event] = [threading.Event() for _ in range(10)]
+
+    def wait() -> None:  # one thread, the same key, ten waits
+        for asked, done in zip(requests, got, strict=True):
+            asked.wait(PROMPT)
+            waiter.acquire("again", ttl=30.0, timeout=60.0).release()
+            done.set()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    thread.start()
+    for round_, (asked, done) in enumerate(zip(requests, got, strict=True)):
+        lease = holder.acquire("again", ttl=30.0)
+        asked.set()
+        wait_for(lambda: line_length(cluster3, "again") == 1)
+        lease.release()
+        assert done.wait(PROMPT), f"round {round_}: the waiter slept through the release"
+    thread.join(PROMPT)
+
+
 def test_waiters_get_the_lock_in_the_order_they_asked(cluster3):
     holder = LockManager(cluster3.urls)
     lease = holder.acquire("fifo", ttl=30.0)
