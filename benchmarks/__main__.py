@@ -275,15 +275,30 @@ CONTENDERS = (
 )
 
 
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def w2(cluster5: LocalCluster, seconds: float) -> None:
     from benchmarks.contention import run_w2
 
     print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each")
-    print(f"{'contender':28} {'pairs/s':>9}")
+    print(f"{'contender':28} {'pairs/s':>9} {'server CPU µs/pair':>19}")
     rates: dict[str, float] = {}
     for kind, label, nodes in CONTENDERS:
+        # Where the time goes on a small machine: the servers' CPU per pair (workers' start-up
+        # included, which only makes this an upper bound).
+        pids = [node.pid for node in cluster5.nodes[:nodes] if node.pid is not None]
+        before = _cpu_seconds(pids)
         rates[kind] = run_w2(kind, cluster5.urls[:nodes], seconds)
-        print(f"{label:28} {rates[kind]:9.0f}")
+        server_us = (_cpu_seconds(pids) - before) / max(rates[kind] * seconds, 1) * 1e6
+        print(f"{label:28} {rates[kind]:9.0f} {server_us:19.0f}")
     print("ratios (same run):")
     ours = rates["django_redlock"]
     print(
