@@ -61,6 +61,34 @@ __all__ = ["AsyncLease", "AsyncLockManager"]
 _MAX_OUTSTANDING = 32
 
 
+async def _open_stream(
+    address: NodeAddress, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream to ``address`` (unix socket, TCP or TLS) within ``timeout`` seconds.
+
+    Raises:
+        TimeoutError, OSError, ValueError: the node cannot be reached or the TLS set-up failed.
+    """
+    if address.path is not None:
+        opening = asyncio.open_unix_connection(address.path)
+    else:
+        ssl = address.ssl_context() if address.tls else None
+        opening = asyncio.open_connection(
+            address.host, address.port, ssl=ssl, server_hostname=address.host if ssl else None
+        )
+    return await asyncio.wait_for(opening, timeout)
+
+
+def _auth_commands(address: NodeAddress) -> list[bytes]:
+    """The AUTH command a connection to ``address`` starts with (none without a password)."""
+    if address.password is None:
+        return []
+    parts: tuple[str, ...] = (address.password,)
+    if address.username:
+        parts = (address.username, address.password)
+    return [encode_command(b"AUTH", *parts)]
+
+
 class _AsyncConnection:
     """One stream to one node, with the futures of the replies it still owes, in order."""
 
@@ -75,29 +103,14 @@ class _AsyncConnection:
     async def open(self, timeout: float) -> None:
         address = self.address
         try:
-            if address.path is not None:
-                opening = asyncio.open_unix_connection(address.path)
-            else:
-                ssl = address.ssl_context() if address.tls else None
-                opening = asyncio.open_connection(
-                    address.host,
-                    address.port,
-                    ssl=ssl,
-                    server_hostname=address.host if ssl else None,
-                )
-            reader, writer = await asyncio.wait_for(opening, timeout)
+            reader, writer = await _open_stream(address, timeout)
         except (TimeoutError, OSError, ValueError) as exc:
             self.broken = str(exc) or "connect timed out"
             self.connected.set()
             return
         self.writer = writer
         self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
-        login: list[bytes] = []
-        if address.password is not None:
-            parts: tuple[str, ...] = (address.password,)
-            if address.username:
-                parts = (address.username, address.password)
-            login.append(encode_command(b"AUTH", *parts))
+        login = _auth_commands(address)
         if address.db:
             login.append(encode_command(b"SELECT", address.db))
         for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
@@ -154,12 +167,166 @@ class _AsyncConnection:
             self.writer.close()
 
 
+class _AsyncSubscriber:
+    """Pub/sub streams (one per node) of one event loop, shared by all its waiting tasks.
+
+    The asyncio twin of :class:`~django_redlock._transport.Subscriber`: one listener id per
+    loop, one channel per lock key (key, ``"\\x00w"``, listener), waiter ids
+    ``<listener>.<nonce>``, and a release publishes only to the head of the line
+    (``scripts/wake_next.lua``). A reader task per node sets the event of the waiter that a
+    message names; each waiter registers its event before its first try, so a release that
+    comes before the task awaits is kept, not lost.
+    """
+
+    KEEP = 16  # channels kept subscribed between waits, as in the sync Subscriber
+
+    def __init__(self, addresses: Sequence[NodeAddress]) -> None:
+        self.addresses = tuple(addresses)
+        self.listener = secrets.token_hex(6)
+        self.writers: list[asyncio.StreamWriter | None] = [None] * len(self.addresses)
+        self.tasks: list[asyncio.Task[None] | None] = [None] * len(self.addresses)
+        # Per node, the futures of SUBSCRIBE confirmations still owed, in order.
+        self.confirming: list[deque[asyncio.Future[bool]]] = [deque() for _ in self.addresses]
+        # Channel -> done once every node confirmed (or failed, or the wait timed out).
+        self.channels: dict[str, asyncio.Future[None]] = {}
+        self.waiting: dict[bytes, asyncio.Event] = {}
+
+    def waiter_id(self) -> str:
+        return f"{self.listener}.{secrets.token_hex(4)}"
+
+    def register(self, waiter: str) -> None:
+        """Start keeping the wake-ups of ``waiter`` (before its first try)."""
+        self.waiting[waiter.encode()] = asyncio.Event()
+
+    def unregister(self, waiter: str) -> None:
+        self.waiting.pop(waiter.encode(), None)
+
+    async def _open(self, index: int, timeout: float) -> None:
+        try:
+            reader, writer = await _open_stream(self.addresses[index], timeout)
+        except (TimeoutError, OSError, ValueError):
+            return  # this node stays silent: the poll fallback covers it
+        logins = _auth_commands(self.addresses[index])
+        for command in logins:
+            writer.write(command)
+        self.writers[index] = writer
+        self.tasks[index] = asyncio.get_running_loop().create_task(
+            self._read(index, reader, len(logins))
+        )
+
+    async def _read(self, index: int, stream: asyncio.StreamReader, logins: int) -> None:
+        parser = make_reader()
+        try:
+            while True:
+                data = await stream.read(65536)
+                if not data:
+                    break
+                parser.feed(data)
+                while (reply := parser.gets()) is not False:
+                    if logins:
+                        logins -= 1
+                        if isinstance(reply, ReplyError):
+                            return  # a refused AUTH: this node stays silent
+                        continue
+                    if not isinstance(reply, list) or len(reply) != 3:
+                        continue
+                    if reply[0] == b"message":
+                        event = self.waiting.get(reply[2])
+                        if event is not None:
+                            event.set()
+                    elif reply[0] == b"subscribe" and self.confirming[index]:
+                        future = self.confirming[index].popleft()
+                        if not future.done():
+                            future.set_result(True)
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            self._lost(index)
+
+    def _lost(self, index: int) -> None:
+        writer = self.writers[index]
+        self.writers[index] = None
+        self.tasks[index] = None
+        if writer is not None:
+            writer.close()
+        while self.confirming[index]:
+            future = self.confirming[index].popleft()
+            if not future.done():
+                future.set_result(False)
+        # The next wait must subscribe again on a new connection.
+        self.channels.clear()
+
+    async def subscribe(self, key: str, timeout: float) -> bool:
+        """Subscribe to this loop's channel for ``key`` on every node, waiting up to
+        ``timeout`` seconds for the confirmations. Returns False, doing nothing, when it was
+        already confirmed on every node (a release since then was heard), True otherwise."""
+        channel = f"{key}\x00w{self.listener}"
+        ready = self.channels.get(channel)
+        if ready is not None and ready.done() and all(self.writers):
+            self.channels[channel] = self.channels.pop(channel)  # most recently used
+            return False
+        if ready is not None and not ready.done():
+            await asyncio.shield(ready)  # another task of this loop is subscribing it
+            return True
+        missing = [index for index, writer in enumerate(self.writers) if writer is None]
+        if missing:
+            await asyncio.gather(*(self._open(index, timeout) for index in missing))
+        if len(self.channels) >= self.KEEP:
+            oldest = next(iter(self.channels))
+            del self.channels[oldest]
+            for writer in self.writers:
+                if writer is not None:
+                    writer.write(encode_command(b"UNSUBSCRIBE", oldest))
+        loop = asyncio.get_running_loop()
+        ready = self.channels[channel] = loop.create_future()
+        confirmations = []
+        for index, writer in enumerate(self.writers):
+            if writer is not None:
+                future: asyncio.Future[bool] = loop.create_future()
+                self.confirming[index].append(future)
+                confirmations.append(future)
+                writer.write(encode_command(b"SUBSCRIBE", channel))
+        try:
+            if confirmations:
+                await asyncio.wait(confirmations, timeout=timeout)
+        finally:
+            if not ready.done():
+                ready.set_result(None)
+        return True
+
+    async def wait(self, waiter: str, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a release that names ``waiter`` (registered
+        with :meth:`register`); True if one came since the last wait."""
+        event = self.waiting.get(waiter.encode())
+        if event is None:
+            await asyncio.sleep(timeout)
+            return False
+        if not event.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        woken = event.is_set()
+        event.clear()
+        return woken
+
+    def close(self) -> None:
+        for task in self.tasks:
+            if task is not None:
+                task.cancel()
+        for writer in self.writers:
+            if writer is not None:
+                writer.close()
+        self.writers = [None] * len(self.addresses)
+        self.tasks = [None] * len(self.addresses)
+        self.channels.clear()
+
+
 class _LoopConnections:
     """The connections of one event loop, one per node."""
 
     def __init__(self, addresses: Sequence[NodeAddress]) -> None:
         self.addresses = tuple(addresses)
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
+        self.subscriber = _AsyncSubscriber(self.addresses)
 
     async def connection(self, index: int, timeout: float) -> _AsyncConnection:
         conn = self.connections[index]
@@ -263,6 +430,7 @@ class _LoopConnections:
             if conn is not None:
                 conn.close()
         self.connections = [None] * len(self.addresses)
+        self.subscriber.close()
 
 
 class AsyncLease(Lease):
@@ -384,76 +552,90 @@ class AsyncLockManager:
         owner = sync._owner(origin)
         started = sync._clock()
         deadline = None if (blocking and wait is None) else started + (wait or 0.0)
-        waiter = secrets.token_hex(8) if blocking else ""
+        connections = self._connections()
+        subscriber = connections.subscriber
+        waiter = subscriber.waiter_id() if blocking else ""
         ticket = time.time_ns() // 1000
         lifetime_ms = math.ceil(max(1.0, 4 * sync.retry_delay) * 1000)
-        connections = self._connections()
         size = len(sync.addresses)
         attempts = 0
-        while True:
-            attempts += 1
-            token = secrets.token_hex(20)
-            command = _acquire_command(
-                key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
-            )
-            start = sync._clock()
-            try:
-                results, granted, _ = await connections.run(
-                    [command] * size, sync.node_timeout, _GRANTED, sync.quorum
+        listening = False
+        if waiter:
+            subscriber.register(waiter)  # from now on a release naming us is kept
+        try:
+            while True:
+                attempts += 1
+                token = secrets.token_hex(20)
+                command = _acquire_command(
+                    key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
                 )
-            except BaseException:
-                # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
-                # still land on a slow node, and nobody would release them. The releases go
-                # out now, without awaiting, queued behind the SETs on each connection.
-                connections.post([_release_command(key, token)] * size)
-                raise
-            elapsed = sync._clock() - start
-            validity = seconds - elapsed - (seconds * sync.drift_factor + _DRIFT_MILLIS)
-            if granted >= sync.quorum and validity > 0:
-                lease = AsyncLease(
-                    sync,
-                    name=name,
-                    key=key,
-                    token=token,
-                    ttl=seconds,
-                    expires_at=start + elapsed + validity,
-                    acquired_at=start + elapsed,
-                    origin=origin,
-                )
-                lease._async_manager = self
-                lease._scope = scope
-                sync._held[(scope, name)] = lease
-                lease._waiter = waiter  # dropped from the line by the release
-                if auto_extend:
-                    lease._guard = threading.Lock()
-                    if hold is not None:
-                        lease._renew_until = time.monotonic() + hold
-                    _extender.schedule(lease, time.monotonic() + seconds / 3)
-                if sync.observer is not None:
-                    sync.observer.acquired(lease, lease.acquired_at - started)
-                return lease
-            release = _release_command(key, token)
-            await connections.run(
-                [None if type(reply) is int else release for reply in results], 0.0, 1, size
-            )
-            error = sync._failure(name, results, granted, elapsed, attempts)
-            error.origin = origin
-            now = sync._clock()
-            if not blocking or (deadline is not None and now >= deadline):
-                if waiter:
-                    await connections.run(
-                        [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
-                        0.0,
-                        1,
-                        size,
+                start = sync._clock()
+                try:
+                    results, granted, _ = await connections.run(
+                        [command] * size, sync.node_timeout, _GRANTED, sync.quorum
                     )
-                if sync.observer is not None:
-                    sync.observer.gave_up(error, now - started)
-                raise error
-            delay = sync.retry_delay * random.uniform(0.5, 1.5)
-            if deadline is not None:
-                delay = min(delay, deadline - now)
-            await asyncio.sleep(delay)
+                except BaseException:
+                    # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
+                    # still land on a slow node, and nobody would release them. The releases go
+                    # out now, without awaiting, queued behind the SETs on each connection.
+                    connections.post([_release_command(key, token)] * size)
+                    raise
+                elapsed = sync._clock() - start
+                validity = seconds - elapsed - (seconds * sync.drift_factor + _DRIFT_MILLIS)
+                if granted >= sync.quorum and validity > 0:
+                    lease = AsyncLease(
+                        sync,
+                        name=name,
+                        key=key,
+                        token=token,
+                        ttl=seconds,
+                        expires_at=start + elapsed + validity,
+                        acquired_at=start + elapsed,
+                        origin=origin,
+                    )
+                    lease._async_manager = self
+                    lease._scope = scope
+                    sync._held[(scope, name)] = lease
+                    lease._waiter = waiter  # dropped from the line by the release
+                    if auto_extend:
+                        lease._guard = threading.Lock()
+                        if hold is not None:
+                            lease._renew_until = time.monotonic() + hold
+                        _extender.schedule(lease, time.monotonic() + seconds / 3)
+                    if sync.observer is not None:
+                        sync.observer.acquired(lease, lease.acquired_at - started)
+                    return lease
+                release = _release_command(key, token)
+                await connections.run(
+                    [None if type(reply) is int else release for reply in results], 0.0, 1, size
+                )
+                error = sync._failure(name, results, granted, elapsed, attempts)
+                error.origin = origin
+                now = sync._clock()
+                if not blocking or (deadline is not None and now >= deadline):
+                    if waiter:
+                        await connections.run(
+                            [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
+                            0.0,
+                            1,
+                            size,
+                        )
+                    if sync.observer is not None:
+                        sync.observer.gave_up(error, now - started)
+                    raise error
+                delay = sync.retry_delay * random.uniform(0.5, 1.5)
+                if deadline is not None:
+                    delay = min(delay, deadline - now)
+                if not listening and await subscriber.subscribe(key, sync.node_timeout):
+                    # Just subscribed: the try right after covers a release that came between
+                    # our last try and the subscription (see LockManager.acquire).
+                    listening = True
+                else:
+                    listening = True
+                    await subscriber.wait(waiter, delay)
+        finally:
+            if waiter:
+                subscriber.unregister(waiter)
 
     async def _release(self, lease: AsyncLease) -> None:
         sync = self.sync

@@ -154,3 +154,45 @@ def test_a_task_cancelled_during_acquire_leaves_no_key_behind(cluster3):
             break
         assert time.monotonic() < deadline, f"left behind on {left}"
         time.sleep(0.01)
+
+
+SLOW_POLL = 10.0  # only a release notification can wake these waiters within the test's time
+
+
+def line_length(cluster, name: str) -> int:
+    with node_client(cluster[0]) as client:
+        return int(client.zcard(f"redlock:{name}\x00q"))
+
+
+async def queued(cluster, name: str, length: int) -> None:
+    deadline = time.monotonic() + 5
+    while line_length(cluster, name) != length:
+        assert time.monotonic() < deadline, f"the line of {name!r} never reached {length}"
+        await asyncio.sleep(0.002)
+
+
+def test_async_waiters_are_woken_by_the_release_in_line_order(cluster3):
+    """Fresh keys (a new subscription each time, racing the release) and one key again and
+    again (the subscription kept): every hand-off comes from the release, never the poll."""
+    holder = AsyncLockManager(cluster3.urls)
+    waiters = AsyncLockManager(cluster3.urls, retry_delay=SLOW_POLL)
+
+    async def main() -> None:
+        for name in [f"fresh{i}" for i in range(5)] + ["again"] * 5:
+            lease = await holder.acquire(name, ttl=30.0)
+            order: list[int] = []
+
+            async def wait(index: int, name: str = name, order: list[int] = order) -> None:
+                got = await waiters.acquire(name, ttl=30.0, timeout=60.0)
+                order.append(index)
+                await got.release()
+
+            tasks = []
+            for index in range(3):  # three tasks of one loop, queued in this order
+                tasks.append(asyncio.create_task(wait(index)))
+                await queued(cluster3, name, index + 1)
+            await lease.release()
+            await asyncio.wait_for(asyncio.gather(*tasks), 5.0)
+            assert order == [0, 1, 2], name
+
+    run(main())
