@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                 preexec_fn=_die_with_parent,  # never outlives the demo, even a killed one
             )
         try:
+            if not serving(server, args.addr):
+                print(server_log.read_text(errors="replace"), file=sys.stderr)
+                print(
+                    f"the site could not be served on {args.addr} (see above); "
+                    "pick another address with --addr HOST:PORT",
+                    file=sys.stderr,
+                )
+                return 2
             reports = tell_the_story(cluster, args, seed)
             print(f"\nThe site: http://{args.addr}/  (admin: admin / admin)", flush=True)
             if args.no_serve:
@@ -84,6 +93,24 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.wait(10)
     return 0
+
+
+def serving(server: subprocess.Popen[bytes], addr: str, timeout: float = 30.0) -> bool:
+    """Wait until our site answers on ``addr``; False if the server exits first (a port
+    already taken) or ``timeout`` seconds pass. Another program on that port does not count:
+    the page must be ours."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"http://{addr}/", timeout=2) as response:
+                if b"Seat booking on django_redlock" in response.read():
+                    return True
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return False
 
 
 def tell_the_story(

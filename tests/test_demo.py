@@ -6,6 +6,7 @@ import http.cookiejar
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import urllib.parse
@@ -73,3 +74,23 @@ def test_the_demo_tells_the_story_then_serves_it(tmp_path):
         os.killpg(demo.pid, signal.SIGINT)
         demo.wait(30)
         demo.stdout.close()
+
+
+@pytest.mark.slow
+def test_a_taken_port_is_a_clear_error_not_a_silent_demo(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "REDLOCK_DEMO_DB": str(tmp_path / "demo.db")}
+        demo = subprocess.run(
+            [sys.executable, "-m", "demo_site.run_demo", "--addr", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert demo.returncode == 2
+    assert f"the site could not be served on 127.0.0.1:{port}" in demo.stderr
+    assert "pick another address with --addr" in demo.stderr
