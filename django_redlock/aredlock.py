@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -89,82 +89,101 @@ def _auth_commands(address: NodeAddress) -> list[bytes]:
     return [encode_command(b"AUTH", *parts)]
 
 
-class _AsyncConnection:
-    """One stream to one node, with the futures of the replies it still owes, in order."""
+def _settle(future: asyncio.Future[None]) -> None:
+    """Resolve ``future`` (a round trip's outcome) unless it is already decided."""
+    if not future.done():
+        future.set_result(None)
+
+
+_Callback = Callable[[Any], None]
+
+
+def _ignore(reply: Any) -> None:
+    """The reply handler of fire-and-forget commands."""
+
+
+class _AsyncConnection(asyncio.Protocol):
+    """One connection to one node: an asyncio protocol with the reply handlers it still owes,
+    in order. Replies are parsed in ``data_received`` and handed to their handler right there:
+    no reader task, no future per reply, so a round trip costs one wake-up of the waiting task.
+    """
 
     def __init__(self, address: NodeAddress) -> None:
         self.address = address
-        self.writer: asyncio.StreamWriter | None = None
-        self.pending: deque[asyncio.Future[Any]] = deque()
-        self.reader_task: asyncio.Task[None] | None = None
+        self.transport: asyncio.Transport | None = None
+        self.pending: deque[_Callback] = deque()
+        self.parser = make_reader()
         self.broken: str | None = None
         self.connected = asyncio.Event()
 
     async def open(self, timeout: float) -> None:
         address = self.address
+        loop = asyncio.get_running_loop()
         try:
-            reader, writer = await _open_stream(address, timeout)
+            if address.path is not None:
+                opening = loop.create_unix_connection(lambda: self, address.path)
+            else:
+                ssl = address.ssl_context() if address.tls else None
+                assert address.host is not None
+                assert address.port is not None
+                opening = loop.create_connection(
+                    lambda: self,
+                    address.host,
+                    address.port,
+                    ssl=ssl,
+                    server_hostname=address.host if ssl else None,
+                )
+            await asyncio.wait_for(opening, timeout)
         except (TimeoutError, OSError, ValueError) as exc:
             self.broken = str(exc) or "connect timed out"
             self.connected.set()
             return
-        self.writer = writer
-        self.reader_task = asyncio.get_running_loop().create_task(self._read(reader))
         login = _auth_commands(address)
         if address.db:
             login.append(encode_command(b"SELECT", address.db))
+        for command in login:  # AUTH/SELECT: a refusal makes the connection useless
+            self._send_raw(command, self._check_login)
         for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
-            login.append(encode_command(b"SCRIPT", b"LOAD", script.source))
-        logins = len(login) - 6  # AUTH/SELECT; the SCRIPT LOADs may fail harmlessly (ACLs)
-        futures = [self._send_raw(command) for command in login]
+            # May fail harmlessly (an ACL without SCRIPT): EVALSHA then falls back to EVAL.
+            self._send_raw(encode_command(b"SCRIPT", b"LOAD", script.source), _ignore)
         self.connected.set()
-        for future in futures[:logins]:
-            future.add_done_callback(self._check_login)
 
-    def _check_login(self, done: asyncio.Future[Any]) -> None:
-        if not done.cancelled() and isinstance(done.result(), ReplyError):
-            self._fail(f"login refused: {done.result()}")
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
 
-    def _send_raw(self, command: bytes) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        if self.broken is not None or self.writer is None:
-            future.set_result(NodeError(self.broken or "not connected"))
-            return future
-        self.pending.append(future)
-        self.writer.write(command)
-        return future
+    def data_received(self, data: bytes) -> None:
+        self.parser.feed(data)
+        pending = self.pending
+        while (reply := self.parser.gets()) is not False:
+            if pending:
+                pending.popleft()(reply)
 
-    async def _read(self, stream: asyncio.StreamReader) -> None:
-        parser = make_reader()
-        try:
-            while True:
-                data = await stream.read(65536)
-                if not data:
-                    self._fail("connection closed by the server")
-                    return
-                parser.feed(data)
-                while (reply := parser.gets()) is not False:
-                    if self.pending:
-                        future = self.pending.popleft()
-                        if not future.done():
-                            future.set_result(reply)
-        except (OSError, asyncio.CancelledError) as exc:
-            self._fail(str(exc) or "connection lost")
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(str(exc) if exc else "connection closed by the server")
+
+    def _check_login(self, reply: Any) -> None:
+        if isinstance(reply, ReplyError):
+            self._fail(f"login refused: {reply}")
+
+    def _send_raw(self, command: bytes, on_reply: _Callback) -> None:
+        """Write ``command``; ``on_reply`` gets its reply, or a :class:`NodeError`."""
+        if self.broken is not None or self.transport is None:
+            on_reply(NodeError(self.broken or "not connected"))
+            return
+        self.pending.append(on_reply)
+        self.transport.write(command)
 
     def _fail(self, reason: str) -> None:
-        self.broken = reason
+        if self.broken is None:
+            self.broken = reason
         while self.pending:
-            future = self.pending.popleft()
-            if not future.done():
-                future.set_result(NodeError(reason))
-        if self.writer is not None:
-            self.writer.close()
+            self.pending.popleft()(NodeError(reason))
+        if self.transport is not None:
+            self.transport.close()
 
     def close(self) -> None:
-        if self.reader_task is not None:
-            self.reader_task.cancel()
-        if self.writer is not None:
-            self.writer.close()
+        self._fail("connection closed by the client")
 
 
 class _AsyncSubscriber:
@@ -327,6 +346,13 @@ class _LoopConnections:
         self.addresses = tuple(addresses)
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self.subscriber = _AsyncSubscriber(self.addresses)
+        self.guard: asyncio.Task[None] | None = None
+
+    async def close_at_loop_end(self) -> None:
+        try:
+            await asyncio.get_running_loop().create_future()  # until cancelled
+        finally:
+            self.close()
 
     async def connection(self, index: int, timeout: float) -> _AsyncConnection:
         conn = self.connections[index]
@@ -389,10 +415,15 @@ class _LoopConnections:
                 record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
                 continue
             pending += 1
-            self._expect(conn, index, command, conn._send_raw(command[0]), record)
+            self._expect(conn, index, command, record)
         if pending and not decided.done():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(decided), timeout)
+            # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
+            # per round trip (wait_for costs more than a loopback round trip here).
+            timer = loop.call_later(timeout, _settle, decided)
+            try:
+                await decided
+            finally:
+                timer.cancel()
         return list(results), counts[0], counts[1]
 
     def post(self, commands: Sequence[Command | None]) -> None:
@@ -400,30 +431,24 @@ class _LoopConnections:
         cancelled); the replies are read and dropped. Nodes not connected are skipped."""
         for conn, command in zip(self.connections, commands, strict=True):
             if command is not None and conn is not None and conn.broken is None:
-                conn._send_raw(command[0])
+                conn._send_raw(command[0], _ignore)
 
-    def _expect(
-        self,
-        conn: _AsyncConnection,
-        index: int,
-        command: Command,
-        future: asyncio.Future[Any],
-        record: Any,
-    ) -> None:
-        def done(reply_future: asyncio.Future[Any]) -> None:
-            reply = reply_future.result()
+    def _expect(self, conn: _AsyncConnection, index: int, command: Command, record: Any) -> None:
+        """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer
+        (re-sent as EVAL once if the node had no copy of the script)."""
+
+        def done(reply: Any) -> None:
             fallback = command[1]
             if (
                 isinstance(reply, ReplyError)
                 and str(reply).startswith("NOSCRIPT")
                 and fallback is not None
             ):
-                retry = conn._send_raw(fallback.build())
-                self._expect(conn, index, (b"", None), retry, record)
+                self._expect(conn, index, (fallback.build(), None), record)
                 return
             record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
 
-        future.add_done_callback(done)
+        conn._send_raw(command[0], done)
 
     def close(self) -> None:
         for conn in self.connections:
@@ -519,6 +544,9 @@ class AsyncLockManager:
             if connections is None:
                 connections = _LoopConnections(self.sync.addresses)
                 self._loops[loop] = connections
+                # Closes the connections when the loop's tasks are cancelled at its end
+                # (asyncio.run does that): protocols have no reader task that would.
+                connections.guard = loop.create_task(connections.close_at_loop_end())
         return connections
 
     async def aclose(self) -> None:

@@ -9,6 +9,7 @@ configured one was built with TLS (Debian's redis-server is; the bundled Valkey 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import ssl
@@ -22,6 +23,7 @@ import pytest
 import trustme
 
 from django_redlock import LockManager, QuorumUnreachable
+from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localnodes import _free_port, server_binary
 
 NODE_TIMEOUT = 0.2
@@ -146,3 +148,39 @@ def test_a_real_tls_node_takes_locks_with_the_right_ca_only(pki, tls_port):
     with pytest.raises(QuorumUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
         wrong.acquire("tls-real", blocking=False)
     wrong.close()
+
+
+def test_the_asyncio_core_refuses_a_wrong_ca_and_accepts_the_right_one(pki, tls_port):
+    async def main() -> None:
+        good = AsyncLockManager(
+            [f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={pki['ca']}"],
+            node_timeout=NODE_TIMEOUT,
+        )
+        good.declare_fresh()
+        await (await good.acquire("tls-async", ttl=5.0)).release()
+        await good.aclose()
+        wrong = AsyncLockManager(
+            [f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={pki['wrong_ca']}"],
+            node_timeout=NODE_TIMEOUT,
+        )
+        started = time.monotonic()
+        with pytest.raises(QuorumUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await wrong.acquire("tls-async", blocking=False)
+        assert time.monotonic() - started < NODE_TIMEOUT + 1.0
+        await wrong.aclose()
+
+    asyncio.run(main())
+
+
+def test_the_asyncio_core_never_falls_back_to_plaintext(pki):
+    async def main(port: int) -> None:
+        url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={pki['wrong_ca']}"
+        manager = AsyncLockManager([url], node_timeout=NODE_TIMEOUT)
+        with pytest.raises(QuorumUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            await manager.acquire("tls", blocking=False)
+        await manager.aclose()
+
+    with recording_tls_listener(pki) as (port, firsts):
+        asyncio.run(main(port))
+    assert firsts, "the client never connected"
+    assert all(first.startswith(b"\x16\x03") for first in firsts), firsts
