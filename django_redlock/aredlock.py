@@ -9,8 +9,8 @@ of many tasks pipeline on one socket. The outcome is known at a quorum of yes vo
 quorum is no longer possible; a node that owes too many replies is skipped without sending.
 Waiting tasks are woken by the release through per-loop pub/sub streams (``_AsyncSubscriber``).
 
-Why not ``redis.asyncio``: five ``evalsha`` calls under ``asyncio.gather`` cost about 1.2 ms
-a pair on this project's benchmark machine, three to four times this transport, and its
+Why not ``redis.asyncio``: five ``evalsha`` calls under ``asyncio.gather`` cost 1.2 ms a pair
+or more on this project's benchmark machine, three times this transport or more, and its
 clients retry by default. Node URLs and redis-py clients are accepted all the same.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
