@@ -675,6 +675,17 @@ class ThreadConnections:
             sets.close()
 
 
+def wake_channel(key: str, listener: str) -> str:
+    """The pub/sub channel on which ``listener``'s waiters for lock ``key`` are woken (the
+    name ``scripts/wake_next.lua`` publishes to: the key, NUL, ``w``, the listener id)."""
+    return f"{key}\x00w{listener}"
+
+
+def new_waiter_id(listener: str) -> str:
+    """A fresh id for one blocking acquire of ``listener``: ``<listener>.<nonce>``."""
+    return f"{listener}.{secrets.token_hex(4)}"
+
+
 class Subscriber:
     """Pub/sub sockets (one per node) on which a waiting acquire hears of releases.
 
@@ -702,11 +713,11 @@ class Subscriber:
     def waiter_id(self) -> str:
         """A new id for one blocking acquire: ``<listener>.<nonce>`` (see wake_next.lua)."""
         self._check_fork()
-        return f"{self.listener}.{secrets.token_hex(4)}"
+        return new_waiter_id(self.listener)
 
     def channel(self, key: str) -> str:
         """The channel on which this listener's waiters for ``key`` are woken."""
-        return f"{key}\x00w{self.listener}"
+        return wake_channel(key, self.listener)
 
     def _check_fork(self) -> None:
         if self.pid != current_pid():  # after fork: our copies of the parent's sockets

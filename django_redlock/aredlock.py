@@ -36,7 +36,13 @@ from typing import Any
 from django_redlock import _extender
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
-from django_redlock._transport import TIMED_OUT, Command, NodeError
+from django_redlock._transport import (
+    TIMED_OUT,
+    Command,
+    NodeError,
+    new_waiter_id,
+    wake_channel,
+)
 from django_redlock.exceptions import (
     LeaseReleased,
     LockLost,
@@ -105,6 +111,10 @@ _Callback = Callable[[Any], None]
 
 def _ignore(reply: Any) -> None:
     """The reply handler of fire-and-forget commands."""
+
+
+def _drop_reply(index: int, reply: Any) -> None:
+    """The per-node recorder of fire-and-forget commands."""
 
 
 class _AsyncConnection(asyncio.Protocol):
@@ -211,12 +221,12 @@ class _AsyncSubscriber:
         self.tasks: list[asyncio.Task[None] | None] = [None] * len(self.addresses)
         # Per node, the futures of SUBSCRIBE confirmations still owed, in order.
         self.confirming: list[deque[asyncio.Future[bool]]] = [deque() for _ in self.addresses]
-        # Channel -> done once every node confirmed (or failed, or the wait timed out).
-        self.channels: dict[str, asyncio.Future[None]] = {}
+        self.channels: dict[str, None] = {}  # subscribed (or being subscribed), oldest first
+        self.lock: asyncio.Lock | None = None  # one task at a time opens and subscribes
         self.waiting: dict[bytes, asyncio.Event] = {}
 
     def waiter_id(self) -> str:
-        return f"{self.listener}.{secrets.token_hex(4)}"
+        return new_waiter_id(self.listener)
 
     def register(self, waiter: str) -> None:
         """Start keeping the wake-ups of ``waiter`` (before its first try)."""
@@ -283,39 +293,42 @@ class _AsyncSubscriber:
     async def subscribe(self, key: str, timeout: float) -> bool:
         """Subscribe to this loop's channel for ``key`` on every node, waiting up to
         ``timeout`` seconds for the confirmations. Returns False, doing nothing, when it was
-        already confirmed on every node (a release since then was heard), True otherwise."""
-        channel = f"{key}\x00w{self.listener}"
-        ready = self.channels.get(channel)
-        if ready is not None and ready.done() and all(self.writers):
+        already subscribed on every node (a release since then was heard), True otherwise.
+
+        One task at a time opens connections and subscribes: two tasks opening the same node
+        at once would leave one connection orphaned, and closed when collected, with the
+        subscription on it.
+        """
+        channel = wake_channel(key, self.listener)
+        if channel in self.channels and all(self.writers):
             self.channels[channel] = self.channels.pop(channel)  # most recently used
             return False
-        if ready is not None and not ready.done():
-            await asyncio.shield(ready)  # another task of this loop is subscribing it
-            return True
-        missing = [index for index, writer in enumerate(self.writers) if writer is None]
-        if missing:
-            await asyncio.gather(*(self._open(index, timeout) for index in missing))
-        if len(self.channels) >= self.KEEP:
-            oldest = next(iter(self.channels))
-            del self.channels[oldest]
-            for writer in self.writers:
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        async with self.lock:
+            if channel in self.channels and all(self.writers):
+                return True  # another task subscribed it while we waited: try once more
+            missing = [index for index, writer in enumerate(self.writers) if writer is None]
+            if missing:
+                await asyncio.gather(*(self._open(index, timeout) for index in missing))
+            if len(self.channels) >= self.KEEP:
+                oldest = next(iter(self.channels))
+                del self.channels[oldest]
+                for writer in self.writers:
+                    if writer is not None:
+                        writer.write(encode_command(b"UNSUBSCRIBE", oldest))
+            loop = asyncio.get_running_loop()
+            confirmations = []
+            for index, writer in enumerate(self.writers):
                 if writer is not None:
-                    writer.write(encode_command(b"UNSUBSCRIBE", oldest))
-        loop = asyncio.get_running_loop()
-        ready = self.channels[channel] = loop.create_future()
-        confirmations = []
-        for index, writer in enumerate(self.writers):
-            if writer is not None:
-                future: asyncio.Future[bool] = loop.create_future()
-                self.confirming[index].append(future)
-                confirmations.append(future)
-                writer.write(encode_command(b"SUBSCRIBE", channel))
-        try:
+                    future: asyncio.Future[bool] = loop.create_future()
+                    self.confirming[index].append(future)
+                    confirmations.append(future)
+                    writer.write(encode_command(b"SUBSCRIBE", channel))
             if confirmations:
                 await asyncio.wait(confirmations, timeout=timeout)
-        finally:
-            if not ready.done():
-                ready.set_result(None)
+            # Listed only now: a task that finds it listed may skip its extra try.
+            self.channels[channel] = None
         return True
 
     async def wait(self, waiter: str, timeout: float) -> bool:
@@ -391,6 +404,7 @@ class _LoopConnections:
         counts = [0, 0]
         loop = asyncio.get_running_loop()
         decided: asyncio.Future[None] = loop.create_future()
+        over = [False]  # set once this round is decided, timed out or cancelled
 
         def record(index: int, reply: Any) -> None:
             results[index] = reply
@@ -420,7 +434,7 @@ class _LoopConnections:
                 record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
                 continue
             pending += 1
-            self._expect(conn, index, command, record)
+            self._expect(conn, index, command, record, over)
         if pending and not decided.done():
             # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
@@ -429,18 +443,31 @@ class _LoopConnections:
                 await decided
             finally:
                 timer.cancel()
+                over[0] = True
+        over[0] = True
         return list(results), counts[0], counts[1]
 
     def post(self, commands: Sequence[Command | None]) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
         cancelled); the replies are read and dropped. Nodes not connected are skipped."""
-        for conn, command in zip(self.connections, commands, strict=True):
+        for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
             if command is not None and conn is not None and conn.broken is None:
-                conn._send_raw(command[0], _ignore)
+                # Through _expect, so a NOSCRIPT reply still gets the EVAL fallback.
+                self._expect(conn, index, command, _drop_reply)
 
-    def _expect(self, conn: _AsyncConnection, index: int, command: Command, record: Any) -> None:
+    def _expect(
+        self,
+        conn: _AsyncConnection,
+        index: int,
+        command: Command,
+        record: Any,
+        over: list[bool] | None = None,
+    ) -> None:
         """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer
-        (re-sent as EVAL once if the node had no copy of the script)."""
+        (re-sent as EVAL once if the node had no copy of the script). Once ``over[0]`` is
+        set, a fallback whose ``when_over`` is False is not sent: an acquire's SET re-sent
+        after its attempt was given up (or cancelled) would land after the clean-up release
+        and leave a key nobody releases."""
 
         def done(reply: Any) -> None:
             fallback = command[1]
@@ -449,7 +476,9 @@ class _LoopConnections:
                 and str(reply).startswith("NOSCRIPT")
                 and fallback is not None
             ):
-                self._expect(conn, index, (fallback.build(), None), record)
+                if over is not None and over[0] and not fallback.when_over:
+                    return
+                self._expect(conn, index, (fallback.build(), None), record, over)
                 return
             record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
 
@@ -648,7 +677,7 @@ class AsyncLockManager:
                 if not blocking or (deadline is not None and now >= deadline):
                     if waiter:
                         await connections.run(
-                            [_LEAVE.command((key + _LINE, key + _LAPSE), (waiter,))] * size,
+                            [_LEAVE.command((key, key + _LINE, key + _LAPSE), (waiter,))] * size,
                             0.0,
                             1,
                             size,

@@ -731,7 +731,9 @@ class LockManager:
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
         our place to lapse."""
-        command = _LEAVE.command((key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
+        command = _LEAVE.command(
+            (key, key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True
+        )
         connections.post([command] * len(self.addresses), 1, len(self.addresses))
 
     def _acquire_arguments(

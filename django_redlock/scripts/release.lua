@@ -14,9 +14,14 @@
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- @include wake_next.lua
 if redis.call('HGET', KEYS[1], 't') ~= ARGV[1] then
-    if ARGV[2] ~= '' then
-        redis.call('ZREM', KEYS[2], ARGV[2])
+    -- Not held here by this lease (expired, or another attempt won this node): still drop
+    -- the holder's place in line. If that place headed the line of a free lock, the next
+    -- waiter was refused behind it and no other release will come: wake it.
+    if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
         redis.call('HDEL', KEYS[3], ARGV[2])
+        if redis.call('EXISTS', KEYS[1]) == 0 then
+            wake_next(KEYS[1], KEYS[2], KEYS[3])
+        end
     end
     return 0
 end

@@ -145,7 +145,7 @@ def test_a_free_lock_goes_to_the_head_of_the_line(node):
     assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) == b"OK"
     assert node.zrange("k\x00q", 0, -1) == [b"late"]
     release(node, "k", "c" * 40)
-    assert node.eval(redlock._LEAVE.source, 2, "k\x00q", "k\x00e", "late") == 1
+    assert node.eval(redlock._LEAVE.source, 3, "k", "k\x00q", "k\x00e", "late") == 1
     assert acquire(node, "k", "d" * 40) == b"OK"  # the line is empty again
 
 
@@ -179,4 +179,28 @@ def test_a_release_wakes_only_the_head_of_the_line_on_its_own_channel(node):
     acquire(node, "k", "y" * 40, waiter="bbbb.2", ticket=200)
     node.eval(redlock._FORCE_RELEASE.source, 3, "k", "k\x00q", "k\x00e")
     assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wcccc", b"cccc.3")]
+    pubsub.close()
+
+
+def test_a_place_leaving_the_head_of_a_free_lock_wakes_the_next_waiter(node):
+    """A waiter refused behind a place that then goes away (its acquire gave up, or its
+    lease's release arrives here late) would otherwise wait for its poll: no release comes."""
+    acquire(node, "k", "a" * 40)
+    for ticket, waiter in ((100, "aaaa.1"), (200, "bbbb.2"), (300, "cccc.3")):
+        acquire(node, "k", "z" * 40, waiter=waiter, ticket=ticket)
+    pubsub = node.pubsub()
+    pubsub.psubscribe("k*")
+    assert pubsub.get_message(timeout=5.0)["type"] == "psubscribe"
+    leave = redlock._LEAVE.source
+    # Held: leaving wakes nobody (the holder's release will).
+    assert node.eval(leave, 3, "k", "k\x00q", "k\x00e", "cccc.3") == 1
+    assert published_until_marker(pubsub, node, "k-marker") == []
+    node.delete("k")  # the holder's lease ran out here
+    # A late release of the head's own (unheld) lease drops its place and wakes the next.
+    assert release(node, "k", "b" * 40, waiter="aaaa.1") == 0
+    assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wbbbb", b"bbbb.2")]
+    # The head giving up on a free lock wakes the next in line too (none is left here).
+    acquire(node, "k", "z" * 40, waiter="dddd.4", ticket=400)
+    assert node.eval(leave, 3, "k", "k\x00q", "k\x00e", "bbbb.2") == 1
+    assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wdddd", b"dddd.4")]
     pubsub.close()
