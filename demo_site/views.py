@@ -23,20 +23,20 @@ def event_report(event: Event) -> dict[str, Any]:
             rejection_count=Count("rejections", distinct=True),
         )
     )
-    sales = Sale.objects.filter(seat__event=event)
     doubles = [seat for seat in seats if seat.sale_count > 1]
+    rejections = Rejection.objects.filter(seat__event=event).select_related("seat")
     return {
         "event": event,
         "seats": seats,
         "sold": sum(1 for seat in seats if seat.sold_to),
-        "sales": sales.count(),
-        "lost_leases": sales.filter(lease_lost=True).count(),
+        "sales": sum(seat.sale_count for seat in seats),
+        "lost_leases": Sale.objects.filter(seat__event=event, lease_lost=True).count(),
         "doubles": [
             {"seat": seat, "customers": [sale.customer for sale in seat.sales.all()]}
             for seat in doubles
         ],
-        "rejections": Rejection.objects.filter(seat__event=event).select_related("seat"),
-        "rejection_count": Rejection.objects.filter(seat__event=event).count(),
+        "rejections": rejections[:20],
+        "rejection_count": sum(seat.rejection_count for seat in seats),
     }
 
 

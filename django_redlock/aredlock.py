@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import random
 import secrets
 import threading
 import time
@@ -33,7 +32,6 @@ from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
-from django_redlock import _extender
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import (
@@ -49,19 +47,17 @@ from django_redlock.exceptions import (
 )
 from django_redlock.redlock import (
     _ACQUIRE,
-    _DRIFT_MILLIS,
     _EXTEND,
     _FORCE_RELEASE,
     _GRANTED,
     _HOLDER,
-    _LAPSE,
     _LEAVE,
-    _LINE,
     _RELEASE,
     Lease,
     LockManager,
     _acquire_command,
     _extend_command,
+    _leave_command,
     _owner_scope,
     _release_command,
     validate_name,
@@ -72,22 +68,47 @@ __all__ = ["AsyncLease", "AsyncLockManager"]
 _MAX_OUTSTANDING = 32
 
 
-async def _open_stream(
-    address: NodeAddress, timeout: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A stream to ``address`` (unix socket, TCP or TLS) within ``timeout`` seconds.
+async def _connect(
+    address: NodeAddress, protocol: asyncio.Protocol, timeout: float
+) -> asyncio.BaseTransport:
+    """Connect ``protocol`` to ``address`` (unix socket, TCP or TLS) within ``timeout`` s.
 
     Raises:
         TimeoutError, OSError, ValueError: the node cannot be reached or the TLS set-up failed.
     """
+    loop = asyncio.get_running_loop()
     if address.path is not None:
-        opening = asyncio.open_unix_connection(address.path)
+        opening = loop.create_unix_connection(lambda: protocol, address.path)
     else:
         ssl = address.ssl_context() if address.tls else None
-        opening = asyncio.open_connection(
-            address.host, address.port, ssl=ssl, server_hostname=address.host if ssl else None
+        assert address.host is not None
+        assert address.port is not None
+        opening = loop.create_connection(
+            lambda: protocol,
+            address.host,
+            address.port,
+            ssl=ssl,
+            server_hostname=address.host if ssl else None,
         )
-    return await asyncio.wait_for(opening, timeout)
+    transport, _ = await asyncio.wait_for(opening, timeout)
+    return transport
+
+
+async def _open_stream(
+    address: NodeAddress, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream pair to ``address`` (see :func:`_connect`), as ``asyncio.open_connection``
+    builds it."""
+    reader = asyncio.StreamReader()
+    protocol = asyncio.StreamReaderProtocol(reader)
+    transport = await _connect(address, protocol, timeout)
+    writer = asyncio.StreamWriter(
+        transport,  # type: ignore[arg-type]
+        protocol,
+        reader,
+        asyncio.get_running_loop(),
+    )
+    return reader, writer
 
 
 def _auth_commands(address: NodeAddress) -> list[bytes]:
@@ -133,22 +154,8 @@ class _AsyncConnection(asyncio.Protocol):
 
     async def open(self, timeout: float) -> None:
         address = self.address
-        loop = asyncio.get_running_loop()
         try:
-            if address.path is not None:
-                opening = loop.create_unix_connection(lambda: self, address.path)
-            else:
-                ssl = address.ssl_context() if address.tls else None
-                assert address.host is not None
-                assert address.port is not None
-                opening = loop.create_connection(
-                    lambda: self,
-                    address.host,
-                    address.port,
-                    ssl=ssl,
-                    server_hostname=address.host if ssl else None,
-                )
-            await asyncio.wait_for(opening, timeout)
+            await _connect(address, self, timeout)
         except (TimeoutError, OSError, ValueError) as exc:
             self.broken = str(exc) or "connect timed out"
             self.connected.set()
@@ -643,7 +650,7 @@ class AsyncLockManager:
                     connections.post([_release_command(key, token)] * size)
                     raise
                 elapsed = sync._clock() - start
-                validity = seconds - elapsed - (seconds * sync.drift_factor + _DRIFT_MILLIS)
+                validity = sync._validity(seconds, elapsed)
                 if granted >= sync.quorum and validity > 0:
                     lease = AsyncLease(
                         sync,
@@ -656,16 +663,7 @@ class AsyncLockManager:
                         origin=origin,
                     )
                     lease._async_manager = self
-                    lease._scope = scope
-                    sync._held[(scope, name)] = lease
-                    lease._waiter = waiter  # dropped from the line by the release
-                    if auto_extend:
-                        lease._guard = threading.Lock()
-                        if hold is not None:
-                            lease._renew_until = time.monotonic() + hold
-                        _extender.schedule(lease, time.monotonic() + seconds / 3)
-                    if sync.observer is not None:
-                        sync.observer.acquired(lease, lease.acquired_at - started)
+                    sync._adopt(lease, scope, waiter, auto_extend, hold, started)
                     return lease
                 release = _release_command(key, token)
                 await connections.run(
@@ -676,18 +674,11 @@ class AsyncLockManager:
                 now = sync._clock()
                 if not blocking or (deadline is not None and now >= deadline):
                     if waiter:
-                        await connections.run(
-                            [_LEAVE.command((key, key + _LINE, key + _LAPSE), (waiter,))] * size,
-                            0.0,
-                            1,
-                            size,
-                        )
+                        await connections.run([_leave_command(key, waiter)] * size, 0.0, 1, size)
                     if sync.observer is not None:
                         sync.observer.gave_up(error, now - started)
                     raise error
-                delay = sync.retry_delay * random.uniform(0.5, 1.5)
-                if deadline is not None:
-                    delay = min(delay, deadline - now)
+                delay = sync._retry_delay(now, deadline)
                 if not listening and await subscriber.subscribe(key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
                     # our last try and the subscription (see LockManager.acquire).
@@ -701,47 +692,33 @@ class AsyncLockManager:
 
     async def _release(self, lease: AsyncLease) -> None:
         sync = self.sync
-        size = len(sync.addresses)
         expired = lease._expires_at <= sync._clock()
         results, deleted, _ = await self._connections().run(
-            [_release_command(lease.key, lease.token, lease._waiter)] * size,
+            [_release_command(lease.key, lease.token, lease._waiter)] * len(sync.addresses),
             sync.node_timeout,
             1,
             sync.quorum,
         )
-        gone = sum(1 for reply in results if reply == 0)
-        if sync.observer is not None:
-            sync.observer.released(lease, sync._clock() - lease.acquired_at)
-        if expired:
-            lease._mark_lost("the lease expired before it was released")
-            raise LockLost(lease.name, "the lease expired before it was released")
-        if gone > size - sync.quorum:
-            reason = f"only {deleted} of {size} nodes still held it at release"
-            lease._mark_lost(reason)
-            raise LockLost(lease.name, reason)
+        sync._judge_release(lease, results, deleted, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
         sync = self.sync
         size = len(sync.addresses)
         start = sync._clock()
-        _, extended, refused = await self._connections().run(
+        results, extended, refused = await self._connections().run(
             [_extend_command(lease.key, lease.token, math.ceil(lease.ttl * 1000))] * size,
             sync.node_timeout,
             1,
             sync.quorum,
         )
         now = sync._clock()
-        validity = lease.ttl - (now - start) - (lease.ttl * sync.drift_factor + _DRIFT_MILLIS)
+        validity = sync._validity(lease.ttl, now - start)
         if extended >= sync.quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = start + lease.ttl - (lease.ttl * sync.drift_factor + _DRIFT_MILLIS)
+            lease._expires_at = now + validity
             if sync.observer is not None:
                 sync.observer.extended(lease, validity)
             return validity
-        reason = (
-            "the lease expired while it was being extended"
-            if now >= lease._expires_at
-            else f"not extended on {refused} of {size} nodes, a quorum needs {sync.quorum}"
-        )
+        reason = sync._not_extended(lease, now, refused, results)
         lease._mark_lost(reason)
         await self._connections().run(
             [_release_command(lease.key, lease.token)] * size, 0.0, 1, size

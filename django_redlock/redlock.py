@@ -160,6 +160,12 @@ def _acquire_command(
     return (_ACQUIRE.evalsha(keys, args), fallback)
 
 
+def _leave_command(key: str, waiter: str) -> Command:
+    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``). Idempotent,
+    so its EVAL fallback is sent even after the operation is over."""
+    return _LEAVE.command((key, key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
+
+
 def _release_command(key: str, token: str, waiter: str = "") -> Command:
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
@@ -690,18 +696,7 @@ class LockManager:
             )
             lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
             if lease is not None:
-                # Our place in line may remain on nodes that did not grant this attempt; the
-                # release drops it there (see release.lua), at no extra round trip.
-                lease._waiter = waiter
-                if auto_extend:
-                    lease._guard = threading.Lock()
-                    if hold is not None:
-                        lease._renew_until = time.monotonic() + hold
-                    _extender.schedule(lease, time.monotonic() + seconds / 3)
-                lease._scope = scope
-                self._held[(scope, name)] = lease
-                if self.observer is not None:
-                    self.observer.acquired(lease, lease.acquired_at - started)
+                self._adopt(lease, scope, waiter, auto_extend, hold, started)
                 return lease
             assert error is not None
             now = self._clock()
@@ -713,9 +708,7 @@ class LockManager:
                 if self.observer is not None:
                     self.observer.gave_up(error, now - started)
                 raise error
-            delay = self.retry_delay * random.uniform(0.5, 1.5)
-            if deadline is not None:
-                delay = min(delay, deadline - now)
+            delay = self._retry_delay(now, deadline)
             if self._sleep is not time.sleep:
                 self._sleep(delay)  # an injected sleep (tests) replaces the notifications
             elif not listening and connections.subscriber.subscribe(key, self.node_timeout):
@@ -728,12 +721,44 @@ class LockManager:
                 listening = True
                 connections.subscriber.wait(delay, waiter)
 
+    def _adopt(
+        self,
+        lease: Lease,
+        scope: tuple[object, ...],
+        waiter: str,
+        auto_extend: bool,
+        hold: float | None,
+        started: float,
+    ) -> None:
+        """Make a lease just granted its owner's (sync and asyncio alike): registered for
+        re-entry, renewed if asked, reported to the observer."""
+        # Our place in line may remain on nodes that did not grant this attempt; the release
+        # drops it there (see release.lua), at no extra round trip.
+        lease._waiter = waiter
+        if auto_extend:
+            lease._guard = threading.Lock()
+            if hold is not None:
+                lease._renew_until = time.monotonic() + hold
+            _extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+        lease._scope = scope
+        self._held[(scope, lease.name)] = lease
+        if self.observer is not None:
+            self.observer.acquired(lease, lease.acquired_at - started)
+
+    def _retry_delay(self, now: float, deadline: float | None) -> float:
+        """Seconds until the next try: ``retry_delay`` ± 50 % jitter, never past ``deadline``."""
+        delay = self.retry_delay * random.uniform(0.5, 1.5)
+        return delay if deadline is None else min(delay, deadline - now)
+
+    def _validity(self, ttl: float, elapsed: float) -> float:
+        """Seconds a lease of ``ttl`` seconds is good for after a round of ``elapsed`` seconds:
+        the Redlock validity, ``ttl - elapsed - (ttl * drift_factor + 2 ms)``."""
+        return ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
+
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
         our place to lapse."""
-        command = _LEAVE.command(
-            (key, key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True
-        )
+        command = _leave_command(key, waiter)
         connections.post([command] * len(self.addresses), 1, len(self.addresses))
 
     def _acquire_arguments(
@@ -911,7 +936,7 @@ class LockManager:
             # landed, and nobody will release them.
             self._forget(connections, key, token, None)
             raise
-        validity = ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
+        validity = self._validity(ttl, elapsed)
         granted = exchange.yes
         results = exchange.results
         if granted >= quorum and validity > 0:
@@ -974,8 +999,26 @@ class LockManager:
         exchange = connections.run(
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum
         )
-        results = exchange.results
-        deleted = exchange.yes
+        self._judge_release(lease, exchange.results, exchange.yes, expired)
+
+    def _not_extended(self, lease: Lease, now: float, refused: int, results: list[Any]) -> str:
+        """Why an extend round failed (sync and asyncio alike), for ``LockLost``."""
+        if now >= lease._expires_at:
+            return "the lease expired while it was being extended"
+        return (
+            f"not extended on {refused} of {len(self.addresses)} nodes, a quorum needs "
+            f"{self.quorum} ({_summarise(self.addresses, results, self.node_timeout)})"
+        )
+
+    def _judge_release(self, lease: Lease, results: list[Any], deleted: int, expired: bool) -> None:
+        """Report a release round (sync and asyncio alike): ``results`` per node, ``deleted``
+        the nodes that held the key, ``expired`` whether the lease had run out before it.
+
+        Raises:
+            LockLost: the lease had expired, or too many nodes no longer held it.
+        """
+        size = len(self.addresses)
+        quorum = self.quorum
         gone = sum(1 for reply in results if reply == 0)
         if self.observer is not None:
             self.observer.released(lease, self._clock() - lease.acquired_at)
@@ -1013,20 +1056,14 @@ class LockManager:
         now = self._clock()
         results = exchange.results
         extended = exchange.yes
-        validity = lease.ttl - (now - start) - (lease.ttl * self.drift_factor + _DRIFT_MILLIS)
+        validity = self._validity(lease.ttl, now - start)
         if extended >= quorum and now < lease._expires_at and validity > 0:
             lease._expires_at = start + validity + (now - start)
             logger.debug("extended %r on %d/%d nodes", lease.name, extended, size)
             if self.observer is not None:
                 self.observer.extended(lease, validity)
             return validity
-        if now >= lease._expires_at:
-            reason = "the lease expired while it was being extended"
-        else:
-            reason = (
-                f"not extended on {exchange.no} of {size} nodes, a quorum needs {quorum} "
-                f"({_summarise(self.addresses, results, self.node_timeout)})"
-            )
+        reason = self._not_extended(lease, now, exchange.no, results)
         lease._mark_lost(reason)
         # Best effort: free the keys we may still hold so the next holder need not wait.
         self._forget(connections, lease.key, lease.token, None)

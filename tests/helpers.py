@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -36,3 +38,14 @@ class FakeClock:
 def node_client(node: LocalNode) -> redis.Redis:
     """A plain redis-py client to inspect or prepare one node (never retries)."""
     return redis.Redis.from_url(node.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+
+
+def queued_on_a_majority(cluster: Iterable[LocalNode], name: str, length: int) -> bool:
+    """The line of lock ``name`` (prefix ``redlock:``) has ``length`` places on a majority of
+    the nodes. One node alone can lag: a lease may hold a quorum without it, and a try may be
+    granted there."""
+    counts = []
+    for node in cluster:
+        with node_client(node) as client:
+            counts.append(int(client.zcard(f"redlock:{name}\x00q")))
+    return sum(count == length for count in counts) > len(counts) // 2

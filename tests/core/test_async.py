@@ -9,7 +9,7 @@ import pytest
 
 from django_redlock import LockContended, LockLost, LockManager, QuorumUnreachable
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
-from tests.helpers import node_client
+from tests.helpers import node_client, queued_on_a_majority
 
 
 def run(coroutine):
@@ -157,16 +157,6 @@ def test_a_task_cancelled_during_acquire_leaves_no_key_behind(cluster3):
 
 
 SLOW_POLL = 10.0  # only a release notification can wake these waiters within the test's time
-
-
-def queued_on_a_majority(cluster, name: str, length: int) -> bool:
-    """The line of ``name`` has ``length`` places on a majority of the nodes (one node alone
-    can lag: a lease may hold a quorum without it, and a try may be granted there)."""
-    counts = []
-    for node in cluster:
-        with node_client(node) as client:
-            counts.append(int(client.zcard(f"redlock:{name}\x00q")))
-    return sum(count == length for count in counts) > len(counts) // 2
 
 
 async def queued(cluster, name: str, length: int) -> None:

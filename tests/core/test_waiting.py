@@ -9,7 +9,7 @@ import time
 import warnings
 
 from django_redlock import LockContended, LockManager
-from tests.helpers import node_client
+from tests.helpers import node_client, queued_on_a_majority
 
 # The poll fallback of these waiters is 10 s (retry_delay): only a release notification can
 # wake them within the few seconds the tests allow.
@@ -20,16 +20,6 @@ PROMPT = 5.0
 def line_length(cluster, name: str) -> int:
     with node_client(cluster[0]) as client:
         return int(client.zcard(f"redlock:{name}\x00q"))
-
-
-def queued_on_a_majority(cluster, name: str, length: int) -> bool:
-    """The line of ``name`` has ``length`` places on a majority of the nodes. (One node alone
-    can lag: a lease may hold a quorum without it, and a try may be granted there.)"""
-    counts = []
-    for node in cluster:
-        with node_client(node) as client:
-            counts.append(int(client.zcard(f"redlock:{name}\x00q")))
-    return sum(count == length for count in counts) > len(counts) // 2
 
 
 def wait_for(condition, timeout: float = PROMPT) -> None:
