@@ -27,6 +27,7 @@ from django_redlock.exceptions import (
 from django_redlock.redlock import Lease, LockManager
 
 if TYPE_CHECKING:
+    from django_redlock.aredlock import AsyncLease, AsyncLockManager
     from django_redlock.conf import get_manager
     from django_redlock.decorators import LockedViewMixin, locked_command, locked_view
     from django_redlock.locks import alock_for, lock_for
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncLease",
+    "AsyncLockManager",
     "FencingUnavailable",
     "Lease",
     "LeaseReleased",
@@ -56,6 +59,9 @@ __all__ = [
 
 # Django-facing names, imported lazily so that `import django_redlock` works without Django.
 _LAZY: dict[str, str] = {
+    # The asyncio core imports no Django either; lazy only so `import django_redlock` stays cheap.
+    "AsyncLockManager": "django_redlock.aredlock",
+    "AsyncLease": "django_redlock.aredlock",
     "get_manager": "django_redlock.conf",
     "lock_for": "django_redlock.locks",
     "alock_for": "django_redlock.locks",

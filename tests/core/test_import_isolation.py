@@ -24,7 +24,7 @@ def test_core_runs_without_django(cluster3):
 
         sys.meta_path.insert(0, NoDjango())
         import django_redlock
-        from django_redlock import LockManager, LockContended
+        from django_redlock import AsyncLease, AsyncLockManager, LockContended, LockManager
         from django_redlock.localnodes import LocalCluster
 
         manager = LockManager({cluster3.urls!r})
