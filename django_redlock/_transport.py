@@ -42,8 +42,10 @@ from django_redlock._resp import Reader, ReplyError, encode_command, encode_part
 __all__ = [
     "PENDING",
     "TIMED_OUT",
+    "UNIDENTIFIED",
     "Command",
     "ConnectionSet",
+    "Hello",
     "NodeError",
     "Script",
     "ThreadConnections",
@@ -89,9 +91,13 @@ class Script:
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
 
-    def evalsha(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
+    def evalsha(
+        self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int], trailing: int = 0
+    ) -> bytes:
+        """EVALSHA of ``keys`` and ``args``; ``trailing`` more arguments are counted in the
+        header but left for the sender to append (see ``ConnectionSet.post(identify=True)``)."""
         parts = (len(keys), *keys, *args)
-        return b"*%d\r\n" % (len(parts) + 2) + self._evalsha_head + encode_parts(parts)
+        return b"*%d\r\n" % (len(parts) + 2 + trailing) + self._evalsha_head + encode_parts(parts)
 
     def head(self, keys: int, arguments: int) -> str:
         """The text that starts ``EVALSHA <sha> <keys>`` for ``keys`` keys and ``arguments``
@@ -170,6 +176,50 @@ class _Exchange:
 # Slot indexes below zero are the connection's own set-up commands.
 _LOGIN = -1  # AUTH / SELECT: an error reply makes the connection useless
 _PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under ACLs)
+_RUN_ID = -3  # INFO server: which server process this connection reached
+_PERSISTENCE = -4  # CONFIG GET append*: whether that process is durable
+_QUARANTINE = -5  # HGET <marker> q: the longest quarantine the node has seen
+
+
+def _bulk(text: str) -> bytes:
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+UNIDENTIFIED = _bulk("") + _bulk("")
+"""The identity of a connection whose process is not known yet: the run_id and persistence
+arguments that a command sent with ``identify=True`` ends with (see ``scripts/acquire.lua``)."""
+
+
+class Hello:
+    """What a new connection asks the node right after its login, pipelined (no round trip).
+
+    Its server process (``INFO server``: run_id) and persistence (``CONFIG GET append*``) make
+    the connection's identity, which ends every command posted with ``identify=True``; the
+    node's longest quarantine (``HGET <marker> q``) goes to ``on_quarantine(node label, ms)``
+    (0 when the node has none).
+    """
+
+    __slots__ = ("marker", "on_quarantine")
+
+    def __init__(self, marker: str, on_quarantine: Callable[[str, int], None]) -> None:
+        self.marker = marker
+        self.on_quarantine = on_quarantine
+
+
+def persistence_hint(config: object) -> str:
+    """The persistence argument of ``scripts/node_rule.lua`` from a ``CONFIG GET append*``
+    reply (a flat name/value list), or from the error that refused it."""
+    if not isinstance(config, list):
+        return "CONFIG GET refused"
+    values = {
+        bytes(name).decode(errors="replace"): bytes(value).decode(errors="replace")
+        for name, value in zip(config[::2], config[1::2], strict=False)
+    }
+    if values.get("appendonly") != "yes":
+        return "appendonly no"
+    fsync = values.get("appendfsync", "unknown")
+    return "always" if fsync == "always" else f"appendfsync {fsync}"
 
 
 # One reply a connection still expects: (exchange or None, node index or _LOGIN/_PRELOAD,
@@ -181,9 +231,16 @@ class _Connection:
     """A non-blocking socket to one node, with its write buffer and expected replies."""
 
     def __init__(
-        self, address: NodeAddress, clock: Callable[[], float], preload: Sequence[Script] = ()
+        self,
+        address: NodeAddress,
+        clock: Callable[[], float],
+        preload: Sequence[Script] = (),
+        hello: Hello | None = None,
     ) -> None:
         self.address = address
+        # The run_id and persistence arguments for `identify=True` commands (see Hello).
+        self.identity = UNIDENTIFIED
+        self.run_id = ""
         self.tls = address.tls
         self.clock = clock
         self.created = clock()
@@ -200,7 +257,7 @@ class _Connection:
             except NodeError:
                 self.sock.close()
                 raise
-        self._queue_login(preload)
+        self._queue_login(preload, hello)
 
     def _open(self) -> socket.socket:
         """Start a non-blocking connect; TLS is layered on once TCP is up (see flush).
@@ -240,7 +297,7 @@ class _Connection:
             raise NodeError(f"TLS set-up failed: {exc}") from None
         self.tls_handshaking = True
 
-    def _queue_login(self, preload: Sequence[Script]) -> None:
+    def _queue_login(self, preload: Sequence[Script], hello: Hello | None) -> None:
         address = self.address
         if address.password is not None:
             login: tuple[bytes | str, ...] = (address.password,)
@@ -256,6 +313,25 @@ class _Connection:
         for script in preload:
             self.out += encode_command(b"SCRIPT", b"LOAD", script.source)
             self.slots.append((None, _PRELOAD, None))
+        if hello is not None:
+            self.out += encode_command(b"INFO", b"server")
+            self.slots.append((None, _RUN_ID, None))
+            self.out += encode_command(b"CONFIG", b"GET", b"append*")
+            self.slots.append((None, _PERSISTENCE, None))
+            self.out += encode_command(b"HGET", hello.marker, b"q")
+            self.slots.append((None, _QUARANTINE, None))
+
+    def learn(self, kind: int, reply: object) -> None:
+        """Take in the reply to one of :meth:`_queue_login`'s hello commands."""
+        if kind == _RUN_ID:
+            text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
+            start = text.find("run_id:")
+            if start >= 0:
+                self.run_id = text[start + 7 : start + 47]
+        elif kind == _PERSISTENCE:
+            # The identity is complete (INFO came first on this connection): from now on the
+            # node can take the acquire hot path for this connection.
+            self.identity = _bulk(self.run_id) + _bulk(persistence_hint(reply))
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -388,6 +464,7 @@ class ConnectionSet:
         max_outstanding: replies a node may owe before it is skipped without sending.
         stall_reset: seconds a node may owe a reply before its connection is replaced.
         preload: scripts loaded (SCRIPT LOAD) on every new connection.
+        hello: what every new connection asks the node after its login (see :class:`Hello`).
     """
 
     def __init__(
@@ -398,9 +475,11 @@ class ConnectionSet:
         max_outstanding: int,
         stall_reset: float,
         preload: Sequence[Script] = (),
+        hello: Hello | None = None,
     ) -> None:
         self.addresses = tuple(addresses)
         self.preload = tuple(preload)
+        self.hello = hello
         self.clock = clock
         self.max_outstanding = max_outstanding
         self.stall_reset = stall_reset
@@ -495,7 +574,7 @@ class ConnectionSet:
                     elif len(conn.slots) >= self.max_outstanding:
                         raise NodeError(f"stalled: {len(conn.slots)} replies outstanding")
         if conn is None:
-            conn = _Connection(self.addresses[index], self.clock, self.preload)  # may raise
+            conn = _Connection(self.addresses[index], self.clock, self.preload, self.hello)
             self.connections[index] = conn
             fd = conn.fileno()
             self.by_fd[index] = fd
@@ -523,6 +602,12 @@ class ConnectionSet:
                     # AUTH or SELECT was refused: the connection is useless.
                     self._drop(index, f"login refused: {reply}")
                     return
+                if slot_index == _QUARANTINE:
+                    if self.hello is not None and (reply is None or isinstance(reply, bytes)):
+                        ms = int(reply) if reply and reply.isdigit() else 0
+                        self.hello.on_quarantine(conn.address.label, ms)
+                elif slot_index < _PRELOAD:
+                    conn.learn(slot_index, reply)
                 continue
             if exchange.closed and (fallback is None or not fallback.when_over):
                 continue
@@ -547,8 +632,11 @@ class ConnectionSet:
         yes_value: object = None,
         need: int = 0,
         give_up: int | None = None,
+        identify: bool = False,
     ) -> _Exchange:
         """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
+        With ``identify``, each command is completed with its connection's identity (two
+        more arguments, see :class:`Hello`; :data:`UNIDENTIFIED` until the node answered).
 
         Returns the exchange whose results fill in as replies are read; a reply equal to
         ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes or at more
@@ -581,7 +669,8 @@ class ConnectionSet:
                     continue
             exchange.pending += 1
             try:
-                conn.send(command[0], (exchange, index, command[1]), now)
+                data = command[0] + conn.identity if identify else command[0]
+                conn.send(data, (exchange, index, command[1]), now)
             except NodeError as exc:
                 # Records the error for this slot (and any other still owed) on this node.
                 self._drop(index, str(exc))
@@ -641,9 +730,10 @@ class ConnectionSet:
         yes_value: object,
         need: int,
         give_up: int | None = None,
+        identify: bool = False,
     ) -> _Exchange:
         """:meth:`post` then :meth:`wait`: one round trip to every node."""
-        return self.wait(self.post(commands, yes_value, need, give_up), deadline)
+        return self.wait(self.post(commands, yes_value, need, give_up, identify), deadline)
 
 
 class ThreadConnections:

@@ -36,6 +36,7 @@ from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import (
     TIMED_OUT,
+    UNIDENTIFIED,
     Command,
     NodeError,
     new_waiter_id,
@@ -629,6 +630,10 @@ class AsyncLockManager:
         size = len(sync.addresses)
         attempts = 0
         listening = False
+        if len(sync._quarantine.heard) < sync.quorum:
+            # Learn the nodes' longest quarantine before the first acquire (on a worker
+            # thread's sync connections: once per manager).
+            await asyncio.to_thread(sync._first_contact)
         if waiter:
             subscriber.register(waiter)  # from now on a release naming us is kept
         try:
@@ -636,8 +641,11 @@ class AsyncLockManager:
                 attempts += 1
                 token = secrets.token_hex(20)
                 command = _acquire_command(
-                    key, token, ttl_ms, owner, sync._quarantine_ms, waiter, ticket, lifetime_ms
+                    key, token, ttl_ms, owner, sync._quarantine.ms, waiter, ticket, lifetime_ms
                 )
+                # This transport does not name its connections' server processes: each node
+                # checks itself (INFO server) on every acquire (scripts/node_rule.lua).
+                command = (command[0] + UNIDENTIFIED, command[1])
                 start = sync._clock()
                 try:
                     results, granted, _ = await connections.run(

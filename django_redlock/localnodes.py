@@ -29,8 +29,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from django_redlock._nodes import parse_node
 from django_redlock._resp import encode_command
-from django_redlock.redlock import EPOCH_KEY
+from django_redlock.operators import declare_fresh
 
 __all__ = ["SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
 
@@ -224,10 +225,11 @@ class LocalNode:
         raise RuntimeError(f"{self.name} ({self.binary}) did not start; log tail:\n{log}")
 
     def declare_fresh(self) -> None:
-        """Mark the node's data as new, not lost: it votes at once (no restart quarantine)."""
-        reply = _command(self._address(), 5.0, "SET", EPOCH_KEY, "0", password=self.password)
-        if reply != b"+OK\r\n":
-            raise RuntimeError(f"{self.name}: could not declare it fresh: {reply!r}")
+        """Declare the node's current process fresh: it votes at once (no restart quarantine)
+        until it restarts (see :func:`django_redlock.operators.declare_fresh`)."""
+        (done,) = declare_fresh([parse_node(self.url)], timeout=5.0)
+        if not done.declared:
+            raise RuntimeError(f"{self.name}: could not declare it fresh: {done.detail}")
 
     def _signal(self, signum: int) -> None:
         if not self.running:

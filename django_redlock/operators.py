@@ -10,18 +10,45 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
+from django_redlock._nodes import NodeAddress
+from django_redlock._transport import persistence_hint
 from django_redlock.health import client_for
-from django_redlock.redlock import _HOLDER, EPOCH_KEY
+from django_redlock.redlock import _DECLARE_FRESH, _HOLDER, _NODE_STATE, NODE_KEY
 
 if TYPE_CHECKING:
     from django_redlock.redlock import LockManager
 
-__all__ = ["LockInfo", "LockListing", "NodeStatus", "Report", "list_locks", "status"]
+__all__ = [
+    "Declaration",
+    "LockInfo",
+    "LockListing",
+    "NodeStatus",
+    "Report",
+    "declare_fresh",
+    "list_locks",
+    "status",
+]
+
+
+_T = TypeVar("_T")
+_Item = TypeVar("_Item")
+
+
+def _each_node(items: Sequence[_Item], probe: Callable[[_Item], _T]) -> list[_T]:
+    """``probe`` on every node's item at once (a thread each), in order: a stopped or paused
+    node costs one timeout for the whole call, not one per node."""
+    if len(items) <= 1:
+        return [probe(item) for item in items]
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        return list(pool.map(probe, items))
+
 
 _GLOB = str.maketrans({char: "\\" + char for char in "*?[]\\"})
 
@@ -152,13 +179,15 @@ class NodeStatus:
     persistence: str | None = None
     clock_offset_ms: float | None = None
     quarantine_left_s: float | None = None
+    vote: str = "down"
+    vote_detail: str = ""
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
     @property
     def votes(self) -> bool:
-        """Whether this node can vote for a lock right now."""
-        return self.reachable and not self.problems and not self.quarantine_left_s
+        """Whether this node can vote for a lock right now (by the acquire script's rule)."""
+        return self.reachable and not self.problems and self.vote == "votes"
 
 
 @dataclass(frozen=True)
@@ -208,8 +237,52 @@ def _scripts_denied(client: redis.Redis, prefix: str) -> str | None:
     return None
 
 
-def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
-    label = address.label
+def _node_rule(client: redis.Redis, quarantine_ms: int, persistence: str) -> tuple[str, str, float]:
+    """The node's verdict by ``scripts/node_rule.lua``, the rule the acquire script applies:
+    ("votes", why, 0) or ("quarantined", the refusal text, seconds until it votes or -1)."""
+    verdict, detail, left, _ = _run_script(
+        client, _NODE_STATE, (NODE_KEY,), (quarantine_ms, persistence)
+    )
+    return verdict.decode(), detail.decode(errors="replace"), int(left) / 1000
+
+
+def _run_script(client: redis.Redis, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    """EVALSHA, or EVAL when the node does not have the script yet."""
+    try:
+        return client.evalsha(script.sha.decode(), len(keys), *keys, *args)
+    except redis.exceptions.NoScriptError:
+        return client.eval(script.source.decode(), len(keys), *keys, *args)
+
+
+def _persistence(client: redis.Redis) -> str:
+    """The node's persistence as ``scripts/node_rule.lua`` takes it (CONFIG GET append*)."""
+    try:
+        reply = client.config_get("append*")
+    except redis.RedisError:  # CONFIG is often denied by ACLs
+        return persistence_hint(None)
+    # redis-py answers with a dict (names to values).
+    return persistence_hint([_bytes(item) for pair in dict(reply).items() for item in pair])
+
+
+def _bytes(value: object) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
+@dataclass
+class _Seen:
+    """What the first pass over a node found (the verdict needs every node's quarantine)."""
+
+    info: dict[str, Any]
+    latency: float
+    offset: float
+    persistence: str
+    quarantine_ms: int
+    denied: str | None
+
+
+def _look(address: NodeAddress, manager: LockManager, timeout: float) -> _Seen | str:
+    """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
+    could not be read."""
     try:
         with client_for(address, timeout) as client:
             started = time.perf_counter()
@@ -219,18 +292,31 @@ def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
             local_before = time.time()
             seconds, micros = client.time()
             local_after = time.time()
-            marker = client.get(EPOCH_KEY)
-            try:
-                fsync = client.config_get("appendfsync").get("appendfsync")
-            except redis.RedisError:  # CONFIG is often denied by ACLs
-                fsync = None
+            persistence = _persistence(client)
+            stored = client.hget(NODE_KEY, "q")
             denied = _scripts_denied(client, manager.key_prefix)
     except redis.RedisError as exc:
-        return NodeStatus(node=label, reachable=False, problems=[str(exc) or type(exc).__name__])
+        return str(exc) or type(exc).__name__
+    offset = (seconds + micros / 1e6 - (local_before + local_after) / 2) * 1000
+    quarantine = int(stored) if stored and stored.isdigit() else 0
+    return _Seen(info, latency, offset, persistence, quarantine, denied)
 
+
+def _judge(
+    address: NodeAddress,
+    seen: _Seen | str,
+    manager: LockManager,
+    quarantine_ms: int,
+    timeout: float,
+) -> NodeStatus:
+    """Second pass: the node's verdict by the acquire script's own rule, and its warnings."""
+    label = address.label
+    if isinstance(seen, str):
+        return NodeStatus(node=label, reachable=False, vote="down", problems=[seen])
+    info = seen.info
     problems: list[str] = []
-    if denied:
-        problems.append(denied)
+    if seen.denied:
+        problems.append(seen.denied)
     warnings: list[str] = []
     role = str(info.get("role", "unknown"))
     if role != "master":
@@ -241,29 +327,26 @@ def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
     policy = str(info.get("maxmemory_policy", "noeviction"))
     if maxmemory and policy != "noeviction":
         warnings.append(f"maxmemory-policy is {policy}: lock keys can be evicted; use noeviction")
-    aof = bool(int(info.get("aof_enabled", 0) or 0))
-    persistence = f"aof, appendfsync {fsync or 'unknown'}" if aof else "no aof"
-    if persistence != "aof, appendfsync always":
+    if seen.persistence != "always":
         warnings.append(
-            "restarts lose its locks: after one it is quarantined for max_ttl "
-            f"({manager.max_ttl:g} s) before it votes again"
+            f"not proven durable ({seen.persistence}): after a restart it is quarantined for "
+            f"{quarantine_ms / 1000:g} s (the longest lease any client may take) before it votes"
         )
-    node_now = seconds + micros / 1e6
-    offset = (node_now - (local_before + local_after) / 2) * 1000
-    if abs(offset) > 500:
-        warnings.append(f"clock differs from this host's by {offset:.0f} ms")
-    quarantine: float | None = None
-    if marker is None:
-        warnings.append("has no restart marker: its next vote starts a quarantine")
-    else:
-        age = node_now * 1000 - int(marker)
-        left = manager.max_ttl * 1000 - age
-        quarantine = max(0.0, left / 1000)
+    if abs(seen.offset) > 500:
+        warnings.append(f"clock differs from this host's by {seen.offset:.0f} ms")
+    vote, detail, left = "down", "", 0.0
+    if not seen.denied:
+        try:
+            with client_for(address, timeout) as client:
+                vote, detail, left = _node_rule(client, quarantine_ms, seen.persistence)
+        except redis.RedisError as exc:
+            return NodeStatus(node=label, reachable=False, problems=[str(exc) or "no answer"])
     server = "valkey" if "valkey_version" in info else "redis"
+    aof = bool(int(info.get("aof_enabled", 0) or 0))
     return NodeStatus(
         node=label,
         reachable=True,
-        latency_ms=round(latency, 3),
+        latency_ms=round(seen.latency, 3),
         server=server,
         version=str(info.get("valkey_version") or info.get("redis_version") or ""),
         role=role,
@@ -271,17 +354,33 @@ def _probe(address: Any, manager: LockManager, timeout: float) -> NodeStatus:
         uptime_s=int(info.get("uptime_in_seconds", 0) or 0),
         maxmemory=maxmemory,
         maxmemory_policy=policy,
-        persistence=persistence,
-        clock_offset_ms=round(offset, 1),
-        quarantine_left_s=round(quarantine, 3) if quarantine else 0.0,
+        persistence="aof, appendfsync always"
+        if seen.persistence == "always"
+        else (seen.persistence if aof or seen.persistence != "appendonly no" else "no aof"),
+        clock_offset_ms=round(seen.offset, 1),
+        quarantine_left_s=round(left, 3) if vote == "quarantined" else 0.0,
+        vote=vote,
+        vote_detail=detail if vote == "quarantined" else f"votes ({detail})",
         problems=problems,
         warnings=warnings,
     )
 
 
 def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
-    """Probe every node (bounded by ``timeout`` per command) and judge the quorum."""
-    nodes = [_probe(address, manager, timeout) for address in manager.addresses]
+    """Probe every node at once (bounded by ``timeout`` per command) and judge the quorum.
+
+    Each node's verdict comes from the rule the acquire script applies, with the longest
+    quarantine any node reports (as a manager that contacts them uses).
+    """
+    addresses = manager.addresses
+    seen = _each_node(addresses, lambda address: _look(address, manager, timeout))
+    quarantine = max(
+        [manager._quarantine.ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
+    )
+    nodes = _each_node(
+        list(zip(addresses, seen, strict=True)),
+        lambda pair: _judge(pair[0], pair[1], manager, quarantine, timeout),
+    )
     by_run_id: dict[str, str] = {}
     for node in nodes:
         if node.run_id:
@@ -292,3 +391,53 @@ def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
             by_run_id.setdefault(node.run_id, node.node)
     voting = sum(1 for node in nodes if node.votes)
     return Report(nodes=nodes, quorum=manager.quorum, voting=voting)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """What :func:`declare_fresh` did on one node.
+
+    Attributes:
+        node: the node's label (URL without password).
+        declared: the node's current process now votes at once.
+        run_id: the server process declared (None when the node was not reached).
+        uptime_s: how long that process had been up, in seconds.
+        detail: a sentence for operators.
+    """
+
+    node: str
+    declared: bool
+    run_id: str | None = None
+    uptime_s: int | None = None
+    detail: str = ""
+
+
+def _declare(address: NodeAddress, timeout: float) -> Declaration:
+    label = address.label
+    try:
+        with client_for(address, timeout) as client:
+            info = client.info("server")
+            run_id = str(info.get("run_id", ""))
+            uptime = int(info.get("uptime_in_seconds", 0) or 0)
+            _run_script(client, _DECLARE_FRESH, (NODE_KEY,), (run_id,))
+    except redis.RedisError as exc:
+        return Declaration(label, False, detail=f"not declared: {str(exc) or type(exc).__name__}")
+    return Declaration(
+        label,
+        True,
+        run_id,
+        uptime,
+        f"declared fresh: process {run_id[:8]} (up {uptime} s) votes at once; "
+        "any restart of it is judged again",
+    )
+
+
+def declare_fresh(addresses: Sequence[NodeAddress], *, timeout: float = 1.0) -> list[Declaration]:
+    """Declare the current server process of each node fresh: it votes at once, with no
+    restart quarantine, until it restarts (the declaration names its run_id, see
+    ``scripts/declare_fresh.lua``). All nodes at once; never raises for node failures.
+
+    Only for brand-new nodes or nodes shut down cleanly with their data: on a node that lost
+    locks whose leases still run, it allows a double grant.
+    """
+    return _each_node(list(addresses), lambda address: _declare(address, timeout))

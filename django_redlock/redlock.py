@@ -39,13 +39,14 @@ from typing import Any, Protocol
 # Relative imports: the core's only imports from this package are its own Django-free
 # modules (a test proves no Django module is ever imported).
 from . import _extender
-from ._nodes import NodeAddress, parse_nodes
+from ._nodes import NodeAddress, parse_node, parse_nodes
 from ._process import current_pid
 from ._transport import (
     TIMED_OUT,
     Command,
     ConnectionSet,
     Fallback,
+    Hello,
     NodeError,
     Script,
     ThreadConnections,
@@ -56,6 +57,7 @@ from .exceptions import (
     LockLost,
     LockNotAcquired,
     QuorumUnreachable,
+    RedlockError,
 )
 
 __all__ = [
@@ -63,9 +65,9 @@ __all__ = [
     "DEFAULT_NODE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
     "DEFAULT_TTL",
-    "EPOCH_KEY",
     "MAX_NAME_BYTES",
     "MAX_TTL",
+    "NODE_KEY",
     "Lease",
     "LockManager",
 ]
@@ -111,7 +113,9 @@ _ACQUIRE = _script("acquire")
 _RELEASE = _script("release")
 _EXTEND = _script("extend")
 _GRANTED = b"OK"
-_ACQUIRE_HEAD = _ACQUIRE.head(4, 7)
+# Two more arguments end every acquire: the connection's identity, appended per node by the
+# transport (see scripts/acquire.lua and _transport.Hello).
+_ACQUIRE_HEAD = _ACQUIRE.head(4, 9)
 _LEAVE = _script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
 # every lock key (names cannot contain control characters).
@@ -120,10 +124,14 @@ _LAPSE = "\x00e"
 _RELEASE_HEAD = _RELEASE.head(3, 2)
 _EXTEND_HEAD = _EXTEND.head(1, 2)
 
-EPOCH_KEY = "\x00django_redlock:epoch"
-"""Each node's restart marker (see ``scripts/acquire.lua``). The NUL byte keeps it apart from
-every lock key: lock names cannot contain control characters."""
-_EPOCH_BULK = f"${len(EPOCH_KEY)}\r\n{EPOCH_KEY}\r\n"
+NODE_KEY = "\x00django_redlock:node"
+"""Each node's marker hash (see ``scripts/node_rule.lua``): the server process found fit to
+vote, and the longest quarantine any client declared. The NUL byte keeps it apart from every
+lock key: lock names cannot contain control characters."""
+_NODE_BULK = f"${len(NODE_KEY)}\r\n{NODE_KEY}\r\n"
+_NODE_STATE = _script("node_state")
+_DECLARE_FRESH = _script("declare_fresh")
+_PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
 _HOLDER = _script("holder")
 _FORCE_RELEASE = _script("force_release")
 
@@ -140,9 +148,10 @@ def _acquire_command(
     ticket: int = 0,
     lifetime_ms: int = 0,
 ) -> Command:
-    keys = (key, EPOCH_KEY, key + _LINE, key + _LAPSE)
+    keys = (key, NODE_KEY, key + _LINE, key + _LAPSE)
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
-    fallback = Fallback(partial(_ACQUIRE.eval, keys, args), False)
+    # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
+    fallback = Fallback(partial(_ACQUIRE.eval, keys, (*args, "", "")), False)
     if key.isascii() and owner.isascii():
         ttl = str(ttl_ms)
         quarantine = str(quarantine_ms)
@@ -150,14 +159,14 @@ def _acquire_command(
         lifetime = str(lifetime_ms)
         size = len(key) + 2
         text = (
-            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_EPOCH_BULK}"
+            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
             f"${size}\r\n{key}{_LINE}\r\n${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n"
             f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
             f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
             f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
         )
         return (text.encode(), fallback)
-    return (_ACQUIRE.evalsha(keys, args), fallback)
+    return (_ACQUIRE.evalsha(keys, args, trailing=2), fallback)
 
 
 def _leave_command(key: str, waiter: str) -> Command:
@@ -442,6 +451,27 @@ class LockObserver(Protocol):
         """An acquire raised ``error`` after ``waited`` seconds."""
 
 
+class _Quarantine:
+    """The restart quarantine a manager sends with every acquire, in milliseconds: its own
+    ``max_ttl``, raised to the longest any node reports (``scripts/node_rule.lua``).
+
+    Shared with the manager's connections, which report each node's value as they connect
+    (:class:`~django_redlock._transport.Hello`), without holding the manager itself.
+    """
+
+    __slots__ = ("heard", "ms")
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+        self.heard: set[str] = set()
+
+    def report(self, node: str, ms: int) -> None:
+        """Node ``node`` has seen quarantines up to ``ms`` (0: none yet)."""
+        self.heard.add(node)
+        if ms > self.ms:
+            self.ms = ms
+
+
 class _LockContext:
     """What :meth:`LockManager.lock` returns: acquires on enter, releases on exit."""
 
@@ -523,7 +553,7 @@ class LockManager:
         )
         if self.ttl > self.max_ttl:
             raise ValueError(f"ttl={ttl!r} is above max_ttl={max_ttl!r}")
-        self._quarantine_ms = math.ceil(self.max_ttl * 1000)
+        self._quarantine = _Quarantine(math.ceil(self.max_ttl * 1000))
         self.quorum = len(self.addresses) // 2 + 1
         self._host = socket.gethostname()
         self._owner_cache: dict[tuple[object, ...], str] = {}
@@ -546,6 +576,7 @@ class LockManager:
                 # the old one is closed), so a half-open socket cannot block it forever.
                 stall_reset=max(1.0, 20 * self.node_timeout),
                 preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE),
+                hello=Hello(NODE_KEY, self._quarantine.report),
             )
         )
 
@@ -680,6 +711,8 @@ class LockManager:
         # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
         # a single try never queues.
         connections = self._connections.get()
+        if len(self._quarantine.heard) < self.quorum:
+            self._first_contact(connections)
         waiter = connections.subscriber.waiter_id() if blocking else ""
         ticket = time.time_ns() // 1000
         lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
@@ -692,7 +725,7 @@ class LockManager:
             # later attempt's key.
             token = secrets.token_hex(20)
             command = _acquire_command(
-                key, token, ttl_ms, owner, self._quarantine_ms, waiter, ticket, lifetime_ms
+                key, token, ttl_ms, owner, self._quarantine.ms, waiter, ticket, lifetime_ms
             )
             lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
             if lease is not None:
@@ -720,6 +753,20 @@ class LockManager:
                 # earlier wait): any release since then was published to us.
                 listening = True
                 connections.subscriber.wait(delay, waiter)
+
+    def _first_contact(self, connections: ConnectionSet | None = None) -> None:
+        """Hear from the nodes before the first acquire: one round trip (bounded by the node
+        timeout), repeated until a quorum has answered once.
+
+        Each new connection learns its node's server process and persistence, and the
+        longest quarantine the node has seen (see ``Hello``): a node that restarted forgot
+        it, so the others must tell this manager before its first acquire reaches that node
+        (``scripts/node_rule.lua``).
+        """
+        size = len(self.addresses)
+        connections = connections or self._connections.get()
+        # Done at a quorum of answers: the rest report as their connections come up.
+        connections.run([_PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
 
     def _adopt(
         self,
@@ -843,20 +890,53 @@ class LockManager:
         logger.warning("force-released %r on %d/%d nodes", name, deleted, size)
         return deleted
 
-    def declare_fresh(self) -> None:
-        """Let every node vote at once, with no restart quarantine.
+    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
+        """Let the current server process of every node (or of ``nodes``, given by label or
+        URL) vote at once, with no restart quarantine, until it restarts.
 
-        Only for brand-new or known-empty nodes (first set-up, test fixtures): on a node that
-        restarted while a lease it granted may still run, this allows a double grant.
+        Only for brand-new nodes, or nodes shut down cleanly with their data: on a node that
+        lost locks whose leases still run, it allows a double grant. The declaration names the
+        node's run_id, so a later restart (empty, from a snapshot) is quarantined again.
+
+        Returns one :class:`~django_redlock.operators.Declaration` per node (what was done).
 
         Raises:
-            NodeError-derived ``redis.RedisError``: a node could not be reached.
+            ValueError: ``nodes`` names a node this manager does not have.
+            RedlockError: a node could not be declared (unreachable, refused).
         """
-        from .health import client_for
+        from .operators import declare_fresh
 
-        for address in self.addresses:
-            with client_for(address, max(self.node_timeout, 1.0)) as client:
-                client.set(EPOCH_KEY, 0)
+        addresses = self._select(nodes)
+        done = declare_fresh(addresses, timeout=max(self.node_timeout, 1.0))
+        failed = [item for item in done if not item.declared]
+        if failed:
+            raise RedlockError("; ".join(f"{item.node}: {item.detail}" for item in failed))
+        return done
+
+    def _select(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
+        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
+
+        Raises:
+            ValueError: a name matches none of them.
+        """
+        if nodes is None:
+            return self.addresses
+        if isinstance(nodes, str):
+            raise TypeError("nodes must be a list of node URLs, not a single str")
+        wanted = list(nodes)
+        picked = []
+        for name in wanted:
+            identity = parse_node(name).identity if "://" in name else None
+            matches = [
+                address
+                for address in self.addresses
+                if address.label == name or address.identity == identity
+            ]
+            if not matches:
+                known = ", ".join(address.label for address in self.addresses)
+                raise ValueError(f"nodes: {name!r} is not one of this manager's nodes ({known})")
+            picked.extend(matches)
+        return tuple(picked)
 
     def holder(self, name: str) -> dict[str, Any] | None:
         """Who holds lock ``name``, from the owner metadata stored with it, or None.
@@ -928,7 +1008,11 @@ class LockManager:
         start = self._clock()
         try:
             exchange = connections.run(
-                [command] * size, time.monotonic() + self.node_timeout, _GRANTED, quorum
+                [command] * size,
+                time.monotonic() + self.node_timeout,
+                _GRANTED,
+                quorum,
+                identify=True,
             )
             elapsed = self._clock() - start
         except BaseException:

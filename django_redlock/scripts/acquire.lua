@@ -1,7 +1,8 @@
 -- Take a Redlock lease on one node.
 --
 -- KEYS[1]  the lock key
--- KEYS[2]  the node's epoch marker (one per node, never expires, never a user lock name)
+-- KEYS[2]  the node's marker hash (one per node, never expires, never a user lock name): the
+--          run_id of the process found fit to vote, and the longest quarantine seen (node_rule.lua)
 -- KEYS[3]  the lock's wait line: a sorted set of waiter ids by ticket (KEYS[1] .. "\0q")
 -- KEYS[4]  when each waiter's place in line lapses, ms on the node's clock (KEYS[1] .. "\0e")
 -- ARGV[1]  the lease token (random, from `secrets`)
@@ -11,6 +12,8 @@
 -- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[6]  the waiter's ticket: the same number on every node (its first try, in µs)
 -- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
+-- ARGV[8]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[9]  the node's persistence as this connection read it (node_rule.lua: 'always', ...)
 --
 -- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has
 -- the same order everywhere, and a free lock goes to the head of the line (a try that jumps
@@ -19,21 +22,13 @@
 -- ours from an earlier attempt of the same acquire, in which case its expiry is reset);
 -- otherwise an integer: the holder's remaining milliseconds, or -1 when the key has no
 -- expiry. A key of another type under our prefix yields a WRONGTYPE error.
--- Returns the error QUARANTINED while the node is within the quarantine after losing its
--- memory (see below): its vote does not count.
---
--- Restart quarantine (the Redis distlock page's "delayed restarts", enforced here so every
--- client agrees, even one started after the crash): a node that restarted without its data
--- forgot the locks it granted, so it must not vote until every lease it may have held has
--- run out. The marker holds the node's own clock (ms) from when it was first seen without
--- the marker; a node whose data survives restarts (appendfsync always) keeps the marker and
--- is never quarantined. Operators declare brand-new nodes fresh by setting the marker to 0.
+-- Returns the error QUARANTINED while the node may have forgotten locks it granted before a
+-- restart (node_rule.lua): its vote does not count.
 --
 -- The lock is a hash (t = token, o = owner) so the owner travels with the key, expires with
 -- it, and is deleted with it: one key per lock per node, nothing to leak.
 -- No `#!lua` shebang: plain EVAL semantics; this script writes, so a full node (OOM) refuses it,
 -- which is the right answer for an acquire.
-local epoch = redis.call('GET', KEYS[2])
 local now = 0
 local function clock()
     if now == 0 then
@@ -42,20 +37,22 @@ local function clock()
     end
     return now
 end
-if epoch ~= '0' then
-    -- Not (or no longer) known fresh: check the quarantine on the node's own clock.
-    if epoch == false then
-        redis.call('SET', KEYS[2], string.format('%d', clock()))
-        epoch = clock()
+
+-- @include node_rule.lua
+-- Hot path: the marker names the process already found fit to vote, and the connection this
+-- command came on named the process it talks to (its run_id, read by the client when it
+-- connected): equal strings, so no INFO call. A connection cannot outlive its server process,
+-- so a marker restored from a snapshot never matches; then node_rule decides.
+local quarantine = tonumber(ARGV[4])
+local marker = redis.call('HMGET', KEYS[2], 'run', 'q')
+if marker[1] ~= ARGV[8] then
+    local refusal = node_rule(KEYS[2], quarantine, ARGV[9], true)
+    if refusal ~= nil then
+        return redis.error_reply(refusal)
     end
-    local age = clock() - tonumber(epoch)
-    if age < tonumber(ARGV[4]) then
-        return redis.error_reply(
-            'QUARANTINED node lost its data ' .. age .. ' ms ago; it votes again in '
-            .. (tonumber(ARGV[4]) - age) .. ' ms')
-    end
-    -- The quarantine is over: mark the node fresh so later acquires skip this check.
-    redis.call('SET', KEYS[2], '0')
+elseif (tonumber(marker[2]) or 0) < quarantine then
+    -- Remember the longest quarantine any client uses (see node_rule.lua).
+    redis.call('HSET', KEYS[2], 'q', ARGV[4])
 end
 
 local waiter = ARGV[5]

@@ -129,6 +129,10 @@ def test_a_task_cancelled_during_acquire_leaves_no_key_behind(cluster3):
     manager = AsyncLockManager(cluster3.urls, node_timeout=5.0)
 
     async def main() -> None:
+        # The manager's first contact with the nodes comes before its first acquire.
+        await (await manager.acquire("warm-up", ttl=10.0)).release()
+        cluster3[1].pause()
+        cluster3[2].pause()
         task = asyncio.create_task(manager.acquire("cancelled", ttl=30.0, blocking=False))
         # The free node has granted it: the attempt is now waiting on the paused ones.
         with node_client(cluster3[0]) as client:
@@ -140,8 +144,6 @@ def test_a_task_cancelled_during_acquire_leaves_no_key_behind(cluster3):
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    cluster3[1].pause()
-    cluster3[2].pause()
     try:
         asyncio.run(main())
     finally:

@@ -9,6 +9,7 @@ import pytest
 
 from django_redlock import redlock
 from django_redlock._resp import PythonReader, ReplyError, encode_command
+from django_redlock._transport import UNIDENTIFIED
 from tests.helpers import node_client
 
 
@@ -19,10 +20,19 @@ def node(cluster3):
 
 
 def acquire(
-    client, key, token, ttl_ms=10_000, owner="{}", quarantine_ms=60_000, waiter="", ticket=0
+    client,
+    key,
+    token,
+    ttl_ms=10_000,
+    owner="{}",
+    quarantine_ms=60_000,
+    waiter="",
+    ticket=0,
+    run_id="",
+    persistence="",
 ):
-    keys = (key, redlock.EPOCH_KEY, key + redlock._LINE, key + redlock._LAPSE)
-    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000)
+    keys = (key, redlock.NODE_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, run_id, persistence)
     return client.eval(redlock._ACQUIRE.source, 4, *keys, *args)
 
 
@@ -80,19 +90,20 @@ def test_hostile_names_are_data_not_code(cluster3):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
             assert client.hget(lease.key, "t") == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        assert client.keys() == [redlock.EPOCH_KEY.encode()]  # no lock key is left
+        assert client.keys() == [redlock.NODE_KEY.encode()]  # no lock key is left
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
-    keys = (key, redlock.EPOCH_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    keys = (key, redlock.NODE_KEY, key + redlock._LINE, key + redlock._LAPSE)
     args = (token, 1500, owner, 60000, "w1", 123, 4000)
+    identity = UNIDENTIFIED  # the transport appends each connection's own
     assert (
-        redlock._acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0]
-        == redlock._ACQUIRE.evalsha(keys, args)
-        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args)
+        redlock._acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0] + identity
+        == redlock._ACQUIRE.evalsha(keys, args, trailing=2) + identity
+        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args, "", "")
     )
     assert redlock._release_command(key, token, "w1")[0] == redlock._RELEASE.evalsha(
         (key, key + redlock._LINE, key + redlock._LAPSE), (token, "w1")
@@ -123,16 +134,61 @@ def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():
     assert len(got) == 10
 
 
-def test_a_node_without_its_marker_is_quarantined_then_votes_again(node):
-    node.delete(redlock.EPOCH_KEY)  # as after a restart without persistence
-    with pytest.raises(Exception, match="QUARANTINED node lost its data 0 ms ago"):
-        acquire(node, "k", "a" * 40, quarantine_ms=60_000)
-    marker = int(node.get(redlock.EPOCH_KEY))
-    assert marker > 0  # the node's own clock when it was first seen empty
-    node.set(redlock.EPOCH_KEY, marker - 60_000)  # ...a quarantine ago
-    assert acquire(node, "k", "a" * 40, quarantine_ms=60_000) == b"OK"
-    node.set(redlock.EPOCH_KEY, 0)  # declared fresh: votes at once
-    assert acquire(node, "k2", "a" * 40, quarantine_ms=60_000) == b"OK"
+FOREVER = 10**12  # a quarantine no node outlives (ms)
+
+
+def run_id_of(client):
+    return client.info("server")["run_id"]
+
+
+def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
+    node.delete(redlock.NODE_KEY)  # as after a restart without persistence
+    with pytest.raises(Exception, match=r"QUARANTINED restarted \d+ s ago and is not proven"):
+        acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="appendonly no")
+    assert node.exists(redlock.NODE_KEY) == 0  # a refusal records nothing
+    # Up longer than the quarantine: votes, and the marker names this process.
+    assert acquire(node, "k", "a" * 40, quarantine_ms=0) == b"OK"
+    assert node.hget(redlock.NODE_KEY, "run") == run_id_of(node).encode()
+    assert node.hget(redlock.NODE_KEY, "why") == b"uptime"
+
+
+def test_a_marker_that_names_another_process_proves_nothing(node):
+    # A marker restored from a snapshot names the process that wrote it, not this one.
+    node.hset(redlock.NODE_KEY, mapping={"run": "f" * 40, "q": "0", "why": "declared"})
+    # A connection to this process names this process (or nothing yet), never the old one.
+    for run_id in ("", run_id_of(node)):
+        with pytest.raises(Exception, match="QUARANTINED"):
+            acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, run_id=run_id)
+    # Declared fresh for this very process: votes at once, even under a long quarantine.
+    node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, run_id_of(node))
+    assert acquire(node, "k", "a" * 40, quarantine_ms=FOREVER) == b"OK"
+
+
+def test_declaring_a_process_that_is_gone_declares_nothing(node):
+    node.delete(redlock.NODE_KEY)
+    with pytest.raises(Exception, match="RESTARTED"):
+        node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, "0" * 40)
+    assert node.exists(redlock.NODE_KEY) == 0
+
+
+def test_durable_persistence_is_checked_on_the_node_itself(node):
+    node.delete(redlock.NODE_KEY)
+    # The client says "always", but INFO persistence on this node shows AOF off.
+    with pytest.raises(Exception, match="AOF is off in INFO persistence"):
+        acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="always")
+
+
+def test_the_longest_quarantine_any_client_sent_is_kept(node):
+    run_id = run_id_of(node)
+    node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, run_id)
+    assert acquire(node, "k1", "a" * 40, quarantine_ms=9_000, run_id=run_id) == b"OK"
+    assert acquire(node, "k2", "a" * 40, quarantine_ms=3_000, run_id=run_id) == b"OK"
+    assert node.hget(redlock.NODE_KEY, "q") == b"9000"
+    # A client with a short quarantine is judged by the longest one stored.
+    node.hset(redlock.NODE_KEY, "run", "f" * 40)  # as if restored into a new process
+    verdict = node.eval(redlock._NODE_STATE.source, 1, redlock.NODE_KEY, 0, "appendonly no")
+    assert verdict[0] in (b"votes", b"quarantined")
+    assert verdict[3] == b"9000"
 
 
 def test_a_free_lock_goes_to_the_head_of_the_line(node):
