@@ -238,9 +238,11 @@ class _Connection:
         hello: Hello | None = None,
     ) -> None:
         self.address = address
-        # The run_id and persistence arguments for `identify=True` commands (see Hello).
+        # The run_id and persistence arguments for `identify=True` commands (see Hello), and
+        # the commands held until they are known (None: not holding).
         self.identity = UNIDENTIFIED
         self.run_id = ""
+        self.held: list[bytes] | None = None if hello is None else []
         self.tls = address.tls
         self.clock = clock
         self.created = clock()
@@ -330,8 +332,11 @@ class _Connection:
                 self.run_id = text[start + 7 : start + 47]
         elif kind == _PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
-            # node can take the acquire hot path for this connection.
+            # node can take the acquire hot path for this connection. The commands held
+            # meanwhile go out now, in order, after the replies that preceded them.
             self.identity = _bulk(self.run_id) + _bulk(persistence_hint(reply))
+            held, self.held = self.held or [], None
+            self.out += b"".join(command + self.identity for command in held)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -341,8 +346,9 @@ class _Connection:
             return select.POLLOUT | _POLL_IN
         return _POLL_IN
 
-    def send(self, command: bytes, slot: _Slot, now: float) -> None:
-        """Queue ``command`` (expecting one reply for ``slot``) and write what the socket takes.
+    def send(self, command: bytes, slot: _Slot, now: float, identify: bool = False) -> None:
+        """Queue ``command`` (expecting one reply for ``slot``) and write what the socket takes;
+        with ``identify``, the connection's identity completes it (see :class:`Hello`).
 
         Raises:
             NodeError: the connection failed.
@@ -350,6 +356,19 @@ class _Connection:
         self.slots.append(slot)
         if self.stalled_since is None:
             self.stalled_since = now
+        if self.held is not None:
+            # Still learning which process this is: hold a command that names it until the
+            # hello replies are in. A command that names nothing is never held: what is held
+            # goes out first, unidentified, so the node applies everything in order (a failed
+            # acquire's clean-up release must follow its SET).
+            if identify:
+                self.held.append(command)
+                return
+            if self.held:
+                self.out += b"".join(held + UNIDENTIFIED for held in self.held)
+                self.held.clear()
+        elif identify:
+            command += self.identity
         if self.out or self.connecting or self.tls_handshaking:
             self.out += command
             self.flush()
@@ -608,6 +627,13 @@ class ConnectionSet:
                         self.hello.on_quarantine(conn.address.label, ms)
                 elif slot_index < _PRELOAD:
                     conn.learn(slot_index, reply)
+                    if conn.out:
+                        try:
+                            conn.flush()
+                        except NodeError as exc:
+                            self._drop(index, str(exc))
+                            return
+                        self.poller.modify(conn.fileno(), conn.events())
                 continue
             if exchange.closed and (fallback is None or not fallback.when_over):
                 continue
@@ -669,8 +695,7 @@ class ConnectionSet:
                     continue
             exchange.pending += 1
             try:
-                data = command[0] + conn.identity if identify else command[0]
-                conn.send(data, (exchange, index, command[1]), now)
+                conn.send(command[0], (exchange, index, command[1]), now, identify)
             except NodeError as exc:
                 # Records the error for this slot (and any other still owed) on this node.
                 self._drop(index, str(exc))

@@ -173,6 +173,11 @@ class LocalNode:
             "no",
             "--dir",
             str(self.directory),
+            # Each node's own snapshot and AOF files: nodes of a cluster share the directory.
+            "--dbfilename",
+            f"{self.name}.rdb",
+            "--appenddirname",
+            f"{self.name}.aof",
             "--logfile",
             str(self.log_path),
             "--daemonize",
@@ -272,8 +277,9 @@ class LocalNode:
         self.paused = False
 
     def restart(self, *, fresh: bool = False) -> None:
-        """Kill and start again on the same address with an empty dataset: by default as a
-        crash looks to the lock (quarantined); ``fresh=True`` declares it fresh instead."""
+        """Kill (SIGKILL, as a crash) and start again on the same address, from whatever its
+        persistence files hold (nothing unless ``extra_args`` turned snapshots or the AOF on).
+        By default the restart rule judges it; ``fresh=True`` declares it fresh instead."""
         self.kill()
         self.start(fresh=fresh)
 
@@ -301,6 +307,8 @@ class LocalCluster:
             removed on :meth:`stop`).
         tcp: TCP ports instead of unix sockets.
         binary: the server executable (default: :func:`server_binary`).
+        fresh: declare each node fresh when it starts (the fast path of test fixtures); False
+            starts them as an operator does, leaving them to the restart rule.
     """
 
     def __init__(
@@ -312,7 +320,9 @@ class LocalCluster:
         binary: str | None = None,
         password: str | None = None,
         extra_args: Sequence[str] = (),
+        fresh: bool = True,
     ) -> None:
+        self.fresh = fresh
         if isinstance(size, bool) or not isinstance(size, int):
             raise TypeError(f"size must be an int, not {type(size).__name__}")
         if size < 1:
@@ -349,7 +359,7 @@ class LocalCluster:
         """Start every node (stopping those already started if one fails)."""
         try:
             for node in self.nodes:
-                node.start()
+                node.start(fresh=self.fresh)
         except BaseException:
             self.stop()
             raise
@@ -368,7 +378,7 @@ class LocalCluster:
             if node.running and node.paused:
                 node.resume()
             elif not node.running:
-                node.start()
+                node.start(fresh=self.fresh)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
