@@ -102,7 +102,9 @@ class ActiveLockAdmin(_ModelAdmin):
                 request, "admin/django_redlock/activelock/change_list.html", context
             )
         report = status(manager)
-        listing = list_locks(manager)
+        listing = list_locks(
+            manager, skip=[node.node for node in report.nodes if not node.reachable]
+        )
         locks = [lock for lock in listing.locks if query.lower() in lock.name.lower()]
         rows = []
         for lock in locks:

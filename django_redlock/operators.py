@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
@@ -92,37 +93,33 @@ class LockListing:
 
 
 def list_locks(
-    manager: LockManager, prefix: str = "", *, limit: int = 1000, timeout: float = 0.25
+    manager: LockManager,
+    prefix: str = "",
+    *,
+    limit: int = 1000,
+    timeout: float = 0.25,
+    skip: Collection[str] = (),
 ) -> LockListing:
-    """Every lock whose name starts with ``prefix``, merged across the nodes.
+    """Every lock whose name starts with ``prefix``, merged across the nodes (all at once).
 
     At most ``limit`` keys are read per node and ``limit`` locks returned (``truncated`` says
-    when more exist).
+    when more exist). Nodes whose label is in ``skip`` (found down a moment ago) are not
+    asked again and count as unreachable.
     """
     pattern = escape_glob(manager.key_prefix + prefix) + "*"
     start = len(manager.key_prefix)
     seen: dict[str, list[tuple[str | None, int]]] = {}
-    truncated = False
     unreachable: list[str] = []
-    for address in manager.addresses:
-        try:
-            with client_for(address, timeout) as client:
-                keys: list[bytes] = []
-                for key in client.scan_iter(match=pattern, count=200):
-                    if b"\x00" in key:  # wait lines, lapse times, the epoch marker
-                        continue
-                    if len(keys) >= limit:
-                        truncated = True
-                        break
-                    keys.append(key)
-                pipe = client.pipeline(transaction=False)
-                for key in keys:
-                    pipe.hget(key, "o")
-                    pipe.pttl(key)
-                replies = pipe.execute(raise_on_error=False)
-        except redis.RedisError:
+    scans = _each_node(
+        manager.addresses,
+        lambda address: None if address.label in skip else _scan(address, pattern, limit, timeout),
+    )
+    truncated = any(scan[2] for scan in scans if scan is not None)
+    for address, scan in zip(manager.addresses, scans, strict=True):
+        if scan is None:
             unreachable.append(address.label)
             continue
+        keys, replies, _ = scan
         for index, key in enumerate(keys):
             owner, pttl = replies[2 * index], replies[2 * index + 1]
             raw = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else None
@@ -135,6 +132,32 @@ def list_locks(
     if len(locks) > limit:  # each node stopped at `limit`, but at different names
         locks, truncated = locks[:limit], True
     return LockListing(locks=locks, truncated=truncated, unreachable=unreachable)
+
+
+def _scan(
+    address: NodeAddress, pattern: str, limit: int, timeout: float
+) -> tuple[list[bytes], list[Any], bool] | None:
+    """One node's lock keys matching ``pattern`` (at most ``limit``), each key's owner and
+    PTTL, and whether more keys were left; None when the node could not be read."""
+    keys: list[bytes] = []
+    truncated = False
+    try:
+        with client_for(address, timeout) as client:
+            for key in client.scan_iter(match=pattern, count=200):
+                if b"\x00" in key:  # wait lines, lapse times, the node marker
+                    continue
+                if len(keys) >= limit:
+                    truncated = True
+                    break
+                keys.append(key)
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hget(key, "o")
+                pipe.pttl(key)
+            replies = pipe.execute(raise_on_error=False)
+    except redis.RedisError:
+        return None
+    return keys, replies, truncated
 
 
 def _merge(name: str, found: list[tuple[str | None, int]], manager: LockManager) -> LockInfo:
@@ -164,7 +187,13 @@ def _merge(name: str, found: list[tuple[str | None, int]], manager: LockManager)
 
 @dataclass(frozen=True)
 class NodeStatus:
-    """One node's health for operators; ``problems`` are errors, ``warnings`` are not."""
+    """One node's health for operators; ``problems`` are errors, ``warnings`` are not.
+
+    ``vote`` is "votes", "quarantined" or "down", by the rule the acquire script applies
+    (``scripts/node_rule.lua``); ``vote_detail`` says why (for a quarantined node, the very
+    text an acquire it refuses reports); ``votes_at`` is when a quarantined node votes again
+    (epoch seconds; None when it cannot tell or already votes).
+    """
 
     node: str
     reachable: bool
@@ -181,8 +210,14 @@ class NodeStatus:
     quarantine_left_s: float | None = None
     vote: str = "down"
     vote_detail: str = ""
+    votes_at: float | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def votes_again(self) -> datetime | None:
+        """``votes_at`` as an aware UTC datetime (for pages)."""
+        return None if self.votes_at is None else datetime.fromtimestamp(self.votes_at, UTC)
 
     @property
     def votes(self) -> bool:
@@ -359,6 +394,7 @@ def _judge(
         else (seen.persistence if aof or seen.persistence != "appendonly no" else "no aof"),
         clock_offset_ms=round(seen.offset, 1),
         quarantine_left_s=round(left, 3) if vote == "quarantined" else 0.0,
+        votes_at=time.time() + left if vote == "quarantined" and left >= 0 else None,
         vote=vote,
         vote_detail=detail if vote == "quarantined" else f"votes ({detail})",
         problems=problems,

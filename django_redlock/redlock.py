@@ -906,14 +906,14 @@ class LockManager:
         """
         from .operators import declare_fresh
 
-        addresses = self._select(nodes)
+        addresses = self.addresses_of(nodes)
         done = declare_fresh(addresses, timeout=max(self.node_timeout, 1.0))
         failed = [item for item in done if not item.declared]
         if failed:
             raise RedlockError("; ".join(f"{item.node}: {item.detail}" for item in failed))
         return done
 
-    def _select(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
+    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
         """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
 
         Raises:

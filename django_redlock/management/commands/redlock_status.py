@@ -1,7 +1,9 @@
 """``manage.py redlock_status [--json] [--prefix P]``: node health, quorum, active locks.
 
-Exit status 0 when a quorum of nodes can vote, 1 otherwise, so it serves as a health check.
-Bounded by the per-command timeout on every node: a stopped node never hangs it.
+Exit status 0 when a quorum of nodes can vote now, 1 otherwise, so it serves as a health
+check. Each node's verdict (votes / quarantined until T / down) comes from the rule the
+acquire script applies. The nodes are probed at once, so the command is bounded by about one
+``--timeout`` whatever number of nodes is stopped or paused.
 
 The ``--json`` output is a stable schema::
 
@@ -11,6 +13,8 @@ The ``--json`` output is a stable schema::
                 "run_id": str|null, "uptime_s": int|null, "maxmemory": int|null,
                 "maxmemory_policy": str|null, "persistence": str|null,
                 "clock_offset_ms": float|null, "quarantine_left_s": float|null,
+                "vote": "votes"|"quarantined"|"down", "vote_detail": str,
+                "votes_at": float|null (epoch seconds),
                 "problems": [str], "warnings": [str]}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...}}],
@@ -25,6 +29,7 @@ from __future__ import annotations
 import json
 from argparse import ArgumentParser
 from dataclasses import asdict
+from datetime import datetime
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -53,7 +58,8 @@ class Command(BaseCommand):
         except ImproperlyConfigured as exc:
             raise CommandError(f"REDLOCK is not usable: {exc}") from None
         report = status(manager, timeout=timeout)
-        listing = list_locks(manager, prefix, timeout=timeout)
+        down = [node.node for node in report.nodes if not node.reachable]
+        listing = list_locks(manager, prefix, timeout=timeout, skip=down)
         if json:
             payload = report.as_dict()
             payload["locks"] = [asdict(lock) for lock in listing.locks]
@@ -76,8 +82,10 @@ class Command(BaseCommand):
                 self.stdout.write(self.style.ERROR(line))
                 continue
             state = "votes"
-            if node.quarantine_left_s:
-                state = f"QUARANTINED {node.quarantine_left_s:.1f} s more"
+            if node.vote == "quarantined":
+                state = "QUARANTINED" + (
+                    f" until {_clock(node.votes_at)}" if node.votes_at is not None else ""
+                )
             elif node.problems:
                 state = "DOES NOT VOTE"
             line = (
@@ -87,6 +95,8 @@ class Command(BaseCommand):
             )
             style = self.style.SUCCESS if node.votes else self.style.ERROR
             self.stdout.write(style(line))
+            if node.vote == "quarantined":
+                self.stdout.write(self.style.ERROR(f"    {node.vote_detail}"))
             for problem in node.problems:
                 self.stdout.write(self.style.ERROR(f"    error: {problem}"))
             for warning in node.warnings:
@@ -112,6 +122,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"  {lock.name}  {lock.nodes}/{lock.total} nodes  {left} left  {where}{partial}"
             )
+
+
+def _clock(epoch: float) -> str:
+    """Local wall-clock time of day, to the second."""
+    return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
 
 
 def _dumps(payload: dict[str, Any]) -> str:
