@@ -55,7 +55,7 @@ def book_seat(
         worker: which process sells it, for the log.
         pay: the slow step between hold and sale (a payment provider call).
         ttl: the lease length in seconds (default ``REDLOCK["TTL"]``).
-        timeout: seconds to wait for the seat's lock (default ``REDLOCK["TIMEOUT"]``).
+        timeout: seconds to wait for the seat's lock (default ``REDLOCK["DEFAULT_TIMEOUT"]``).
         hold_seconds: how long the hold lasts if the checkout dies before selling.
 
     Returns a :class:`Result`; raises ``QuorumUnreachable`` when the lock service is down.

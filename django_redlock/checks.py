@@ -12,12 +12,13 @@
 | E008 | NODE_TIMEOUT is not positive, or above a tenth of the TTL |
 | E009 | RETRY_DELAY is not positive |
 | E010 | KEY_PREFIX is not a str |
-| E011 | TIMEOUT is not seconds >= 0 or None |
+| E011 | DEFAULT_TIMEOUT is not seconds >= 0 or None |
 | E012 | MAX_TTL is not seconds in [TTL, 86400] or None |
 | E013 | METRICS_LABEL is neither "prefix" nor "name" |
 | W001 | an even number of nodes |
 | W002 | a single node (fine for development) |
 | W003 | a node password inside a URL (shown on DEBUG error pages) |
+| W004 | the old name TIMEOUT instead of DEFAULT_TIMEOUT |
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_DELAY": DEFAULT_RETRY_DELAY,
     "DRIFT_FACTOR": DEFAULT_DRIFT_FACTOR,
     "KEY_PREFIX": "redlock:",
-    "TIMEOUT": 10.0,
+    "DEFAULT_TIMEOUT": 10.0,
     "MAX_TTL": None,
     "METRICS_LABEL": "prefix",
 }
@@ -231,6 +231,20 @@ def inspect(
                 _hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
             )
         ]
+    if "TIMEOUT" in raw:
+        # The setting's name until 0.1: still read, with a warning, unless both are given.
+        raw = dict(raw)
+        old = raw.pop("TIMEOUT")
+        raw.setdefault("DEFAULT_TIMEOUT", old)
+        problems.append(
+            Problem(
+                "django_redlock.W004",
+                "warning",
+                "REDLOCK['TIMEOUT'] is now called REDLOCK['DEFAULT_TIMEOUT'] (it is also the "
+                "default of LockManager.acquire and lock)",
+                _hint("django_redlock.W004", "Rename the key."),
+            )
+        )
     unknown = sorted(str(key) for key in raw if key not in DEFAULTS)
     if unknown:
         problems.append(
@@ -354,14 +368,14 @@ def inspect(
                 f"REDLOCK['RETRY_DELAY'] must be positive seconds, not {values['RETRY_DELAY']!r}",
             )
         )
-    timeout = values["TIMEOUT"]
+    timeout = values["DEFAULT_TIMEOUT"]
     if timeout is not None and (_number(timeout) is None or timeout < 0):
         problems.append(
             Problem(
                 "django_redlock.E011",
                 "error",
-                f"REDLOCK['TIMEOUT'] must be seconds >= 0 or None, not {timeout!r}",
-                _hint("django_redlock.E011", "None makes lock_for wait forever (discouraged)."),
+                f"REDLOCK['DEFAULT_TIMEOUT'] must be seconds >= 0 or None, not {timeout!r}",
+                _hint("django_redlock.E011", "None makes acquires wait forever (discouraged)."),
             )
         )
     max_ttl = values["MAX_TTL"]
@@ -468,6 +482,7 @@ def get_manager() -> LockManager:
                 ttl=config.ttl,
                 node_timeout=config.node_timeout,
                 retry_delay=config.retry_delay,
+                default_timeout=config.timeout,
                 drift_factor=config.drift_factor,
                 key_prefix=config.key_prefix,
                 max_ttl=config.max_ttl,

@@ -308,7 +308,7 @@ def locked_command(
     Args:
         name: the lock name (default: the command's name, e.g. ``"clear_holds"``).
         ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
-        timeout: with ``on_busy="wait"``, seconds to wait (0 means ``REDLOCK["TIMEOUT"]``).
+        timeout: with ``on_busy="wait"``, seconds to wait (0 means ``REDLOCK["DEFAULT_TIMEOUT"]``).
         on_busy: ``"skip"`` (default: print who holds it on stderr, exit 0), ``"error"``
             (raise ``CommandError``, exit 1), or ``"wait"``.
         max_hold: seconds after which renewal stops (a stuck run cannot hold it forever).

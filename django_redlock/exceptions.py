@@ -49,8 +49,9 @@ class LockNotAcquired(RedlockError):
         quorum: how many grants were needed (``N // 2 + 1``).
         node_errors: redacted node label -> short error text, for nodes that failed or timed
             out in the last attempt (nodes that answered "held by someone else" are not errors).
-        retry_after: seconds until the current holder's lease ends on the nodes that said so,
-            or ``None`` when unknown. Used for ``Retry-After`` headers.
+        retry_after: seconds until the holder's keys have run out on enough nodes for a
+            quorum to be free (read from the nodes: their remaining TTLs), if it does not
+            renew; ``None`` when unknown. Used for ``Retry-After`` headers.
         attempts: how many attempts were made before giving up.
         origin: where the acquire came from (a view or command name), when given.
     """

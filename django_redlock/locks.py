@@ -104,7 +104,7 @@ def lock_for(
     Args:
         target: a saved model instance or a lock name.
         ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
-        timeout: seconds to wait for the lock (default ``REDLOCK["TIMEOUT"]``).
+        timeout: seconds to wait for the lock (default ``REDLOCK["DEFAULT_TIMEOUT"]``).
         blocking: False makes one attempt only.
         auto_extend: renew in the background while the block runs (default True).
         max_hold: with auto_extend, seconds after which renewal stops.

@@ -19,6 +19,7 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import math
@@ -64,7 +65,9 @@ __all__ = [
     "DEFAULT_DRIFT_FACTOR",
     "DEFAULT_NODE_TIMEOUT",
     "DEFAULT_RETRY_DELAY",
+    "DEFAULT_TIMEOUT",
     "DEFAULT_TTL",
+    "MANAGER_DEFAULT",
     "MAX_NAME_BYTES",
     "MAX_TTL",
     "NODE_KEY",
@@ -82,6 +85,19 @@ DEFAULT_RETRY_DELAY = 0.2
 """Mean seconds between attempts of a blocking acquire (jittered ±50%)."""
 DEFAULT_DRIFT_FACTOR = 0.01
 """Share of the ttl set aside for clock drift between nodes (the Redlock spec's 0.01)."""
+DEFAULT_TIMEOUT = 10.0
+"""Seconds a blocking acquire waits when not told: finite, so an unreachable quorum or a
+stuck holder surfaces as an error instead of a hung request."""
+
+
+class _ManagerDefault(enum.Enum):
+    """The type of :data:`MANAGER_DEFAULT`."""
+
+    TIMEOUT = "the manager's default_timeout"
+
+
+MANAGER_DEFAULT = _ManagerDefault.TIMEOUT
+"""``acquire(timeout=...)``'s default: the manager's ``default_timeout``."""
 MAX_TTL = 86400.0
 """Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
 MAX_NAME_BYTES = 1024
@@ -505,6 +521,8 @@ class LockManager:
         node_timeout: seconds each node has per command (connect included); a node slower
             than this is a failed vote. Must be well below the ttl.
         retry_delay: mean seconds between attempts of a blocking acquire (±50% jitter).
+        default_timeout: seconds a blocking acquire waits when its ``timeout`` is not given
+            (``None``: forever, discouraged).
         drift_factor: share of the ttl set aside for clock drift, 0 ≤ f < 0.5.
         key_prefix: prepended to every lock name to form the Redis key.
         max_ttl: the longest lease any acquire may ask for (default ``max(ttl, 60)``), and
@@ -526,6 +544,7 @@ class LockManager:
         ttl: float = DEFAULT_TTL,
         node_timeout: float = DEFAULT_NODE_TIMEOUT,
         retry_delay: float = DEFAULT_RETRY_DELAY,
+        default_timeout: float | None = DEFAULT_TIMEOUT,
         drift_factor: float = DEFAULT_DRIFT_FACTOR,
         key_prefix: str = "redlock:",
         max_ttl: float | None = None,
@@ -537,6 +556,11 @@ class LockManager:
         self.observer = observer
         self.node_timeout = _seconds(node_timeout, "node_timeout")
         self.retry_delay = _seconds(retry_delay, "retry_delay")
+        self.default_timeout = (
+            None
+            if default_timeout is None
+            else _seconds(default_timeout, "default_timeout", allow_zero=True)
+        )
         drift = _seconds(drift_factor, "drift_factor", allow_zero=True)
         if drift >= 0.5:
             raise ValueError(f"drift_factor must be below 0.5, not {drift_factor!r}")
@@ -667,7 +691,7 @@ class LockManager:
         *,
         ttl: float | None = None,
         blocking: bool = True,
-        timeout: float | None = None,
+        timeout: float | _ManagerDefault | None = MANAGER_DEFAULT,
         auto_extend: bool = False,
         max_hold: float | None = None,
         origin: str | None = None,
@@ -678,7 +702,8 @@ class LockManager:
             name: the lock name (text, at most :data:`MAX_NAME_BYTES` UTF-8 bytes).
             ttl: lease length in seconds (default: the manager's).
             blocking: retry until ``timeout`` (True) or make exactly one attempt (False).
-            timeout: seconds to keep trying when blocking; ``None`` waits forever
+            timeout: seconds to keep trying when blocking (default: the manager's
+                ``default_timeout``, 10 s unless configured); ``None`` waits forever
                 (discouraged). The attempt in flight is bounded too: acquire returns or raises
                 within ``timeout + node_timeout`` plus scheduling noise.
             auto_extend: renew the lease in the background every ``ttl / 3`` while it is
@@ -826,7 +851,10 @@ class LockManager:
         seconds = self.ttl if ttl is None else self._validate_ttl(ttl)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")
-        wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+        if timeout is MANAGER_DEFAULT:
+            wait = self.default_timeout if blocking else None
+        else:
+            wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
         if not blocking and wait:
             raise ValueError("timeout must be None or 0 when blocking=False")
         if not isinstance(auto_extend, bool):
@@ -845,6 +873,13 @@ class LockManager:
         that answered could still have formed a quorum, else quorum unreachable."""
         size = len(self.addresses)
         held = [reply for reply in results if type(reply) is int]
+        # When the holder's keys have run out on enough nodes for a quorum (if it does not
+        # renew): besides the nodes that granted this attempt, `need` more must free up, so
+        # the need-th shortest time left among the holders' answers. Keys without expiry
+        # (-1) never run out; nodes not heard from are not counted (a lower bound then).
+        expiring = sorted(reply for reply in held if reply >= 0)
+        need = self.quorum - granted
+        retry_after = expiring[need - 1] / 1000 if 0 < need <= len(expiring) else None
         errors = {
             self.addresses[index].label: _error_text(reply, self.node_timeout)
             for index, reply in enumerate(results)
@@ -860,7 +895,7 @@ class LockManager:
             votes=granted,
             quorum=self.quorum,
             node_errors=errors,
-            retry_after=max(held) / 1000 if held and min(held) >= 0 else None,
+            retry_after=retry_after,
             attempts=attempts,
         )
 
@@ -1159,7 +1194,7 @@ class LockManager:
         *,
         ttl: float | None = None,
         blocking: bool = True,
-        timeout: float | None = None,
+        timeout: float | _ManagerDefault | None = MANAGER_DEFAULT,
         auto_extend: bool = False,
         max_hold: float | None = None,
         origin: str | None = None,

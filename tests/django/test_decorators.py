@@ -13,6 +13,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import AsyncClient, Client
 
+from django_redlock import LockManager, get_manager
+from tests.helpers import node_client
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -123,8 +126,6 @@ def test_a_busy_command_can_fail_instead(held_elsewhere):
 def test_a_busy_command_can_wait_for_the_holder(redlock_nodes):
     import threading
 
-    from django_redlock import get_manager
-
     lease = get_manager().acquire("nightly_report", ttl=10.0)
     started = threading.Event()
     out = io.StringIO()
@@ -175,3 +176,15 @@ def test_commands_from_the_shell(redlock_nodes, held_elsewhere):
     assert "Skipped: nightly_report is already running" in skipped.stderr
     assert failed.returncode == 1
     assert "already running" in failed.stderr
+
+
+def test_retry_after_is_the_holders_time_left_on_the_nodes(client: Client, redlock_nodes):
+    # Another holder (a manager of its own: in this thread the view would re-enter ours).
+    lease = LockManager(redlock_nodes.urls).acquire("order:9", ttl=30.0)
+    for node in redlock_nodes:
+        with node_client(node) as node_redis:
+            node_redis.pexpire(lease.key, 6_500)  # as if the last renewal was 23.5 s ago
+    response = client.get("/pay/9/")
+    assert response.status_code == 423
+    assert response["Retry-After"] == "7"  # rounded up, not the configured 30
+    lease.release()
