@@ -23,7 +23,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from django_redlock.localnodes import LocalCluster, _die_with_parent, server_version
+from django_redlock.localnodes import (
+    DURABLE_ARGS,
+    LocalCluster,
+    _die_with_parent,
+    server_version,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,8 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     # nodes are stopped by the cleanups below instead of being left running.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
 
-    with LocalCluster(args.nodes) as cluster, tempfile.TemporaryDirectory() as scratch:
-        print(f"started {args.nodes} nodes ({server_version()}):")
+    # Started as an operator would, with durable persistence: they vote at once, with nothing
+    # declared (a node without it would wait out the restart quarantine first).
+    with (
+        LocalCluster(args.nodes, extra_args=DURABLE_ARGS, fresh=False) as cluster,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
+        print(
+            f"started {args.nodes} nodes ({server_version()}, appendonly yes + appendfsync "
+            "always: they vote at once, nothing to declare):"
+        )
         for url in cluster.urls:
             print(f"  {url}")
         database = os.environ.get("REDLOCK_DEMO_DB") or str(Path(scratch) / "demo.sqlite3")

@@ -33,9 +33,12 @@ from django_redlock._nodes import parse_node
 from django_redlock._resp import encode_command
 from django_redlock.operators import declare_fresh
 
-__all__ = ["SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
+__all__ = ["DURABLE_ARGS", "SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
 
 SERVER_BIN_ENV = "REDLOCK_SERVER_BIN"
+DURABLE_ARGS = ("--appendonly", "yes", "--appendfsync", "always")
+"""Server arguments of a node that forgets nothing when it restarts: it votes at once, even
+when brand-new, with nothing declared (see ``scripts/node_rule.lua``)."""
 """Environment variable naming the server binary (path or name on PATH)."""
 
 _READY_TIMEOUT = 15.0

@@ -14,12 +14,12 @@ from collections.abc import Iterator
 import pytest
 
 from django_redlock import LockContended, LockManager, LockNotAcquired
-from django_redlock.localnodes import LocalCluster, LocalNode
+from django_redlock.localnodes import DURABLE_ARGS, LocalCluster, LocalNode
 from tests.helpers import node_client
 
 pytestmark = pytest.mark.slow
 
-DURABLE = ("--appendonly", "yes", "--appendfsync", "always")
+DURABLE = DURABLE_ARGS
 SNAPSHOTS = ("--appendonly", "no")  # SAVE writes n<i>.rdb, loaded again on restart
 NODE_TIMEOUT = 0.5  # generous: a node that just started compiles the scripts first
 
