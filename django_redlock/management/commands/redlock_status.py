@@ -125,8 +125,8 @@ class Command(BaseCommand):
 
 
 def _clock(epoch: float) -> str:
-    """Local wall-clock time of day, to the second."""
-    return datetime.fromtimestamp(epoch).strftime("%H:%M:%S")
+    """Local wall-clock time of day, to the second, with the time zone."""
+    return datetime.fromtimestamp(epoch).astimezone().strftime("%H:%M:%S %Z")
 
 
 def _dumps(payload: dict[str, Any]) -> str:
