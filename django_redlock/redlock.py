@@ -885,6 +885,12 @@ class LockManager:
             for index, reply in enumerate(results)
             if reply is TIMED_OUT or isinstance(reply, NodeError)
         }
+        refusing = [node for node, text in errors.items() if text.startswith("QUARANTINED")]
+        if refusing and self._warn_now():
+            # The operator's cue (same text as the error, the status command and the admin):
+            # at most one such warning per _WARN_EVERY, as a refusing node repeats it.
+            for node in refusing:
+                logger.warning("node %s does not vote: %s", node, errors[node])
         kind: type[LockNotAcquired] = QuorumUnreachable
         if granted >= self.quorum:
             errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"

@@ -37,7 +37,7 @@ def operator_nodes(settings) -> Iterator[LocalCluster]:
         yield cluster
 
 
-def test_status_says_new_nodes_are_quarantined_and_exits_non_zero(operator_nodes):
+def test_status_says_new_nodes_are_quarantined_and_exits_non_zero(operator_nodes, caplog):
     with pytest.raises(CommandError, match="no quorum: 0 of 3 nodes can vote"):
         command("redlock_status")
     out = io.StringIO()
@@ -54,6 +54,8 @@ def test_status_says_new_nodes_are_quarantined_and_exits_non_zero(operator_nodes
     assert refusal.split(";")[0] == node["vote_detail"].split(";")[0]
     assert "not proven durable (appendonly no)" in refusal
     assert "manage.py redlock_declare_fresh" in refusal
+    # ... and the log says it too.
+    assert any(refusal in record.getMessage() for record in caplog.records)
 
 
 def test_declare_fresh_lets_them_vote_and_says_what_it_did(operator_nodes):
