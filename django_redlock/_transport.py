@@ -622,8 +622,10 @@ class ConnectionSet:
                     self._drop(index, f"login refused: {reply}")
                     return
                 if slot_index == _QUARANTINE:
-                    if self.hello is not None and (reply is None or isinstance(reply, bytes)):
-                        ms = int(reply) if reply and reply.isdigit() else 0
+                    if self.hello is not None:
+                        # An error (an ACL without the marker key) still means the node
+                        # answered: it reports no quarantine rather than none at all.
+                        ms = int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
                         self.hello.on_quarantine(conn.address.label, ms)
                 elif slot_index < _PRELOAD:
                     conn.learn(slot_index, reply)
