@@ -475,17 +475,18 @@ class _Quarantine:
     (:class:`~django_redlock._transport.Hello`), without holding the manager itself.
     """
 
-    __slots__ = ("heard", "ms")
+    __slots__ = ("_lock", "heard", "ms")
 
     def __init__(self, ms: int) -> None:
         self.ms = ms
         self.heard: set[str] = set()
+        self._lock = threading.Lock()  # threads' connections report concurrently
 
     def report(self, node: str, ms: int) -> None:
         """Node ``node`` has seen quarantines up to ``ms`` (0: none yet)."""
-        self.heard.add(node)
-        if ms > self.ms:
-            self.ms = ms
+        with self._lock:
+            self.heard.add(node)
+            self.ms = max(self.ms, ms)
 
 
 class _LockContext:
