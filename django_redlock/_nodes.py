@@ -16,6 +16,9 @@ from redis.connection import parse_url
 
 __all__ = ["NodeAddress", "parse_node", "parse_nodes"]
 
+# Spellings of this machine's loopback interface, for duplicate detection.
+_LOOPBACK = {"localhost": "127.0.0.1", "localhost.": "127.0.0.1", "::1": "127.0.0.1"}
+
 _CERT_REQS = {
     "none": ssl.CERT_NONE,
     "optional": ssl.CERT_OPTIONAL,
@@ -81,8 +84,12 @@ class NodeAddress:
 
     @property
     def identity(self) -> tuple[object, ...]:
-        """What makes two addresses the same node (used to refuse duplicates)."""
-        return (self.host and self.host.lower(), self.port, self.path, self.db)
+        """What makes two addresses the same node (used to refuse duplicates): host names are
+        compared without case, and ``localhost`` is the loopback address it names (no DNS is
+        asked: ``redlock_status`` finds other duplicates by the servers' run_id)."""
+        host = self.host and self.host.lower()
+        host = _LOOPBACK.get(host, host) if host else host
+        return (host, self.port, self.path, self.db)
 
     def __str__(self) -> str:
         return self.label
@@ -121,12 +128,30 @@ class NodeAddress:
 
 
 def _from_url(url: str) -> NodeAddress:
-    scheme = urlsplit(url).scheme.lower()
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(
             f"nodes: unsupported URL scheme {scheme!r} in {_redact_url(url)!r}; "
             "use redis://, rediss:// or unix://"
         )
+    if scheme != "unix":
+        # redis-py's parser fills in localhost, 6379 and db 0 for what is missing or wrong;
+        # for a lock node that is a silent connection to the wrong server.
+        try:
+            port = parts.port
+        except ValueError as exc:
+            raise ValueError(f"nodes: invalid node URL {_redact_url(url)!r}: {exc}") from None
+        if not parts.hostname:
+            raise ValueError(f"nodes: node URL {_redact_url(url)!r} has no host")
+        if port == 0:
+            raise ValueError(f"nodes: node URL {_redact_url(url)!r} has port 0")
+        database = parts.path.lstrip("/")
+        if database and not database.isdigit():
+            raise ValueError(
+                f"nodes: node URL {_redact_url(url)!r}: the path must be a database number, "
+                f"not {database!r}"
+            )
     try:
         kwargs: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:

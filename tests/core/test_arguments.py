@@ -87,6 +87,13 @@ def test_bad_acquire_options(manager, options, error, match):
         (["redis://a:1/0", "redis://A:1/0"], ValueError, "listed twice"),
         (["redis://:pw@a:1/0", "redis://a:1/0"], ValueError, "listed twice"),
         (["unix:///tmp/x.sock", "unix:///tmp/x.sock?db=0"], ValueError, "listed twice"),
+        (["redis://localhost:1/0", "redis://127.0.0.1:1/0"], ValueError, "listed twice"),
+        (["redis://127.0.0.1:0/0"], ValueError, "has port 0"),
+        (["redis://127.0.0.1:70000/0"], ValueError, "Port out of range"),
+        (["redis://:6379/0"], ValueError, "has no host"),
+        (["redis:///0"], ValueError, "has no host"),
+        (["redis://h:abc/0"], ValueError, "invalid node URL"),
+        (["redis://h:1/zero"], ValueError, "must be a database number, not 'zero'"),
     ],
 )
 def test_bad_node_lists(nodes, error, match):
