@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import secrets
 import threading
@@ -35,6 +36,7 @@ from typing import Any
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import (
+    PENDING,
     TIMED_OUT,
     UNIDENTIFIED,
     Command,
@@ -67,6 +69,8 @@ from django_redlock.redlock import (
 )
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
+
+logger = logging.getLogger("django_redlock")  # the sync manager's logger: one log, both paths
 
 _MAX_OUTSTANDING = 32
 
@@ -407,9 +411,12 @@ class _LoopConnections:
         Commands are written synchronously to every connected node (no task per node: on a
         small machine a task costs more than the round trip); replies are tallied by future
         callbacks, and the caller resumes once the outcome is known or ``timeout`` passes.
+        Per node, as the sync transport reports it: the reply, ``None`` (no command), a
+        :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or :data:`PENDING`
+        (not waited for: the outcome was known), so both managers log the same node errors.
         """
         size = len(commands)
-        results: list[Any] = [TIMED_OUT] * size
+        results: list[Any] = [PENDING] * size
         give_up = size - need if give_up is None else give_up
         counts = [0, 0]
         loop = asyncio.get_running_loop()
@@ -455,7 +462,10 @@ class _LoopConnections:
                 timer.cancel()
                 over[0] = True
         over[0] = True
-        return list(results), counts[0], counts[1]
+        outcome = list(results)
+        if counts[0] < need and counts[1] <= give_up:  # undecided: the deadline passed
+            outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
+        return outcome, counts[0], counts[1]
 
     def post(self, commands: Sequence[Command | None]) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
@@ -555,8 +565,11 @@ class AsyncLease(Lease):
             if lost is not None:
                 raise LockLost(self.name, lost)
             return
-        with contextlib.suppress(LockLost, LeaseReleased):  # the block's own error wins
+        try:
             await self.release()
+        except (LockLost, LeaseReleased) as release_error:
+            # Never hide the block's own exception behind the release's (as Lease does).
+            logger.warning("releasing %r after an error: %s", self.name, release_error)
 
 
 class AsyncLockManager:
@@ -662,6 +675,7 @@ class AsyncLockManager:
                 elapsed = sync._clock() - start
                 validity = sync._validity(seconds, elapsed)
                 if granted >= sync.quorum and validity > 0:
+                    sync._log_granted(name, results, granted)
                     lease = AsyncLease(
                         sync,
                         name=name,
@@ -680,14 +694,11 @@ class AsyncLockManager:
                     [None if type(reply) is int else release for reply in results], 0.0, 1, size
                 )
                 error = sync._failure(name, results, granted, elapsed, attempts)
-                error.origin = origin
                 now = sync._clock()
                 if not blocking or (deadline is not None and now >= deadline):
                     if waiter:
                         await connections.run([_leave_command(key, waiter)] * size, 0.0, 1, size)
-                    if sync.observer is not None:
-                        sync.observer.gave_up(error, now - started)
-                    raise error
+                    raise sync._give_up(error, origin, now - started)
                 delay = sync._retry_delay(now, deadline)
                 if not listening and await subscriber.subscribe(key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
@@ -721,19 +732,14 @@ class AsyncLockManager:
             1,
             sync.quorum,
         )
-        now = sync._clock()
-        validity = sync._validity(lease.ttl, now - start)
-        if extended >= sync.quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = now + validity
-            if sync.observer is not None:
-                sync.observer.extended(lease, validity)
-            return validity
-        reason = sync._not_extended(lease, now, refused, results)
-        lease._mark_lost(reason)
-        await self._connections().run(
-            [_release_command(lease.key, lease.token)] * size, 0.0, 1, size
-        )
-        raise LockLost(lease.name, reason)
+        try:
+            return sync._judge_extend(lease, start, sync._clock(), results, extended, refused)
+        except LockLost:
+            # Best effort: free the keys we may still hold.
+            await self._connections().run(
+                [_release_command(lease.key, lease.token)] * size, 0.0, 1, size
+            )
+            raise
 
     def lock(self, name: str, **options: Any) -> _AsyncLockContext:
         """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit."""

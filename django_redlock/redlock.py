@@ -759,13 +759,9 @@ class LockManager:
             assert error is not None
             now = self._clock()
             if not blocking or (deadline is not None and now >= deadline):
-                logger.debug("gave up on %r: %s", name, error)
                 if waiter:
                     self._leave_line(connections, key, waiter)
-                error.origin = origin
-                if self.observer is not None:
-                    self.observer.gave_up(error, now - started)
-                raise error
+                raise self._give_up(error, origin, now - started)
             delay = self._retry_delay(now, deadline)
             if self._sleep is not time.sleep:
                 self._sleep(delay)  # an injected sleep (tests) replaces the notifications
@@ -866,11 +862,62 @@ class LockManager:
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
         return seconds, wait, hold
 
+    # -- what both managers report: the asyncio manager calls these too, so one acquire,
+    # extend or give-up logs and notifies the same whichever manager made it.
+
+    def _log_granted(self, name: str, results: Sequence[Any], granted: int) -> None:
+        """Log an attempt that won lock ``name`` with ``granted`` votes (sync and asyncio)."""
+        logger.info("acquired %r on %d/%d nodes", name, granted, len(self.addresses))
+        if (
+            any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
+            and self._warn_now()
+        ):
+            logger.warning(
+                "acquired %r despite node errors (at most one such warning per %g s): %s",
+                name,
+                _WARN_EVERY,
+                _summarise(self.addresses, results, self.node_timeout),
+            )
+
+    def _give_up(
+        self, error: LockNotAcquired, origin: str | None, waited: float
+    ) -> LockNotAcquired:
+        """Report an acquire that gives up after ``waited`` seconds (sync and asyncio alike):
+        logged and told to the observer. Returns ``error``, for the caller to raise."""
+        logger.debug("gave up on %r: %s", error.name, error)
+        error.origin = origin
+        if self.observer is not None:
+            self.observer.gave_up(error, waited)
+        return error
+
+    def _judge_extend(
+        self, lease: Lease, start: float, now: float, results: list[Any], yes: int, no: int
+    ) -> float:
+        """Report an extend round of ``lease`` that ran from ``start`` to ``now`` (sync and
+        asyncio alike): ``yes`` nodes renewed it, ``no`` did not. Returns the new validity in
+        seconds.
+
+        Raises:
+            LockLost: not renewed on a quorum in time; the lease is now marked lost (the
+                caller frees what keys may be left).
+        """
+        validity = self._validity(lease.ttl, now - start)
+        if yes >= self.quorum and now < lease._expires_at and validity > 0:
+            lease._expires_at = now + validity
+            logger.debug("extended %r on %d/%d nodes", lease.name, yes, len(self.addresses))
+            if self.observer is not None:
+                self.observer.extended(lease, validity)
+            return validity
+        reason = self._not_extended(lease, now, no, results)
+        lease._mark_lost(reason)
+        raise LockLost(lease.name, reason)
+
     def _failure(
         self, name: str, results: Sequence[Any], granted: int, elapsed: float, attempts: int
     ) -> LockNotAcquired:
-        """The error of a failed attempt (sync and asyncio alike): contended when the nodes
-        that answered could still have formed a quorum, else quorum unreachable."""
+        """The error of failed attempt number ``attempts`` (sync and asyncio alike), logged at
+        debug level: contended when the nodes that answered could still have formed a quorum,
+        else quorum unreachable."""
         size = len(self.addresses)
         held = [reply for reply in results if type(reply) is int]
         # When the holder's keys have run out on enough nodes for a quorum (if it does not
@@ -890,7 +937,7 @@ class LockManager:
             errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
         elif len(errors) <= size - self.quorum:
             kind = LockContended
-        return kind(
+        error = kind(
             name,
             votes=granted,
             quorum=self.quorum,
@@ -898,6 +945,8 @@ class LockManager:
             retry_after=retry_after,
             attempts=attempts,
         )
+        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
+        return error
 
     def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
@@ -1059,17 +1108,7 @@ class LockManager:
         granted = exchange.yes
         results = exchange.results
         if granted >= quorum and validity > 0:
-            logger.info("acquired %r on %d/%d nodes", name, granted, size)
-            if (
-                any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
-                and self._warn_now()
-            ):
-                logger.warning(
-                    "acquired %r despite node errors (at most one such warning per %g s): %s",
-                    name,
-                    _WARN_EVERY,
-                    _summarise(self.addresses, results, self.node_timeout),
-                )
+            self._log_granted(name, results, granted)
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: that instant is when validity reaches 0.
             expires_at = start + elapsed + validity
@@ -1088,9 +1127,7 @@ class LockManager:
         # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
         # node that answered with another holder's time left certainly holds no key of ours.
         self._forget(connections, key, token, results)
-        error = self._failure(name, results, granted, elapsed, attempts)
-        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
-        return None, error
+        return None, self._failure(name, results, granted, elapsed, attempts)
 
     def _forget(
         self, connections: ConnectionSet, key: str, token: str, results: list[Any] | None
@@ -1173,20 +1210,14 @@ class LockManager:
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum
         )
         now = self._clock()
-        results = exchange.results
-        extended = exchange.yes
-        validity = self._validity(lease.ttl, now - start)
-        if extended >= quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = start + validity + (now - start)
-            logger.debug("extended %r on %d/%d nodes", lease.name, extended, size)
-            if self.observer is not None:
-                self.observer.extended(lease, validity)
-            return validity
-        reason = self._not_extended(lease, now, exchange.no, results)
-        lease._mark_lost(reason)
-        # Best effort: free the keys we may still hold so the next holder need not wait.
-        self._forget(connections, lease.key, lease.token, None)
-        raise LockLost(lease.name, reason)
+        try:
+            return self._judge_extend(
+                lease, start, now, exchange.results, exchange.yes, exchange.no
+            )
+        except LockLost:
+            # Best effort: free the keys we may still hold so the next holder need not wait.
+            self._forget(connections, lease.key, lease.token, None)
+            raise
 
     def lock(
         self,
