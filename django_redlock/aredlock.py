@@ -31,7 +31,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
@@ -57,7 +57,7 @@ from django_redlock.redlock import (
     _LEAVE,
     _RELEASE,
     MANAGER_DEFAULT,
-    Lease,
+    BaseLease,
     LockManager,
     _acquire_command,
     _extend_command,
@@ -512,18 +512,39 @@ class _LoopConnections:
         self.subscriber.close()
 
 
-class AsyncLease(Lease):
-    """A held lock from :class:`AsyncLockManager`: ``await lease.release()``,
-    ``await lease.extend()``, ``async with``; ``validity``, ``lost`` and ``check()`` as for
-    :class:`~django_redlock.Lease`."""
+class AsyncLease(BaseLease):
+    """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
+    ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
+    ``fencing_token`` and ``check()`` as for :class:`~django_redlock.Lease` (see
+    :class:`~django_redlock.redlock.BaseLease`).
+
+    Its own type, not a :class:`~django_redlock.Lease`: its ``extend``/``release`` are
+    coroutines, so it is never where code expects a lease that a plain ``with`` releases.
+    A plain ``with`` raises ``TypeError``.
+    """
 
     _async_manager: AsyncLockManager
+    _closing: asyncio.Task[None] | None = None
 
-    async def extend(self) -> float:  # type: ignore[override]
+    async def extend(self) -> float:
+        """Renew the lease to its full ttl on a quorum; the new validity in seconds (see
+        :meth:`Lease.extend <django_redlock.Lease.extend>`).
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease was not renewed in time on a quorum; it is now lost.
+        """
         self.check()
         return await self._async_manager._extend(self)
 
-    async def release(self) -> None:  # type: ignore[override]
+    async def release(self) -> None:
+        """Delete the lock on every node where it still holds this lease's token (see
+        :meth:`Lease.release <django_redlock.Lease.release>`).
+
+        Raises:
+            LeaseReleased: called twice.
+            LockLost: the lease had expired, or a quorum no longer held it.
+        """
         if self._released:
             raise LeaseReleased(self.name)
         if self._depth > 1:
@@ -570,6 +591,25 @@ class AsyncLease(Lease):
         except (LockLost, LeaseReleased) as release_error:
             # Never hide the block's own exception behind the release's (as Lease does).
             logger.warning("releasing %r after an error: %s", self.name, release_error)
+
+    def __enter__(self) -> NoReturn:
+        # A plain `with` would never release (nothing can await the release there): refuse
+        # it, and give the lock back in the background rather than hold it until exit.
+        if not self._released:
+            with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
+                loop = asyncio.get_running_loop()
+                self._closing = loop.create_task(self._release_quietly())
+        raise TypeError(
+            "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
+            "not with a plain 'with'"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never reached (``__enter__`` raises); defined so ``with`` gets that far."""
+
+    async def _release_quietly(self) -> None:
+        with contextlib.suppress(LockLost, LeaseReleased):
+            await self.release()
 
 
 class AsyncLockManager:

@@ -254,8 +254,10 @@ def validate_name(name: object) -> str:
     return name
 
 
-class Lease:
-    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`.
+class BaseLease:
+    """What :class:`Lease` and :class:`~django_redlock.aredlock.AsyncLease` share: the state
+    of a held lock and the checks that need no I/O. Not made directly; the two subclasses add
+    ``extend``/``release`` (plain or coroutines) and ``with`` or ``async with``.
 
     The lease object is the owner: its token lives here, not in a thread-local, so threads
     and asyncio tasks can never share or overwrite each other's tokens.
@@ -305,7 +307,7 @@ class Lease:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
-        return f"<Lease {self.name!r} {state}, validity={self.validity:.3f}s>"
+        return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
 
     @property
     def validity(self) -> float:
@@ -367,6 +369,16 @@ class Lease:
             self._mark_lost("the lease expired")
             raise LockLost(self.name, "the lease expired")
 
+    @property
+    def depth(self) -> int:
+        """How many times the owner holds it (re-entries in the same thread or task)."""
+        return 0 if self._released else self._depth
+
+
+class Lease(BaseLease):
+    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`,
+    or by leaving its ``with`` block (see :class:`BaseLease` for the attributes)."""
+
     def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
 
@@ -415,11 +427,6 @@ class Lease:
         self._manager._forget_owner(self)
         self._manager._release(self)
 
-    @property
-    def depth(self) -> int:
-        """How many times the owner holds it (re-entries in the same thread or task)."""
-        return 0 if self._released else self._depth
-
     def __enter__(self) -> Lease:
         return self
 
@@ -451,16 +458,16 @@ class LockObserver(Protocol):
     through one). Called synchronously in the thread that did the operation; the extender
     thread reports lost renewals. Must not raise; must be quick."""
 
-    def acquired(self, lease: Lease, waited: float) -> None:
+    def acquired(self, lease: BaseLease, waited: float) -> None:
         """A lease was taken after ``waited`` seconds."""
 
-    def released(self, lease: Lease, held: float) -> None:
+    def released(self, lease: BaseLease, held: float) -> None:
         """A lease was released after ``held`` seconds (also when release raised LockLost)."""
 
-    def extended(self, lease: Lease, validity: float) -> None:
+    def extended(self, lease: BaseLease, validity: float) -> None:
         """A lease was renewed (by its owner or the extender); ``validity`` seconds left."""
 
-    def lost(self, lease: Lease, reason: str) -> None:
+    def lost(self, lease: BaseLease, reason: str) -> None:
         """A lease was found lost (expired, renewal failed, or gone at release); once each."""
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
@@ -583,7 +590,7 @@ class LockManager:
         self._owner_cache: dict[tuple[object, ...], str] = {}
         # Leases by (owner scope, name), for re-entry. The scope names the process, thread
         # and asyncio task, so another thread, task or a forked child is never the owner.
-        self._held: dict[tuple[tuple[object, ...], str], Lease] = {}
+        self._held: dict[tuple[tuple[object, ...], str], BaseLease] = {}
         self._last_warning = float("-inf")
         # A partial, not a bound method: the connections must not hold the manager, so that a
         # manager dropped without close() is freed by reference counting (no cycle) and its
@@ -721,7 +728,7 @@ class LockManager:
         name = validate_name(name)
         scope = _owner_scope()
         held = self._held.get((scope, name))
-        if held is not None and not held.released and not held.lost:
+        if isinstance(held, Lease) and not held.released and not held.lost:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
@@ -791,7 +798,7 @@ class LockManager:
 
     def _adopt(
         self,
-        lease: Lease,
+        lease: BaseLease,
         scope: tuple[object, ...],
         waiter: str,
         auto_extend: bool,
@@ -891,7 +898,7 @@ class LockManager:
         return error
 
     def _judge_extend(
-        self, lease: Lease, start: float, now: float, results: list[Any], yes: int, no: int
+        self, lease: BaseLease, start: float, now: float, results: list[Any], yes: int, no: int
     ) -> float:
         """Report an extend round of ``lease`` that ran from ``start`` to ``now`` (sync and
         asyncio alike): ``yes`` nodes renewed it, ``no`` did not. Returns the new validity in
@@ -1067,11 +1074,11 @@ class LockManager:
         self._last_warning = now
         return True
 
-    def _forget_owner(self, lease: Lease) -> None:
+    def _forget_owner(self, lease: BaseLease) -> None:
         if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
             del self._held[(lease._scope, lease.name)]
 
-    def _notify_lost(self, lease: Lease, reason: str) -> None:
+    def _notify_lost(self, lease: BaseLease, reason: str) -> None:
         logger.warning("lease on %r lost: %s", lease.name, reason)
         if self.observer is not None:
             self.observer.lost(lease, reason)
@@ -1157,7 +1164,7 @@ class LockManager:
         )
         self._judge_release(lease, exchange.results, exchange.yes, expired)
 
-    def _not_extended(self, lease: Lease, now: float, refused: int, results: list[Any]) -> str:
+    def _not_extended(self, lease: BaseLease, now: float, refused: int, results: list[Any]) -> str:
         """Why an extend round failed (sync and asyncio alike), for ``LockLost``."""
         if now >= lease._expires_at:
             return "the lease expired while it was being extended"
@@ -1166,7 +1173,9 @@ class LockManager:
             f"{self.quorum} ({_summarise(self.addresses, results, self.node_timeout)})"
         )
 
-    def _judge_release(self, lease: Lease, results: list[Any], deleted: int, expired: bool) -> None:
+    def _judge_release(
+        self, lease: BaseLease, results: list[Any], deleted: int, expired: bool
+    ) -> None:
         """Report a release round (sync and asyncio alike): ``results`` per node, ``deleted``
         the nodes that held the key, ``expired`` whether the lease had run out before it.
 
@@ -1199,7 +1208,7 @@ class LockManager:
         else:
             logger.info("released %r", lease.name)
 
-    def _extend(self, lease: Lease) -> float:
+    def _extend(self, lease: BaseLease) -> float:
         connections = self._connections.get()
         size = len(self.addresses)
         quorum = self.quorum
