@@ -730,14 +730,15 @@ class AsyncLockManager:
         """
         sync = self.sync
         name = validate_name(name)
+        # Checked before re-entry too, so a bad argument is refused the same way every time.
+        seconds, wait, hold = sync._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         scope = _owner_scope()
         held = sync._held.get((scope, name))
         if isinstance(held, AsyncLease) and not held.released and not held.lost:
             held._depth += 1
             return held
-        seconds, wait, hold = sync._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
-        )
         key = sync.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = sync._owner(origin)

@@ -95,3 +95,20 @@ def test_a_sync_acquire_in_the_same_task_does_not_reenter_an_async_lease(cluster
         LockManager(cluster3.urls).acquire("form:e", blocking=False).release()
 
     asyncio.run(main())
+
+
+def test_a_reentrant_acquire_checks_its_arguments_like_a_first_one(cluster3):
+    """The asyncio twin of issue 14, point 3: ``ttl=-1`` was refused only on a first acquire;
+    a re-entry took the lease again without looking at its arguments."""
+
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        async with manager.lock("form:f", ttl=10.0) as lease:
+            with pytest.raises(ValueError, match="ttl"):
+                await manager.acquire("form:f", ttl=-1)
+            with pytest.raises(TypeError, match="blocking"):
+                await manager.acquire("form:f", blocking="yes")  # type: ignore[arg-type]
+            assert lease.depth == 1
+        assert lease.released
+
+    asyncio.run(main())
