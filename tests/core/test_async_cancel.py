@@ -179,6 +179,27 @@ def test_acquire_cancelled_before_its_connections_open(cluster3):
     survive(cluster3, scenario)
 
 
+def test_acquire_cancelled_while_a_new_manager_first_hears_from_the_nodes(cluster3):
+    """A manager's first acquire asks the nodes for their quarantine on a worker thread;
+    cancelled there, the thread finishes its bounded round and the manager works after."""
+
+    async def scenario(manager: AsyncLockManager, cluster: LocalCluster, bystander: Any) -> Case:
+        case = Case("first-contact")
+        fresh = AsyncLockManager(cluster.urls, node_timeout=NODE_TIMEOUT)
+        await just_renewed(bystander)
+        cluster[1].pause()
+        cluster[2].pause()
+        task = asyncio.create_task(fresh.acquire(case.name, ttl=TTL, blocking=False))
+        await until(lambda: chain(task)[:2] == ["acquire", "to_thread"], "the first contact")
+        await case.cancel(task)
+        cluster.ensure_running()
+        lease = await fresh.acquire(case.name, ttl=TTL, timeout=5.0)
+        await lease.release()
+        return case
+
+    survive(cluster3, scenario)
+
+
 def test_acquire_cancelled_while_its_round_waits_for_paused_nodes(cluster3):
     async def scenario(manager: AsyncLockManager, cluster: LocalCluster, bystander: Any) -> Case:
         case = Case("round")
