@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from django_redlock._process import current_pid
 
 if TYPE_CHECKING:
-    from django_redlock.redlock import Lease
+    from django_redlock.redlock import BaseLease
 
 __all__ = ["schedule"]
 
@@ -31,11 +31,11 @@ class _Extender:
     def __init__(self) -> None:
         self.pid = current_pid()
         self.condition = threading.Condition()
-        self.heap: list[tuple[float, int, weakref.ref[Lease]]] = []
+        self.heap: list[tuple[float, int, weakref.ref[BaseLease]]] = []
         self.counter = itertools.count()
         self.thread: threading.Thread | None = None
 
-    def schedule(self, lease: Lease, due: float) -> None:
+    def schedule(self, lease: BaseLease, due: float) -> None:
         with self.condition:
             heapq.heappush(self.heap, (due, next(self.counter), weakref.ref(lease)))
             if self.thread is None:
@@ -59,7 +59,7 @@ class _Extender:
             if lease is not None:
                 self._renew(lease)
 
-    def _renew(self, lease: Lease) -> None:
+    def _renew(self, lease: BaseLease) -> None:
         due = lease._renew_once()
         if due is not None:
             self.schedule(lease, due)
@@ -69,7 +69,7 @@ _extender: _Extender | None = None
 _lock = threading.Lock()
 
 
-def schedule(lease: Lease, due: float) -> None:
+def schedule(lease: BaseLease, due: float) -> None:
     """Renew ``lease`` at ``due`` (a ``time.monotonic()`` instant), then as it says."""
     global _extender
     with _lock:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import secrets
 import threading
@@ -30,11 +31,12 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import (
+    PENDING,
     TIMED_OUT,
     UNIDENTIFIED,
     Command,
@@ -55,7 +57,7 @@ from django_redlock.redlock import (
     _LEAVE,
     _RELEASE,
     MANAGER_DEFAULT,
-    Lease,
+    BaseLease,
     LockManager,
     _acquire_command,
     _extend_command,
@@ -67,6 +69,8 @@ from django_redlock.redlock import (
 )
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
+
+logger = logging.getLogger("django_redlock")  # the sync manager's logger: one log, both paths
 
 _MAX_OUTSTANDING = 32
 
@@ -153,15 +157,26 @@ class _AsyncConnection(asyncio.Protocol):
         self.pending: deque[_Callback] = deque()
         self.parser = make_reader()
         self.broken: str | None = None
-        self.connected = asyncio.Event()
+        # The task that connects and logs in (set by _LoopConnections.connection), and
+        # whether it got as far as queueing the login: commands may follow it from then on.
+        self.opening: asyncio.Task[None] | None = None
+        self.ready = False
 
     async def open(self, timeout: float) -> None:
+        """Connect within ``timeout`` seconds, then queue the login and the script loads.
+        Never raises for a node that cannot be reached: the connection is marked broken
+        instead (and so is it when this task is cancelled, so no one waits on it)."""
         address = self.address
         try:
             await _connect(address, self, timeout)
         except (TimeoutError, OSError, ValueError) as exc:
-            self.broken = str(exc) or "connect timed out"
-            self.connected.set()
+            self._fail(str(exc) or "connect timed out")
+            return
+        except BaseException:
+            self._fail("connect cancelled")
+            raise
+        if self.broken is not None:  # closed (aclose) while it was connecting
+            self._fail(self.broken)
             return
         login = _auth_commands(address)
         if address.db:
@@ -171,7 +186,7 @@ class _AsyncConnection(asyncio.Protocol):
         for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
             # May fail harmlessly (an ACL without SCRIPT): EVALSHA then falls back to EVAL.
             self._send_raw(encode_command(b"SCRIPT", b"LOAD", script.source), _ignore)
-        self.connected.set()
+        self.ready = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -367,6 +382,11 @@ class _AsyncSubscriber:
         self.channels.clear()
 
 
+def _usable(conn: _AsyncConnection | None) -> bool:
+    """True if ``conn`` is logged in and not broken: a command may be written to it now."""
+    return conn is not None and conn.ready and conn.broken is None
+
+
 class _LoopConnections:
     """The connections of one event loop, one per node."""
 
@@ -383,15 +403,23 @@ class _LoopConnections:
             self.close()
 
     async def connection(self, index: int, timeout: float) -> _AsyncConnection:
+        """Node ``index``'s connection once its opening is over (logged in, or broken),
+        opening a new one if there is none or it broke.
+
+        The opening runs in its own task, shielded: a caller cancelled meanwhile (or a
+        ``wait_for`` around it) must not cut a connection that other tasks of the loop share
+        and wait on in the middle of its login.
+        """
         conn = self.connections[index]
         if conn is None or conn.broken is not None:
             if conn is not None:
                 conn.close()
             conn = _AsyncConnection(self.addresses[index])
             self.connections[index] = conn
-            await conn.open(timeout)
-        else:
-            await conn.connected.wait()
+            conn.opening = asyncio.get_running_loop().create_task(conn.open(timeout))
+        assert conn.opening is not None
+        if not conn.opening.done():
+            await asyncio.shield(conn.opening)
         return conn
 
     async def run(
@@ -407,9 +435,12 @@ class _LoopConnections:
         Commands are written synchronously to every connected node (no task per node: on a
         small machine a task costs more than the round trip); replies are tallied by future
         callbacks, and the caller resumes once the outcome is known or ``timeout`` passes.
+        Per node, as the sync transport reports it: the reply, ``None`` (no command), a
+        :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or :data:`PENDING`
+        (not waited for: the outcome was known), so both managers log the same node errors.
         """
         size = len(commands)
-        results: list[Any] = [TIMED_OUT] * size
+        results: list[Any] = [PENDING] * size
         give_up = size - need if give_up is None else give_up
         counts = [0, 0]
         loop = asyncio.get_running_loop()
@@ -425,10 +456,9 @@ class _LoopConnections:
         missing = [
             index
             for index, command in enumerate(commands)
-            if command is not None
-            and (self.connections[index] is None or self.connections[index].broken is not None)  # type: ignore[union-attr]
+            if command is not None and not _usable(self.connections[index])
         ]
-        if missing:  # connect the nodes that need it, all at once
+        if missing:  # connect the nodes that need it (or wait for their login), all at once
             await asyncio.gather(*(self.connection(index, timeout) for index in missing))
         pending = 0
         for index, command in enumerate(commands):
@@ -455,13 +485,16 @@ class _LoopConnections:
                 timer.cancel()
                 over[0] = True
         over[0] = True
-        return list(results), counts[0], counts[1]
+        outcome = list(results)
+        if counts[0] < need and counts[1] <= give_up:  # undecided: the deadline passed
+            outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
+        return outcome, counts[0], counts[1]
 
     def post(self, commands: Sequence[Command | None]) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
         cancelled); the replies are read and dropped. Nodes not connected are skipped."""
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
-            if command is not None and conn is not None and conn.broken is None:
+            if command is not None and conn is not None and conn.ready and conn.broken is None:
                 # Through _expect, so a NOSCRIPT reply still gets the EVAL fallback.
                 self._expect(conn, index, command, _drop_reply)
 
@@ -502,40 +535,99 @@ class _LoopConnections:
         self.subscriber.close()
 
 
-class AsyncLease(Lease):
-    """A held lock from :class:`AsyncLockManager`: ``await lease.release()``,
-    ``await lease.extend()``, ``async with``; ``validity``, ``lost`` and ``check()`` as for
-    :class:`~django_redlock.Lease`."""
+async def _take(guard: threading.Lock) -> None:
+    """Take ``guard`` (an auto-extended lease's, shared with the extender thread) without
+    blocking the event loop, and so that a cancelled task never ends up owning it.
+
+    It is polled, never waited for in a worker thread: such a thread goes on waiting after
+    its task is cancelled, takes the guard, and no one gives it back; the extender thread,
+    which renews every auto-extended lease of the process, then blocks on it for good and
+    all those leases expire. The extender holds the guard for one renewal round trip at most
+    (bounded by the node timeout), so the polls are few and short.
+    """
+    delay = 0.0005
+    while not guard.acquire(blocking=False):
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 0.02)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Done-callback of a release that outlived its cancelled caller: read its outcome so
+    asyncio does not report it as never retrieved (a LockLost is already logged and told
+    to the observer by the release itself)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("release finished after its caller was cancelled: %s", task.exception())
+
+
+class AsyncLease(BaseLease):
+    """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
+    ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
+    ``fencing_token`` and ``check()`` as for :class:`~django_redlock.Lease` (see
+    :class:`~django_redlock.redlock.BaseLease`).
+
+    Its own type, not a :class:`~django_redlock.Lease`: its ``extend``/``release`` are
+    coroutines, so it is never where code expects a lease that a plain ``with`` releases.
+    A plain ``with`` raises ``TypeError``.
+
+    Cancellation: a task cancelled in ``release()`` still releases (the release is shielded
+    and finishes in the background); one cancelled in ``extend()`` leaves the lease as it
+    was, held until its current validity runs out (or renewed by auto-extension).
+    """
 
     _async_manager: AsyncLockManager
+    _closing: asyncio.Task[None] | None = None
 
-    async def extend(self) -> float:  # type: ignore[override]
-        self.check()
-        return await self._async_manager._extend(self)
+    async def extend(self) -> float:
+        """Renew the lease to its full ttl on a quorum; the new validity in seconds (see
+        :meth:`Lease.extend <django_redlock.Lease.extend>`).
 
-    async def release(self) -> None:  # type: ignore[override]
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease was not renewed in time on a quorum; it is now lost.
+        """
+        guard = self._guard
+        if guard is None:
+            self.check()
+            return await self._async_manager._extend(self)
+        await _take(guard)  # one renewal at a time, the extender's or ours
+        try:
+            self.check()
+            return await self._async_manager._extend(self)
+        finally:
+            guard.release()
+
+    async def release(self) -> None:
+        """Delete the lock on every node where it still holds this lease's token (see
+        :meth:`Lease.release <django_redlock.Lease.release>`). Shielded from cancellation:
+        once called, the release is carried out even if the calling task is cancelled.
+
+        Raises:
+            LeaseReleased: called twice.
+            LockLost: the lease had expired, or a quorum no longer held it.
+        """
         if self._released:
             raise LeaseReleased(self.name)
         if self._depth > 1:
-            self._depth -= 1
+            self._depth -= 1  # an inner re-entry ends; the keys stay until the last exit
             return
-        guard = self._guard
-        if guard is not None:
-            # Serialise with the extender thread without blocking the loop for long: it
-            # holds the guard only for one renewal round trip.
-            await asyncio.to_thread(guard.acquire)
-            try:
-                await self._release_async()
-            finally:
-                guard.release()
-            return
-        await self._release_async()
-
-    async def _release_async(self) -> None:
-        if self._released:
-            raise LeaseReleased(self.name)
+        # Released from now on, whatever happens to this task: the extender starts no more
+        # renewals of it, and a second release raises.
         self._released = True
         self._manager._forget_owner(self)
+        finishing = asyncio.ensure_future(self._finish_release())
+        try:
+            await asyncio.shield(finishing)
+        except asyncio.CancelledError:
+            finishing.add_done_callback(_retrieve)
+            raise
+
+    async def _finish_release(self) -> None:
+        guard = self._guard
+        if guard is not None:
+            # Wait out a renewal in flight, so it does not find the keys gone and call the
+            # lease lost; none starts after it (the lease is marked released).
+            await _take(guard)
+            guard.release()
         await self._async_manager._release(self)
 
     async def __aenter__(self) -> AsyncLease:
@@ -551,11 +643,33 @@ class AsyncLease(Lease):
             return
         lost = self._lost_reason
         if exc is None:
-            await self.release()
+            await self.release()  # raises LockLost itself when the nodes say it was lost
             if lost is not None:
                 raise LockLost(self.name, lost)
             return
-        with contextlib.suppress(LockLost, LeaseReleased):  # the block's own error wins
+        try:
+            await self.release()
+        except (LockLost, LeaseReleased) as release_error:
+            # Never hide the block's own exception behind the release's (as Lease does).
+            logger.warning("releasing %r after an error: %s", self.name, release_error)
+
+    def __enter__(self) -> NoReturn:
+        # A plain `with` would never release (nothing can await the release there): refuse
+        # it, and give the lock back in the background rather than hold it until exit.
+        if not self._released:
+            with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
+                loop = asyncio.get_running_loop()
+                self._closing = loop.create_task(self._release_quietly())
+        raise TypeError(
+            "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
+            "not with a plain 'with'"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never reached (``__enter__`` raises); defined so ``with`` gets that far."""
+
+    async def _release_quietly(self) -> None:
+        with contextlib.suppress(LockLost, LeaseReleased):
             await self.release()
 
 
@@ -608,17 +722,23 @@ class AsyncLockManager:
         max_hold: float | None = None,
         origin: str | None = None,
     ) -> AsyncLease:
-        """Take lock ``name`` (see :meth:`LockManager.acquire`)."""
+        """Take lock ``name`` (see :meth:`LockManager.acquire`).
+
+        Cancellation: a task cancelled here owns nothing afterwards. A round in flight is
+        released on every node it may have reached (the releases are queued behind its SETs),
+        and a waiter leaves the line, so the next release wakes a live waiter.
+        """
         sync = self.sync
         name = validate_name(name)
+        # Checked before re-entry too, so a bad argument is refused the same way every time.
+        seconds, wait, hold = sync._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         scope = _owner_scope()
         held = sync._held.get((scope, name))
         if isinstance(held, AsyncLease) and not held.released and not held.lost:
             held._depth += 1
             return held
-        seconds, wait, hold = sync._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
-        )
         key = sync.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = sync._owner(origin)
@@ -662,6 +782,7 @@ class AsyncLockManager:
                 elapsed = sync._clock() - start
                 validity = sync._validity(seconds, elapsed)
                 if granted >= sync.quorum and validity > 0:
+                    sync._log_granted(name, results, granted)
                     lease = AsyncLease(
                         sync,
                         name=name,
@@ -675,19 +796,14 @@ class AsyncLockManager:
                     lease._async_manager = self
                     sync._adopt(lease, scope, waiter, auto_extend, hold, started)
                     return lease
+                # Failed: unlock wherever our SET may have landed (not where another holder
+                # answered); written now, no await, so a cancellation cannot skip it.
                 release = _release_command(key, token)
-                await connections.run(
-                    [None if type(reply) is int else release for reply in results], 0.0, 1, size
-                )
+                connections.post([None if type(reply) is int else release for reply in results])
                 error = sync._failure(name, results, granted, elapsed, attempts)
-                error.origin = origin
                 now = sync._clock()
                 if not blocking or (deadline is not None and now >= deadline):
-                    if waiter:
-                        await connections.run([_leave_command(key, waiter)] * size, 0.0, 1, size)
-                    if sync.observer is not None:
-                        sync.observer.gave_up(error, now - started)
-                    raise error
+                    raise sync._give_up(error, origin, now - started)
                 delay = sync._retry_delay(now, deadline)
                 if not listening and await subscriber.subscribe(key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
@@ -696,6 +812,13 @@ class AsyncLockManager:
                 else:
                     listening = True
                     await subscriber.wait(waiter, delay)
+        except BaseException:
+            if waiter:
+                # Gave up, cancelled or interrupted: leave the line now (no await). A place left
+                # behind would get the next release's wake-up, and the waiters behind it would
+                # wait until it lapses.
+                connections.post([_leave_command(key, waiter)] * size)
+            raise
         finally:
             if waiter:
                 subscriber.unregister(waiter)
@@ -721,19 +844,12 @@ class AsyncLockManager:
             1,
             sync.quorum,
         )
-        now = sync._clock()
-        validity = sync._validity(lease.ttl, now - start)
-        if extended >= sync.quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = now + validity
-            if sync.observer is not None:
-                sync.observer.extended(lease, validity)
-            return validity
-        reason = sync._not_extended(lease, now, refused, results)
-        lease._mark_lost(reason)
-        await self._connections().run(
-            [_release_command(lease.key, lease.token)] * size, 0.0, 1, size
-        )
-        raise LockLost(lease.name, reason)
+        try:
+            return sync._judge_extend(lease, start, sync._clock(), results, extended, refused)
+        except LockLost:
+            # Best effort, no await: free the keys we may still hold.
+            self._connections().post([_release_command(lease.key, lease.token)] * size)
+            raise
 
     def lock(self, name: str, **options: Any) -> _AsyncLockContext:
         """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit."""

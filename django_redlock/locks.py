@@ -16,12 +16,16 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.db import models
 
 from django_redlock.conf import get_async_manager, get_manager, get_settings
-from django_redlock.redlock import Lease
+from django_redlock.redlock import BaseLease, Lease
+
+if TYPE_CHECKING:
+    from django_redlock.aredlock import AsyncLease
 
 __all__ = ["alock_for", "lock_for", "lock_name"]
 
@@ -71,7 +75,7 @@ def _options(
     }
 
 
-def _mint(target: object, name: str, fencing: bool | None, lease: Lease) -> models.Model | None:
+def _mint(target: object, name: str, fencing: bool | None, lease: BaseLease) -> models.Model | None:
     """Mint the fencing token the block runs under (if any); returns the fenced instance."""
     from django_redlock.fencing import mint_for_name, mint_for_row
     from django_redlock.models import FencedModel
@@ -146,7 +150,7 @@ async def alock_for(
     max_hold: float | None = None,
     fencing: bool | None = None,
     origin: str | None = None,
-) -> AsyncIterator[Lease]:
+) -> AsyncIterator[AsyncLease]:
     """The ``async with`` twin of :func:`lock_for` (same arguments, same errors)."""
     from django_redlock.fencing import fenced
 

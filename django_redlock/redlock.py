@@ -254,8 +254,10 @@ def validate_name(name: object) -> str:
     return name
 
 
-class Lease:
-    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`.
+class BaseLease:
+    """What :class:`Lease` and :class:`~django_redlock.aredlock.AsyncLease` share: the state
+    of a held lock and the checks that need no I/O. Not made directly; the two subclasses add
+    ``extend``/``release`` (plain or coroutines) and ``with`` or ``async with``.
 
     The lease object is the owner: its token lives here, not in a thread-local, so threads
     and asyncio tasks can never share or overwrite each other's tokens.
@@ -305,7 +307,7 @@ class Lease:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
-        return f"<Lease {self.name!r} {state}, validity={self.validity:.3f}s>"
+        return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
 
     @property
     def validity(self) -> float:
@@ -367,6 +369,16 @@ class Lease:
             self._mark_lost("the lease expired")
             raise LockLost(self.name, "the lease expired")
 
+    @property
+    def depth(self) -> int:
+        """How many times the owner holds it (re-entries in the same thread or task)."""
+        return 0 if self._released else self._depth
+
+
+class Lease(BaseLease):
+    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`,
+    or by leaving its ``with`` block (see :class:`BaseLease` for the attributes)."""
+
     def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
 
@@ -415,11 +427,6 @@ class Lease:
         self._manager._forget_owner(self)
         self._manager._release(self)
 
-    @property
-    def depth(self) -> int:
-        """How many times the owner holds it (re-entries in the same thread or task)."""
-        return 0 if self._released else self._depth
-
     def __enter__(self) -> Lease:
         return self
 
@@ -451,16 +458,16 @@ class LockObserver(Protocol):
     through one). Called synchronously in the thread that did the operation; the extender
     thread reports lost renewals. Must not raise; must be quick."""
 
-    def acquired(self, lease: Lease, waited: float) -> None:
+    def acquired(self, lease: BaseLease, waited: float) -> None:
         """A lease was taken after ``waited`` seconds."""
 
-    def released(self, lease: Lease, held: float) -> None:
+    def released(self, lease: BaseLease, held: float) -> None:
         """A lease was released after ``held`` seconds (also when release raised LockLost)."""
 
-    def extended(self, lease: Lease, validity: float) -> None:
+    def extended(self, lease: BaseLease, validity: float) -> None:
         """A lease was renewed (by its owner or the extender); ``validity`` seconds left."""
 
-    def lost(self, lease: Lease, reason: str) -> None:
+    def lost(self, lease: BaseLease, reason: str) -> None:
         """A lease was found lost (expired, renewal failed, or gone at release); once each."""
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
@@ -584,7 +591,7 @@ class LockManager:
         self._owner_cache: dict[tuple[object, ...], str] = {}
         # Leases by (owner scope, name), for re-entry. The scope names the process, thread
         # and asyncio task, so another thread, task or a forked child is never the owner.
-        self._held: dict[tuple[tuple[object, ...], str], Lease] = {}
+        self._held: dict[tuple[tuple[object, ...], str], BaseLease] = {}
         self._last_warning = float("-inf")
         # A partial, not a bound method: the connections must not hold the manager, so that a
         # manager dropped without close() is freed by reference counting (no cycle) and its
@@ -722,7 +729,7 @@ class LockManager:
         name = validate_name(name)
         scope = _owner_scope()
         held = self._held.get((scope, name))
-        if held is not None and not held.released and not held.lost:
+        if isinstance(held, Lease) and not held.released and not held.lost:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
@@ -760,13 +767,9 @@ class LockManager:
             assert error is not None
             now = self._clock()
             if not blocking or (deadline is not None and now >= deadline):
-                logger.debug("gave up on %r: %s", name, error)
                 if waiter:
                     self._leave_line(connections, key, waiter)
-                error.origin = origin
-                if self.observer is not None:
-                    self.observer.gave_up(error, now - started)
-                raise error
+                raise self._give_up(error, origin, now - started)
             delay = self._retry_delay(now, deadline)
             if self._sleep is not time.sleep:
                 self._sleep(delay)  # an injected sleep (tests) replaces the notifications
@@ -796,7 +799,7 @@ class LockManager:
 
     def _adopt(
         self,
-        lease: Lease,
+        lease: BaseLease,
         scope: tuple[object, ...],
         waiter: str,
         auto_extend: bool,
@@ -867,11 +870,62 @@ class LockManager:
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
         return seconds, wait, hold
 
+    # -- what both managers report: the asyncio manager calls these too, so one acquire,
+    # extend or give-up logs and notifies the same whichever manager made it.
+
+    def _log_granted(self, name: str, results: Sequence[Any], granted: int) -> None:
+        """Log an attempt that won lock ``name`` with ``granted`` votes (sync and asyncio)."""
+        logger.info("acquired %r on %d/%d nodes", name, granted, len(self.addresses))
+        if (
+            any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
+            and self._warn_now()
+        ):
+            logger.warning(
+                "acquired %r despite node errors (at most one such warning per %g s): %s",
+                name,
+                _WARN_EVERY,
+                _summarise(self.addresses, results, self.node_timeout),
+            )
+
+    def _give_up(
+        self, error: LockNotAcquired, origin: str | None, waited: float
+    ) -> LockNotAcquired:
+        """Report an acquire that gives up after ``waited`` seconds (sync and asyncio alike):
+        logged and told to the observer. Returns ``error``, for the caller to raise."""
+        logger.debug("gave up on %r: %s", error.name, error)
+        error.origin = origin
+        if self.observer is not None:
+            self.observer.gave_up(error, waited)
+        return error
+
+    def _judge_extend(
+        self, lease: BaseLease, start: float, now: float, results: list[Any], yes: int, no: int
+    ) -> float:
+        """Report an extend round of ``lease`` that ran from ``start`` to ``now`` (sync and
+        asyncio alike): ``yes`` nodes renewed it, ``no`` did not. Returns the new validity in
+        seconds.
+
+        Raises:
+            LockLost: not renewed on a quorum in time; the lease is now marked lost (the
+                caller frees what keys may be left).
+        """
+        validity = self._validity(lease.ttl, now - start)
+        if yes >= self.quorum and now < lease._expires_at and validity > 0:
+            lease._expires_at = now + validity
+            logger.debug("extended %r on %d/%d nodes", lease.name, yes, len(self.addresses))
+            if self.observer is not None:
+                self.observer.extended(lease, validity)
+            return validity
+        reason = self._not_extended(lease, now, no, results)
+        lease._mark_lost(reason)
+        raise LockLost(lease.name, reason)
+
     def _failure(
         self, name: str, results: Sequence[Any], granted: int, elapsed: float, attempts: int
     ) -> LockNotAcquired:
-        """The error of a failed attempt (sync and asyncio alike): contended when the nodes
-        that answered could still have formed a quorum, else quorum unreachable."""
+        """The error of failed attempt number ``attempts`` (sync and asyncio alike), logged at
+        debug level: contended when the nodes that answered could still have formed a quorum,
+        else quorum unreachable."""
         size = len(self.addresses)
         held = [reply for reply in results if type(reply) is int]
         # When the holder's keys have run out on enough nodes for a quorum (if it does not
@@ -897,7 +951,7 @@ class LockManager:
             errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
         elif len(errors) <= size - self.quorum:
             kind = LockContended
-        return kind(
+        error = kind(
             name,
             votes=granted,
             quorum=self.quorum,
@@ -905,6 +959,8 @@ class LockManager:
             retry_after=retry_after,
             attempts=attempts,
         )
+        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
+        return error
 
     def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
@@ -1025,11 +1081,11 @@ class LockManager:
         self._last_warning = now
         return True
 
-    def _forget_owner(self, lease: Lease) -> None:
+    def _forget_owner(self, lease: BaseLease) -> None:
         if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
             del self._held[(lease._scope, lease.name)]
 
-    def _notify_lost(self, lease: Lease, reason: str) -> None:
+    def _notify_lost(self, lease: BaseLease, reason: str) -> None:
         logger.warning("lease on %r lost: %s", lease.name, reason)
         if self.observer is not None:
             self.observer.lost(lease, reason)
@@ -1066,17 +1122,7 @@ class LockManager:
         granted = exchange.yes
         results = exchange.results
         if granted >= quorum and validity > 0:
-            logger.info("acquired %r on %d/%d nodes", name, granted, size)
-            if (
-                any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
-                and self._warn_now()
-            ):
-                logger.warning(
-                    "acquired %r despite node errors (at most one such warning per %g s): %s",
-                    name,
-                    _WARN_EVERY,
-                    _summarise(self.addresses, results, self.node_timeout),
-                )
+            self._log_granted(name, results, granted)
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: that instant is when validity reaches 0.
             expires_at = start + elapsed + validity
@@ -1095,9 +1141,7 @@ class LockManager:
         # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
         # node that answered with another holder's time left certainly holds no key of ours.
         self._forget(connections, key, token, results)
-        error = self._failure(name, results, granted, elapsed, attempts)
-        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
-        return None, error
+        return None, self._failure(name, results, granted, elapsed, attempts)
 
     def _forget(
         self, connections: ConnectionSet, key: str, token: str, results: list[Any] | None
@@ -1127,7 +1171,7 @@ class LockManager:
         )
         self._judge_release(lease, exchange.results, exchange.yes, expired)
 
-    def _not_extended(self, lease: Lease, now: float, refused: int, results: list[Any]) -> str:
+    def _not_extended(self, lease: BaseLease, now: float, refused: int, results: list[Any]) -> str:
         """Why an extend round failed (sync and asyncio alike), for ``LockLost``."""
         if now >= lease._expires_at:
             return "the lease expired while it was being extended"
@@ -1136,7 +1180,9 @@ class LockManager:
             f"{self.quorum} ({_summarise(self.addresses, results, self.node_timeout)})"
         )
 
-    def _judge_release(self, lease: Lease, results: list[Any], deleted: int, expired: bool) -> None:
+    def _judge_release(
+        self, lease: BaseLease, results: list[Any], deleted: int, expired: bool
+    ) -> None:
         """Report a release round (sync and asyncio alike): ``results`` per node, ``deleted``
         the nodes that held the key, ``expired`` whether the lease had run out before it.
 
@@ -1169,7 +1215,7 @@ class LockManager:
         else:
             logger.info("released %r", lease.name)
 
-    def _extend(self, lease: Lease) -> float:
+    def _extend(self, lease: BaseLease) -> float:
         connections = self._connections.get()
         size = len(self.addresses)
         quorum = self.quorum
@@ -1180,20 +1226,14 @@ class LockManager:
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum
         )
         now = self._clock()
-        results = exchange.results
-        extended = exchange.yes
-        validity = self._validity(lease.ttl, now - start)
-        if extended >= quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = start + validity + (now - start)
-            logger.debug("extended %r on %d/%d nodes", lease.name, extended, size)
-            if self.observer is not None:
-                self.observer.extended(lease, validity)
-            return validity
-        reason = self._not_extended(lease, now, exchange.no, results)
-        lease._mark_lost(reason)
-        # Best effort: free the keys we may still hold so the next holder need not wait.
-        self._forget(connections, lease.key, lease.token, None)
-        raise LockLost(lease.name, reason)
+        try:
+            return self._judge_extend(
+                lease, start, now, exchange.results, exchange.yes, exchange.no
+            )
+        except LockLost:
+            # Best effort: free the keys we may still hold so the next holder need not wait.
+            self._forget(connections, lease.key, lease.token, None)
+            raise
 
     def lock(
         self,

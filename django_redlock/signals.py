@@ -24,7 +24,7 @@ from django_redlock.exceptions import QuorumUnreachable
 
 if TYPE_CHECKING:
     from django_redlock.exceptions import LockNotAcquired
-    from django_redlock.redlock import Lease
+    from django_redlock.redlock import BaseLease
 
 __all__ = ["SignalObserver", "lock_acquired", "lock_busy", "lock_lost", "lock_released"]
 
@@ -52,7 +52,7 @@ class SignalObserver:
     def _label(self, name: str) -> str:
         return metrics.label_for(name, self.label_mode)
 
-    def acquired(self, lease: Lease, waited: float) -> None:
+    def acquired(self, lease: BaseLease, waited: float) -> None:
         metrics.record("acquired", self._label(lease.name), seconds=waited)
         _send(
             lock_acquired,
@@ -63,7 +63,7 @@ class SignalObserver:
             waited=waited,
         )
 
-    def released(self, lease: Lease, held: float) -> None:
+    def released(self, lease: BaseLease, held: float) -> None:
         metrics.record("released", self._label(lease.name), seconds=held)
         _send(
             lock_released,
@@ -74,10 +74,10 @@ class SignalObserver:
             held=held,
         )
 
-    def extended(self, lease: Lease, validity: float) -> None:
+    def extended(self, lease: BaseLease, validity: float) -> None:
         metrics.record("extended", self._label(lease.name))
 
-    def lost(self, lease: Lease, reason: str) -> None:
+    def lost(self, lease: BaseLease, reason: str) -> None:
         metrics.record("lost", self._label(lease.name))
         _send(
             lock_lost,
