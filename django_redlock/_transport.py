@@ -207,6 +207,34 @@ class Hello:
         self.on_quarantine = on_quarantine
 
 
+HELLO_RUN_ID = encode_command(b"INFO", b"server")
+HELLO_PERSISTENCE = encode_command(b"CONFIG", b"GET", b"append*")
+
+
+def hello_quarantine(marker: str) -> bytes:
+    """The hello command that reads the node's longest quarantine (``HGET <marker> q``)."""
+    return encode_command(b"HGET", marker, b"q")
+
+
+def run_id_of(info: object) -> str:
+    """The server process's run_id from an ``INFO server`` reply ("" when absent)."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
+    start = text.find("run_id:")
+    return text[start + 7 : start + 47] if start >= 0 else ""
+
+
+def quarantine_of(reply: object) -> int:
+    """Milliseconds from an ``HGET <marker> q`` reply; 0 when there is none, or when the node
+    refused the read (an ACL without the marker key: it answered all the same)."""
+    return int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
+
+
+def identity_of(run_id: str, config: object) -> bytes:
+    """The two arguments that complete an ``identify=True`` command on a connection to the
+    process ``run_id``, whose ``CONFIG GET append*`` reply was ``config``."""
+    return _bulk(run_id) + _bulk(persistence_hint(config))
+
+
 def persistence_hint(config: object) -> str:
     """The persistence argument of ``scripts/node_rule.lua`` from a ``CONFIG GET append*``
     reply (a flat name/value list), or from the error that refused it."""
@@ -316,25 +344,22 @@ class _Connection:
             self.out += encode_command(b"SCRIPT", b"LOAD", script.source)
             self.slots.append((None, _PRELOAD, None))
         if hello is not None:
-            self.out += encode_command(b"INFO", b"server")
+            self.out += HELLO_RUN_ID
             self.slots.append((None, _RUN_ID, None))
-            self.out += encode_command(b"CONFIG", b"GET", b"append*")
+            self.out += HELLO_PERSISTENCE
             self.slots.append((None, _PERSISTENCE, None))
-            self.out += encode_command(b"HGET", hello.marker, b"q")
+            self.out += hello_quarantine(hello.marker)
             self.slots.append((None, _QUARANTINE, None))
 
     def learn(self, kind: int, reply: object) -> None:
         """Take in the reply to one of :meth:`_queue_login`'s hello commands."""
         if kind == _RUN_ID:
-            text = reply.decode(errors="replace") if isinstance(reply, bytes) else ""
-            start = text.find("run_id:")
-            if start >= 0:
-                self.run_id = text[start + 7 : start + 47]
+            self.run_id = run_id_of(reply)
         elif kind == _PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held
             # meanwhile go out now, in order, after the replies that preceded them.
-            self.identity = _bulk(self.run_id) + _bulk(persistence_hint(reply))
+            self.identity = identity_of(self.run_id, reply)
             held, self.held = self.held or [], None
             self.out += b"".join(command + self.identity for command in held)
 
@@ -623,10 +648,7 @@ class ConnectionSet:
                     return
                 if slot_index == _QUARANTINE:
                     if self.hello is not None:
-                        # An error (an ACL without the marker key) still means the node
-                        # answered: it reports no quarantine rather than none at all.
-                        ms = int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
-                        self.hello.on_quarantine(conn.address.label, ms)
+                        self.hello.on_quarantine(conn.address.label, quarantine_of(reply))
                 elif slot_index < _PRELOAD:
                     conn.learn(slot_index, reply)
                     if conn.out:

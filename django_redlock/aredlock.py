@@ -36,12 +36,19 @@ from typing import Any, NoReturn
 from django_redlock._nodes import NodeAddress
 from django_redlock._resp import ReplyError, encode_command, make_reader
 from django_redlock._transport import (
+    HELLO_PERSISTENCE,
+    HELLO_RUN_ID,
     PENDING,
     TIMED_OUT,
     UNIDENTIFIED,
     Command,
+    Hello,
     NodeError,
+    hello_quarantine,
+    identity_of,
     new_waiter_id,
+    quarantine_of,
+    run_id_of,
     wake_channel,
 )
 from django_redlock.exceptions import (
@@ -55,6 +62,7 @@ from django_redlock.redlock import (
     _GRANTED,
     _HOLDER,
     _LEAVE,
+    _PING,
     _RELEASE,
     MANAGER_DEFAULT,
     BaseLease,
@@ -151,8 +159,14 @@ class _AsyncConnection(asyncio.Protocol):
     no reader task, no future per reply, so a round trip costs one wake-up of the waiting task.
     """
 
-    def __init__(self, address: NodeAddress) -> None:
+    def __init__(self, address: NodeAddress, hello: Hello) -> None:
         self.address = address
+        self.hello = hello
+        # The run_id and persistence arguments for `identify=True` commands (see Hello), and
+        # the commands held until they are known (None: not holding), as the sync transport.
+        self.identity = UNIDENTIFIED
+        self.run_id = ""
+        self.held: list[bytes] | None = []
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Callback] = deque()
         self.parser = make_reader()
@@ -186,7 +200,24 @@ class _AsyncConnection(asyncio.Protocol):
         for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
             # May fail harmlessly (an ACL without SCRIPT): EVALSHA then falls back to EVAL.
             self._send_raw(encode_command(b"SCRIPT", b"LOAD", script.source), _ignore)
+        self._send_raw(HELLO_RUN_ID, self._learn_run_id)
+        self._send_raw(HELLO_PERSISTENCE, self._learn_persistence)
+        self._send_raw(hello_quarantine(self.hello.marker), self._learn_quarantine)
         self.ready = True
+
+    def _learn_run_id(self, reply: Any) -> None:
+        self.run_id = run_id_of(reply)
+
+    def _learn_persistence(self, reply: Any) -> None:
+        # The identity is complete (INFO came first): the commands held meanwhile go out now.
+        self.identity = identity_of(self.run_id, reply)
+        held, self.held = self.held or [], None
+        if held and self.transport is not None and self.broken is None:
+            self.transport.write(b"".join(command + self.identity for command in held))
+
+    def _learn_quarantine(self, reply: Any) -> None:
+        if not isinstance(reply, NodeError):
+            self.hello.on_quarantine(self.address.label, quarantine_of(reply))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -206,12 +237,23 @@ class _AsyncConnection(asyncio.Protocol):
         if isinstance(reply, ReplyError):
             self._fail(f"login refused: {reply}")
 
-    def _send_raw(self, command: bytes, on_reply: _Callback) -> None:
-        """Write ``command``; ``on_reply`` gets its reply, or a :class:`NodeError`."""
+    def _send_raw(self, command: bytes, on_reply: _Callback, identify: bool = False) -> None:
+        """Write ``command``; ``on_reply`` gets its reply, or a :class:`NodeError`. With
+        ``identify``, the connection's identity completes it (held until it is known; a
+        command that names nothing first sends what is held, unidentified, to keep order)."""
         if self.broken is not None or self.transport is None:
             on_reply(NodeError(self.broken or "not connected"))
             return
         self.pending.append(on_reply)
+        if self.held is not None:
+            if identify:
+                self.held.append(command)
+                return
+            if self.held:
+                self.transport.write(b"".join(held + UNIDENTIFIED for held in self.held))
+                self.held.clear()
+        elif identify:
+            command += self.identity
         self.transport.write(command)
 
     def _fail(self, reason: str) -> None:
@@ -390,8 +432,9 @@ def _usable(conn: _AsyncConnection | None) -> bool:
 class _LoopConnections:
     """The connections of one event loop, one per node."""
 
-    def __init__(self, addresses: Sequence[NodeAddress]) -> None:
+    def __init__(self, addresses: Sequence[NodeAddress], hello: Hello) -> None:
         self.addresses = tuple(addresses)
+        self.hello = hello
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self.subscriber = _AsyncSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
@@ -414,7 +457,7 @@ class _LoopConnections:
         if conn is None or conn.broken is not None:
             if conn is not None:
                 conn.close()
-            conn = _AsyncConnection(self.addresses[index])
+            conn = _AsyncConnection(self.addresses[index], self.hello)
             self.connections[index] = conn
             conn.opening = asyncio.get_running_loop().create_task(conn.open(timeout))
         assert conn.opening is not None
@@ -429,8 +472,11 @@ class _LoopConnections:
         yes_value: object,
         need: int,
         give_up: int | None = None,
+        identify: bool = False,
     ) -> tuple[list[Any], int, int]:
         """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
+        With ``identify``, each command is completed with its connection's identity (see
+        ``_transport.Hello``).
 
         Commands are written synchronously to every connected node (no task per node: on a
         small machine a task costs more than the round trip); replies are tallied by future
@@ -474,7 +520,7 @@ class _LoopConnections:
                 record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
                 continue
             pending += 1
-            self._expect(conn, index, command, record, over)
+            self._expect(conn, index, command, record, over, identify)
         if pending and not decided.done():
             # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
@@ -505,6 +551,7 @@ class _LoopConnections:
         command: Command,
         record: Any,
         over: list[bool] | None = None,
+        identify: bool = False,
     ) -> None:
         """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer
         (re-sent as EVAL once if the node had no copy of the script). Once ``over[0]`` is
@@ -525,7 +572,7 @@ class _LoopConnections:
                 return
             record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
 
-        conn._send_raw(command[0], done)
+        conn._send_raw(command[0], done, identify)
 
     def close(self) -> None:
         for conn in self.connections:
@@ -700,7 +747,7 @@ class AsyncLockManager:
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
-                connections = _LoopConnections(self.sync.addresses)
+                connections = _LoopConnections(self.sync.addresses, self.sync._hello)
                 self._loops[loop] = connections
                 # Closes the connections when the loop's tasks are cancelled at its end
                 # (asyncio.run does that): protocols have no reader task that would.
@@ -753,9 +800,9 @@ class AsyncLockManager:
         attempts = 0
         listening = False
         if len(sync._quarantine.heard) < sync.quorum:
-            # Learn the nodes' longest quarantine before the first acquire (on a worker
-            # thread's sync connections: once per manager).
-            await asyncio.to_thread(sync._first_contact)
+            # Hear from the nodes before the first acquire (see LockManager._first_contact):
+            # the PONGs come after each new connection's hello replies.
+            await connections.run([_PING] * size, sync.node_timeout, b"PONG", sync.quorum)
         if waiter:
             subscriber.register(waiter)  # from now on a release naming us is kept
         try:
@@ -765,13 +812,10 @@ class AsyncLockManager:
                 command = _acquire_command(
                     key, token, ttl_ms, owner, sync._quarantine.ms, waiter, ticket, lifetime_ms
                 )
-                # This transport does not name its connections' server processes: each node
-                # checks itself (INFO server) on every acquire (scripts/node_rule.lua).
-                command = (command[0] + UNIDENTIFIED, command[1])
                 start = sync._clock()
                 try:
                     results, granted, _ = await connections.run(
-                        [command] * size, sync.node_timeout, _GRANTED, sync.quorum
+                        [command] * size, sync.node_timeout, _GRANTED, sync.quorum, identify=True
                     )
                 except BaseException:
                     # Cancelled (or interrupted) mid-round: some SETs may have landed, or may

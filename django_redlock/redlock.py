@@ -586,6 +586,8 @@ class LockManager:
         if self.ttl > self.max_ttl:
             raise ValueError(f"ttl={ttl!r} is above max_ttl={max_ttl!r}")
         self._quarantine = _Quarantine(math.ceil(self.max_ttl * 1000))
+        # What every new connection (sync or asyncio) asks its node first (see Hello).
+        self._hello = Hello(NODE_KEY, self._quarantine.report)
         self.quorum = len(self.addresses) // 2 + 1
         self._host = socket.gethostname()
         self._owner_cache: dict[tuple[object, ...], str] = {}
@@ -608,7 +610,7 @@ class LockManager:
                 # the old one is closed), so a half-open socket cannot block it forever.
                 stall_reset=max(1.0, 20 * self.node_timeout),
                 preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE),
-                hello=Hello(NODE_KEY, self._quarantine.report),
+                hello=self._hello,
             )
         )
 

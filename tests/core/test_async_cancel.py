@@ -180,8 +180,8 @@ def test_acquire_cancelled_before_its_connections_open(cluster3):
 
 
 def test_acquire_cancelled_while_a_new_manager_first_hears_from_the_nodes(cluster3):
-    """A manager's first acquire asks the nodes for their quarantine on a worker thread;
-    cancelled there, the thread finishes its bounded round and the manager works after."""
+    """A manager's first acquire first hears from the nodes (a round whose answers come after
+    each new connection's hello); cancelled there, the manager works after."""
 
     async def scenario(manager: AsyncLockManager, cluster: LocalCluster, bystander: Any) -> Case:
         case = Case("first-contact")
@@ -190,7 +190,8 @@ def test_acquire_cancelled_while_a_new_manager_first_hears_from_the_nodes(cluste
         cluster[1].pause()
         cluster[2].pause()
         task = asyncio.create_task(fresh.acquire(case.name, ttl=TTL, blocking=False))
-        await until(lambda: chain(task)[:2] == ["acquire", "to_thread"], "the first contact")
+        await until(lambda: chain(task)[:2] == ["acquire", "run"], "the first contact")
+        assert len(fresh.sync._quarantine.heard) < fresh.sync.quorum  # still in it
         await case.cancel(task)
         cluster.ensure_running()
         lease = await fresh.acquire(case.name, ttl=TTL, timeout=5.0)

@@ -8,12 +8,13 @@ short. The suite runs on the bundled Valkey and again on Redis 7.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from django_redlock import LockContended, LockManager, LockNotAcquired
+from django_redlock import AsyncLockManager, LockContended, LockManager, LockNotAcquired
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster, LocalNode
 from tests.helpers import node_client
 
@@ -182,3 +183,51 @@ def test_a_client_with_a_shorter_max_ttl_does_not_shorten_the_quarantine(snapsho
         tries += 1
         time.sleep(0.1)
     assert tries > 20  # it kept trying well past its own 1 s quarantine
+
+
+def info_calls(cluster: LocalCluster) -> int:
+    total = 0
+    for node in cluster:
+        with node_client(node) as client:
+            total += int(client.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+    return total
+
+
+def test_the_acquire_hot_path_asks_no_info_sync_and_asyncio(cluster3):
+    """Each connection names its server process once; after that the acquire script compares
+    one string instead of calling INFO (scripts/acquire.lua)."""
+    sync = LockManager(cluster3.urls)
+    sync.acquire("warm").release()
+    for node in cluster3:
+        with node_client(node) as client:
+            client.config_resetstat()
+    for index in range(20):
+        sync.acquire(f"hot:{index}", blocking=False).release()
+    assert info_calls(cluster3) == 0
+
+    async def main() -> int:
+        manager = AsyncLockManager(cluster3.urls)
+        await (await manager.acquire("warm")).release()
+        for node in cluster3:
+            with node_client(node) as client:
+                client.config_resetstat()
+        for index in range(20):
+            await (await manager.acquire(f"ahot:{index}", blocking=False)).release()
+        return info_calls(cluster3)
+
+    assert asyncio.run(main()) == 0
+
+
+def test_a_durable_node_restarted_votes_on_the_first_asyncio_try(durable3):
+    async def main() -> None:
+        manager = AsyncLockManager(durable3.urls, ttl=5.0, max_ttl=60.0, node_timeout=0.5)
+        await (await manager.acquire("first", blocking=False)).release()
+        durable3[0].restart()
+        await asyncio.sleep(0.05)  # the loop hears that the old connection closed
+        durable3[1].pause()
+        try:  # only node 0 (just restarted) and node 2 can make the quorum
+            await (await manager.acquire("second", blocking=False)).release()
+        finally:
+            durable3[1].resume()
+
+    asyncio.run(main())
