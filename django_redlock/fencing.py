@@ -33,9 +33,22 @@ from django_redlock.exceptions import FencingUnavailable
 if TYPE_CHECKING:
     from django.db.models.options import Options
 
-__all__ = ["FencingUnavailable", "active_token", "fenced", "mint_for_name", "mint_for_row"]
+__all__ = [
+    "FencingUnavailable",
+    "active_token",
+    "claim_row",
+    "fence_key",
+    "fence_model",
+    "fenced",
+    "held_rows",
+    "mint_for_name",
+    "mint_for_row",
+]
 
-# (model label, pk) -> (token, lock name), for the fenced blocks of this thread or task.
+_FIELD = "fencing_token"
+
+# (label of the model whose table holds the token, that table's pk) -> (token, lock name),
+# for the fenced blocks of this thread or task.
 _ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = contextvars.ContextVar(
     "django_redlock_fences", default=MappingProxyType({})
 )
@@ -46,19 +59,67 @@ _ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = con
 _MINT_LOCK_TIMEOUT_MS = 2000
 
 
+def fence_model(model: type[models.Model]) -> type[models.Model]:
+    """The concrete model whose table holds ``model``'s ``fencing_token`` column.
+
+    That is ``model`` itself, its concrete model for a proxy, or, with multi-table
+    inheritance, the ancestor that declares the field. The fence, the lock name and the mint
+    all follow this model, so a proxy, a child and the parent of one row share one fence.
+    """
+    field = model._meta.get_field(_FIELD)
+    owner = getattr(field, "model", None)
+    assert owner is not None
+    concrete: type[models.Model] = owner._meta.concrete_model
+    return concrete
+
+
+def fence_key(instance: models.Model) -> tuple[str, Any]:
+    """(label of :func:`fence_model`, the pk of the row that carries the token)."""
+    owner = fence_model(type(instance))
+    assert owner._meta.pk is not None
+    # A child's pk is its parent link, so with several parents it need not be the token
+    # row's pk: read the token model's own pk attribute, which every subclass inherits.
+    return (owner._meta.label_lower, getattr(instance, owner._meta.pk.attname))
+
+
 def active_token(instance: models.Model) -> tuple[int, str] | None:
     """The (token, lock name) under which ``instance``'s row is held here, or None."""
     fences = _ACTIVE.get()
     if not fences:
         return None
-    return fences.get((instance._meta.label_lower, instance.pk))
+    return fences.get(fence_key(instance))
+
+
+def held_rows(model: type[models.Model]) -> dict[Any, tuple[int, str]]:
+    """pk of the token row -> (token, lock name), for the rows of ``model``'s fence held here."""
+    fences = _ACTIVE.get()
+    if not fences:
+        return {}
+    label = fence_model(model)._meta.label_lower
+    return {pk: fence for (owner, pk), fence in fences.items() if owner == label}
+
+
+def claim_row(model: type[models.Model], pk: Any, token: int, using: str) -> bool:
+    """Check that the token row of ``pk`` still carries ``token``, and lock it.
+
+    One ``UPDATE … SET fencing_token = <token> WHERE pk = … AND fencing_token = <token>``: a
+    no-op write, but it takes the row's write lock until the caller's transaction ends, so no
+    newer mint can commit between this check and the caller's next statements. Call it inside
+    ``atomic()``. Returns False when the row has a newer token or is gone.
+    """
+    owner = fence_model(model)
+    # A plain QuerySet, not the model's manager: a FencedQuerySet would fence this again.
+    rows: models.QuerySet[models.Model] = models.QuerySet(owner, using=using).filter(
+        pk=pk, fencing_token=token
+    )
+    return bool(rows.update(fencing_token=token))
 
 
 @contextmanager
 def fenced(instance: models.Model, token: int, name: str) -> Iterator[None]:
     """Make writes to ``instance``'s row in this thread or task conditional on ``token``."""
     fences = dict(_ACTIVE.get())
-    fences[(instance._meta.label_lower, instance.pk)] = (token, name)
+    fences[fence_key(instance)] = (token, name)
     reset = _ACTIVE.set(fences)
     try:
         yield
@@ -108,17 +169,20 @@ def mint_for_row(instance: models.Model, name: str) -> int:
         FencingUnavailable: the row does not exist (or is not visible outside the caller's
             transaction, e.g. created in it, or inside a ``TestCase``), or it stayed locked.
     """
-    model = type(instance)
-    meta = model._meta
+    # The row that carries the token: for a proxy its concrete model's, for a multi-table
+    # child its fenced ancestor's (the child's own table has no such column).
+    meta = fence_model(type(instance))._meta
+    assert meta.pk is not None
+    row_pk = getattr(instance, meta.pk.attname)
     using = instance._state.db or "default"
 
     def bump(connection: BaseDatabaseWrapper) -> int:
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
-        column = quote(_column(meta, "fencing_token"))
+        column = quote(_column(meta, _FIELD))
         assert meta.pk is not None
         pk_column = quote(str(meta.pk.column))
-        pk_value = meta.pk.get_db_prep_value(instance.pk, connection)
+        pk_value = meta.pk.get_db_prep_value(row_pk, connection)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {column} = {column} + 1 WHERE {pk_column} = %s",  # noqa: S608 - names quoted by the backend
@@ -127,7 +191,7 @@ def mint_for_row(instance: models.Model, name: str) -> int:
             if cursor.rowcount != 1:
                 raise FencingUnavailable(
                     f"cannot mint a fencing token for {name!r}: no committed row "
-                    f"{meta.label}(pk={instance.pk!r}) is visible to a separate transaction "
+                    f"{meta.label}(pk={row_pk!r}) is visible to a separate transaction "
                     "(deleted, or created in a transaction that has not committed, e.g. inside "
                     "atomic() or a TestCase; use TransactionTestCase or commit it first)"
                 )

@@ -33,6 +33,10 @@ __all__ = ["alock_for", "lock_for", "lock_name"]
 def lock_name(target: object) -> str:
     """The lock name for a model instance (``"<app_label>.<model_name>:<pk>"``) or a string.
 
+    The model is the concrete one (a proxy locks the same name as its concrete model); for a
+    :class:`~django_redlock.models.FencedModel` it is the model whose row carries the fencing
+    token (a multi-table child locks its fenced parent's row).
+
     Raises:
         ValueError: an unsaved instance (no primary key yet).
         TypeError: neither a model instance nor a string.
@@ -45,7 +49,17 @@ def lock_name(target: object) -> str:
                 f"target: cannot lock an unsaved {type(target).__name__} (its pk is None); "
                 "save it first or lock a name"
             )
-        meta = target._meta
+        from django_redlock.fencing import fence_key, fence_model
+        from django_redlock.models import FencedModel
+
+        if isinstance(target, FencedModel):
+            # One row, one lock: a proxy, a multi-table child and the parent all name the
+            # row that carries the fencing token, as the fence itself does.
+            meta = fence_model(type(target))._meta
+            return f"{meta.app_label}.{meta.model_name}:{fence_key(target)[1]}"
+        concrete = target._meta.concrete_model
+        assert concrete is not None
+        meta = concrete._meta  # a proxy locks the same name as its concrete model
         return f"{meta.app_label}.{meta.model_name}:{target.pk}"
     raise TypeError(f"target must be a model instance or a str, not {type(target).__name__}")
 

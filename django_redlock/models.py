@@ -18,15 +18,24 @@ from typing import Any, ClassVar
 from django.db import models, transaction
 
 from django_redlock.exceptions import StaleFencingToken, UnfencedWrite
-from django_redlock.fencing import active_token
+from django_redlock.fencing import active_token, claim_row, fence_model
 
 __all__ = ["ActiveLock", "FencedModel", "FencingCounter"]
 
 _TOKEN = "fencing_token"
 
 
+def _stale(name: str, token: int, model: type[models.Model], pk: Any) -> StaleFencingToken:
+    detail = f"{model._meta.label}(pk={pk!r}) now has a newer fencing token or is gone"
+    return StaleFencingToken(name, token, detail)
+
+
 class FencedModel(models.Model):
     """Abstract base: adds ``fencing_token`` and makes writes under ``lock_for`` conditional.
+
+    The token lives in the row of the model that inherits from this class; proxies of that
+    model and its multi-table children share it (and the lock name), so a write through any
+    of them is fenced alike.
 
     Attributes:
         fencing_required: when True, a save or delete outside ``lock_for(instance)`` raises
@@ -66,20 +75,28 @@ class FencedModel(models.Model):
             return bool(super()._do_update(base_qs, using, pk_val, values, *args, **kwargs))
         token, name = fence
         self.fencing_token = token
-        values = [
-            (field, model, token if field.attname == _TOKEN else value)
-            for field, model, value in values
-        ]
-        updated = super()._do_update(
-            base_qs.filter(fencing_token=token), using, pk_val, values, *args, **kwargs
-        )
-        if not updated:
-            raise StaleFencingToken(
-                name,
-                token,
-                f"{self._meta.label}(pk={pk_val!r}) now has a newer fencing token or is gone",
+        owner = fence_model(type(self))
+        if base_qs.model._meta.concrete_model is owner:
+            # The table that carries the token: one conditional UPDATE, which always sets the
+            # token (even when update_fields names none of this table's fields), so the check
+            # is never skipped and the row stays locked until the save commits.
+            field = owner._meta.get_field(_TOKEN)
+            values = [(f, m, v) for f, m, v in values if f.attname != _TOKEN]
+            values.append((field, None, token))
+            updated = super()._do_update(
+                base_qs.filter(fencing_token=token), using, pk_val, values, *args, **kwargs
             )
-        return True
+            if not updated:
+                raise _stale(name, token, owner, pk_val)
+            return True
+        # Another table of a multi-table model (Django saves ancestors first, but the token
+        # may sit below a plain ancestor): claim the token row in the same transaction first.
+        assert owner._meta.pk is not None
+        row_pk = getattr(self, owner._meta.pk.attname)
+        with transaction.atomic(using=using, savepoint=False):
+            if not claim_row(owner, row_pk, token, using):
+                raise _stale(name, token, owner, row_pk)
+            return bool(super()._do_update(base_qs, using, pk_val, values, *args, **kwargs))
 
     def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
         fence = active_token(self)
@@ -92,21 +109,14 @@ class FencedModel(models.Model):
             return super().delete(using=using, keep_parents=keep_parents)
         token, name = fence
         db = using or self._state.db or "default"
+        owner = fence_model(type(self))
+        assert owner._meta.pk is not None
+        row_pk = getattr(self, owner._meta.pk.attname)
         with transaction.atomic(using=db):
-            # Claim the row with our token first (one conditional UPDATE: it also locks the
-            # row until commit), so no mint can slip in between the check and the DELETE.
-            claimed = (
-                type(self)
-                ._base_manager.using(db)
-                .filter(pk=self.pk, fencing_token=token)
-                .update(fencing_token=token)
-            )
-            if not claimed:
-                raise StaleFencingToken(
-                    name,
-                    token,
-                    f"{self._meta.label}(pk={self.pk!r}) now has a newer fencing token or is gone",
-                )
+            # Claim the token row first (one conditional UPDATE on its own table: it also
+            # locks the row until commit), so no mint can slip in between check and DELETE.
+            if not claim_row(owner, row_pk, token, db):
+                raise _stale(name, token, owner, row_pk)
             return super().delete(using=using, keep_parents=keep_parents)
 
 
