@@ -15,12 +15,22 @@ the storage itself checks. Here the storage is your database:
 Tokens must never be issued twice, so a mint is committed on its own: in autocommit it is its
 own transaction; inside ``atomic()`` it runs on a separate connection to the same database,
 so rolling back the caller's transaction does not hand the same number out again.
+
+3. **Held until the writes commit.** A fenced block left inside ``atomic()`` (e.g. with
+   ``ATOMIC_REQUESTS``) keeps its lock until that transaction commits or rolls back
+   (:func:`release_when_transaction_ends`): the next holder then mints after our writes are
+   committed (or gone), instead of waiting on the rows our transaction still locks.
+
+The fence is keyed by the row that carries the token (:func:`fence_model`): a proxy, a
+multi-table child and its fenced parent share it, and the lock name follows the same row.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Mapping
+import logging
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -28,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_redlock.exceptions import FencingUnavailable
+from django_redlock.exceptions import FencingUnavailable, LeaseReleased, LockLost
 
 if TYPE_CHECKING:
     from django.db.models.options import Options
+
+    from django_redlock.redlock import Lease
 
 __all__ = [
     "FencingUnavailable",
@@ -43,7 +55,10 @@ __all__ = [
     "held_rows",
     "mint_for_name",
     "mint_for_row",
+    "release_when_transaction_ends",
 ]
+
+logger = logging.getLogger("django_redlock.fencing")
 
 _FIELD = "fencing_token"
 
@@ -206,9 +221,20 @@ def mint_for_row(instance: models.Model, name: str) -> int:
         return _durably(using, bump)
     except DatabaseError as exc:
         raise FencingUnavailable(
-            f"cannot mint a fencing token for {name!r}: {exc} (if your own open transaction "
-            "already wrote this row, enter lock_for before writing it)"
+            f"cannot mint a fencing token for {name!r}: {exc} ({_locked_hint(using)})"
         ) from exc
+
+
+def _locked_hint(using: str) -> str:
+    """What to do when the mint found the row (or, on SQLite, the database) locked."""
+    connection = connections[using]
+    if connection.vendor == "sqlite" and connection.in_atomic_block:
+        return (
+            "on SQLite, inside atomic() or ATOMIC_REQUESTS, enter lock_for before the first "
+            "query of the transaction: the token commits on a second connection, and SQLite's "
+            "single writer cannot commit while your own transaction holds its read lock"
+        )
+    return "if your own open transaction already wrote this row, enter lock_for before writing it"
 
 
 def mint_for_name(name: str, using: str = "default") -> int:
@@ -253,4 +279,52 @@ def mint_for_name(name: str, using: str = "default") -> int:
             return _durably(using, bump)
         except DatabaseError as exc:  # IntegrityError on a lost creation race, or a lock
             last = exc
-    raise FencingUnavailable(f"cannot mint a fencing token for {name!r}: {last}") from last
+    raise FencingUnavailable(
+        f"cannot mint a fencing token for {name!r}: {last} ({_locked_hint(using)})"
+    ) from last
+
+
+class _OnCommit:
+    """The ``on_commit`` callback of :func:`release_when_transaction_ends`.
+
+    Its own object so that a finalizer can watch it: Django drops it unrun when the
+    transaction (or the savepoint it was registered in) rolls back, or the connection closes.
+    """
+
+    __slots__ = ("__weakref__", "release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self.release = release
+
+    def __call__(self) -> None:
+        self.release()
+
+
+def release_when_transaction_ends(lease: Lease, using: str) -> None:
+    """Release ``lease`` when the open transaction on ``using`` commits or rolls back.
+
+    Writes made under a fenced lock inside ``atomic()`` are not visible, and their rows stay
+    locked, until the transaction commits; releasing the lock before that would let the next
+    holder in to wait on those rows (and time out) or read what is about to change. So the
+    lease is kept, and renewed if auto-extended, until the end of the transaction: the commit
+    runs the release as an ``on_commit`` callback; a rollback (or a closed connection) makes
+    Django drop that callback unrun, and a finalizer on it releases instead (at once in
+    CPython, where the callback is freed as soon as Django drops it).
+    """
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        try:
+            lease.release()
+        except (LockLost, LeaseReleased) as error:
+            # The writes are committed (or rolled back) already: nothing to raise into. A
+            # newer holder's mint waited for this transaction, so it was not overtaken.
+            logger.warning("releasing %r at the end of its transaction: %s", lease.name, error)
+
+    callback = _OnCommit(release)
+    weakref.finalize(callback, release)
+    transaction.on_commit(callback, using=using, robust=True)
