@@ -245,3 +245,16 @@ def test_on_sqlite_a_read_before_the_lock_is_refused_with_a_clear_message():
         ):
             pass
     assert get_manager().holder(lock_name(ledger)) is None
+
+
+def test_a_nested_lock_of_the_same_row_does_not_fence_off_the_outer_block():
+    ledger = Ledger.objects.create()
+    with lock_for(ledger) as outer:
+        with lock_for(ledger) as inner:
+            assert inner.fencing_token == outer.fencing_token
+            ledger.value = 1
+            ledger.save()
+        ledger.value = 2
+        ledger.save()  # still our token: the inner block did not mint a newer one
+    row = Ledger.objects.get(pk=ledger.pk)
+    assert (row.value, row.fencing_token) == (2, 1)
