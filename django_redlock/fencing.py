@@ -15,12 +15,22 @@ the storage itself checks. Here the storage is your database:
 Tokens must never be issued twice, so a mint is committed on its own: in autocommit it is its
 own transaction; inside ``atomic()`` it runs on a separate connection to the same database,
 so rolling back the caller's transaction does not hand the same number out again.
+
+3. **Held until the writes commit.** A fenced block left inside ``atomic()`` (e.g. with
+   ``ATOMIC_REQUESTS``) keeps its lock until that transaction commits or rolls back
+   (:func:`release_when_transaction_ends`): the next holder then mints after our writes are
+   committed (or gone), instead of waiting on the rows our transaction still locks.
+
+The fence is keyed by the row that carries the token (:func:`fence_model`): a proxy, a
+multi-table child and its fenced parent share it, and the lock name follows the same row.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator, Mapping
+import logging
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
@@ -28,14 +38,32 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_redlock.exceptions import FencingUnavailable
+from django_redlock.exceptions import FencingUnavailable, LeaseReleased, LockLost
 
 if TYPE_CHECKING:
     from django.db.models.options import Options
 
-__all__ = ["FencingUnavailable", "active_token", "fenced", "mint_for_name", "mint_for_row"]
+    from django_redlock.redlock import Lease
 
-# (model label, pk) -> (token, lock name), for the fenced blocks of this thread or task.
+__all__ = [
+    "FencingUnavailable",
+    "active_token",
+    "claim_row",
+    "fence_key",
+    "fence_model",
+    "fenced",
+    "held_rows",
+    "mint_for_name",
+    "mint_for_row",
+    "release_when_transaction_ends",
+]
+
+logger = logging.getLogger("django_redlock.fencing")
+
+_FIELD = "fencing_token"
+
+# (label of the model whose table holds the token, that table's pk) -> (token, lock name),
+# for the fenced blocks of this thread or task.
 _ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = contextvars.ContextVar(
     "django_redlock_fences", default=MappingProxyType({})
 )
@@ -46,19 +74,67 @@ _ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = con
 _MINT_LOCK_TIMEOUT_MS = 2000
 
 
+def fence_model(model: type[models.Model]) -> type[models.Model]:
+    """The concrete model whose table holds ``model``'s ``fencing_token`` column.
+
+    That is ``model`` itself, its concrete model for a proxy, or, with multi-table
+    inheritance, the ancestor that declares the field. The fence, the lock name and the mint
+    all follow this model, so a proxy, a child and the parent of one row share one fence.
+    """
+    field = model._meta.get_field(_FIELD)
+    owner = getattr(field, "model", None)
+    assert owner is not None
+    concrete: type[models.Model] = owner._meta.concrete_model
+    return concrete
+
+
+def fence_key(instance: models.Model) -> tuple[str, Any]:
+    """(label of :func:`fence_model`, the pk of the row that carries the token)."""
+    owner = fence_model(type(instance))
+    assert owner._meta.pk is not None
+    # A child's pk is its parent link, so with several parents it need not be the token
+    # row's pk: read the token model's own pk attribute, which every subclass inherits.
+    return (owner._meta.label_lower, getattr(instance, owner._meta.pk.attname))
+
+
 def active_token(instance: models.Model) -> tuple[int, str] | None:
     """The (token, lock name) under which ``instance``'s row is held here, or None."""
     fences = _ACTIVE.get()
     if not fences:
         return None
-    return fences.get((instance._meta.label_lower, instance.pk))
+    return fences.get(fence_key(instance))
+
+
+def held_rows(model: type[models.Model]) -> dict[Any, tuple[int, str]]:
+    """pk of the token row -> (token, lock name), for the rows of ``model``'s fence held here."""
+    fences = _ACTIVE.get()
+    if not fences:
+        return {}
+    label = fence_model(model)._meta.label_lower
+    return {pk: fence for (owner, pk), fence in fences.items() if owner == label}
+
+
+def claim_row(model: type[models.Model], pk: Any, token: int, using: str) -> bool:
+    """Check that the token row of ``pk`` still carries ``token``, and lock it.
+
+    One ``UPDATE … SET fencing_token = <token> WHERE pk = … AND fencing_token = <token>``: a
+    no-op write, but it takes the row's write lock until the caller's transaction ends, so no
+    newer mint can commit between this check and the caller's next statements. Call it inside
+    ``atomic()``. Returns False when the row has a newer token or is gone.
+    """
+    owner = fence_model(model)
+    # A plain QuerySet, not the model's manager: a FencedQuerySet would fence this again.
+    rows: models.QuerySet[models.Model] = models.QuerySet(owner, using=using).filter(
+        pk=pk, fencing_token=token
+    )
+    return bool(rows.update(fencing_token=token))
 
 
 @contextmanager
 def fenced(instance: models.Model, token: int, name: str) -> Iterator[None]:
     """Make writes to ``instance``'s row in this thread or task conditional on ``token``."""
     fences = dict(_ACTIVE.get())
-    fences[(instance._meta.label_lower, instance.pk)] = (token, name)
+    fences[fence_key(instance)] = (token, name)
     reset = _ACTIVE.set(fences)
     try:
         yield
@@ -108,17 +184,20 @@ def mint_for_row(instance: models.Model, name: str) -> int:
         FencingUnavailable: the row does not exist (or is not visible outside the caller's
             transaction, e.g. created in it, or inside a ``TestCase``), or it stayed locked.
     """
-    model = type(instance)
-    meta = model._meta
+    # The row that carries the token: for a proxy its concrete model's, for a multi-table
+    # child its fenced ancestor's (the child's own table has no such column).
+    meta = fence_model(type(instance))._meta
+    assert meta.pk is not None
+    row_pk = getattr(instance, meta.pk.attname)
     using = instance._state.db or "default"
 
     def bump(connection: BaseDatabaseWrapper) -> int:
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
-        column = quote(_column(meta, "fencing_token"))
+        column = quote(_column(meta, _FIELD))
         assert meta.pk is not None
         pk_column = quote(str(meta.pk.column))
-        pk_value = meta.pk.get_db_prep_value(instance.pk, connection)
+        pk_value = meta.pk.get_db_prep_value(row_pk, connection)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {column} = {column} + 1 WHERE {pk_column} = %s",  # noqa: S608 - names quoted by the backend
@@ -127,7 +206,7 @@ def mint_for_row(instance: models.Model, name: str) -> int:
             if cursor.rowcount != 1:
                 raise FencingUnavailable(
                     f"cannot mint a fencing token for {name!r}: no committed row "
-                    f"{meta.label}(pk={instance.pk!r}) is visible to a separate transaction "
+                    f"{meta.label}(pk={row_pk!r}) is visible to a separate transaction "
                     "(deleted, or created in a transaction that has not committed, e.g. inside "
                     "atomic() or a TestCase; use TransactionTestCase or commit it first)"
                 )
@@ -142,9 +221,20 @@ def mint_for_row(instance: models.Model, name: str) -> int:
         return _durably(using, bump)
     except DatabaseError as exc:
         raise FencingUnavailable(
-            f"cannot mint a fencing token for {name!r}: {exc} (if your own open transaction "
-            "already wrote this row, enter lock_for before writing it)"
+            f"cannot mint a fencing token for {name!r}: {exc} ({_locked_hint(using)})"
         ) from exc
+
+
+def _locked_hint(using: str) -> str:
+    """What to do when the mint found the row (or, on SQLite, the database) locked."""
+    connection = connections[using]
+    if connection.vendor == "sqlite" and connection.in_atomic_block:
+        return (
+            "on SQLite, inside atomic() or ATOMIC_REQUESTS, enter lock_for before the first "
+            "query of the transaction: the token commits on a second connection, and SQLite's "
+            "single writer cannot commit while your own transaction holds its read lock"
+        )
+    return "if your own open transaction already wrote this row, enter lock_for before writing it"
 
 
 def mint_for_name(name: str, using: str = "default") -> int:
@@ -189,4 +279,52 @@ def mint_for_name(name: str, using: str = "default") -> int:
             return _durably(using, bump)
         except DatabaseError as exc:  # IntegrityError on a lost creation race, or a lock
             last = exc
-    raise FencingUnavailable(f"cannot mint a fencing token for {name!r}: {last}") from last
+    raise FencingUnavailable(
+        f"cannot mint a fencing token for {name!r}: {last} ({_locked_hint(using)})"
+    ) from last
+
+
+class _OnCommit:
+    """The ``on_commit`` callback of :func:`release_when_transaction_ends`.
+
+    Its own object so that a finalizer can watch it: Django drops it unrun when the
+    transaction (or the savepoint it was registered in) rolls back, or the connection closes.
+    """
+
+    __slots__ = ("__weakref__", "release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self.release = release
+
+    def __call__(self) -> None:
+        self.release()
+
+
+def release_when_transaction_ends(lease: Lease, using: str) -> None:
+    """Release ``lease`` when the open transaction on ``using`` commits or rolls back.
+
+    Writes made under a fenced lock inside ``atomic()`` are not visible, and their rows stay
+    locked, until the transaction commits; releasing the lock before that would let the next
+    holder in to wait on those rows (and time out) or read what is about to change. So the
+    lease is kept, and renewed if auto-extended, until the end of the transaction: the commit
+    runs the release as an ``on_commit`` callback; a rollback (or a closed connection) makes
+    Django drop that callback unrun, and a finalizer on it releases instead (at once in
+    CPython, where the callback is freed as soon as Django drops it).
+    """
+    done = False
+
+    def release() -> None:
+        nonlocal done
+        if done:
+            return
+        done = True
+        try:
+            lease.release()
+        except (LockLost, LeaseReleased) as error:
+            # The writes are committed (or rolled back) already: nothing to raise into. A
+            # newer holder's mint waited for this transaction, so it was not overtaken.
+            logger.warning("releasing %r at the end of its transaction: %s", lease.name, error)
+
+    callback = _OnCommit(release)
+    weakref.finalize(callback, release)
+    transaction.on_commit(callback, using=using, robust=True)

@@ -9,6 +9,10 @@ The lease is auto-extended by default (renewed every ttl/3 in the background); i
 fails the lease is marked lost, ``lock_lost`` is sent, and leaving the block raises
 ``LockLost`` (unless the block itself raised), because the work in it may have overlapped
 another holder.
+
+A fenced block (a ``FencedModel`` target, or ``fencing=True``) left inside ``atomic()`` keeps
+its lock until that transaction commits or rolls back, and taking the same lock again in the
+same thread meanwhile re-enters it with the same token.
 """
 
 from __future__ import annotations
@@ -16,10 +20,10 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.db import models
+from django.db import connections, models
 
 from django_redlock.conf import get_async_manager, get_manager, get_settings
 from django_redlock.redlock import BaseLease, Lease
@@ -33,6 +37,10 @@ __all__ = ["alock_for", "lock_for", "lock_name"]
 def lock_name(target: object) -> str:
     """The lock name for a model instance (``"<app_label>.<model_name>:<pk>"``) or a string.
 
+    The model is the concrete one (a proxy locks the same name as its concrete model); for a
+    :class:`~django_redlock.models.FencedModel` it is the model whose row carries the fencing
+    token (a multi-table child locks its fenced parent's row).
+
     Raises:
         ValueError: an unsaved instance (no primary key yet).
         TypeError: neither a model instance nor a string.
@@ -45,7 +53,17 @@ def lock_name(target: object) -> str:
                 f"target: cannot lock an unsaved {type(target).__name__} (its pk is None); "
                 "save it first or lock a name"
             )
-        meta = target._meta
+        from django_redlock.fencing import fence_key, fence_model
+        from django_redlock.models import FencedModel
+
+        if isinstance(target, FencedModel):
+            # One row, one lock: a proxy, a multi-table child and the parent all name the
+            # row that carries the fencing token, as the fence itself does.
+            meta = fence_model(type(target))._meta
+            return f"{meta.app_label}.{meta.model_name}:{fence_key(target)[1]}"
+        concrete = target._meta.concrete_model
+        assert concrete is not None
+        meta = concrete._meta  # a proxy locks the same name as its concrete model
         return f"{meta.app_label}.{meta.model_name}:{target.pk}"
     raise TypeError(f"target must be a model instance or a str, not {type(target).__name__}")
 
@@ -75,20 +93,51 @@ def _options(
     }
 
 
-def _mint(target: object, name: str, fencing: bool | None, lease: BaseLease) -> models.Model | None:
-    """Mint the fencing token the block runs under (if any); returns the fenced instance."""
+def _mint(
+    target: object, name: str, fencing: bool | None, lease: BaseLease
+) -> tuple[models.Model | None, str | None]:
+    """Mint the fencing token the block runs under, if any.
+
+    Returns the fenced instance (or None) and the database the token lives in (None when
+    the block is not fenced).
+    """
     from django_redlock.fencing import mint_for_name, mint_for_row
     from django_redlock.models import FencedModel
 
     if fencing is False:
-        return None
+        return None, None
+    # Re-entry by the same owner: the lock was held all along, so its token still fences the
+    # row. A new mint would fence off the outer block, and wait on the row lock our own
+    # transaction took when it wrote under the outer block.
+    token = lease.fencing_token if lease.depth > 1 else None
     if isinstance(target, FencedModel):
-        lease.fencing_token = target.fencing_token = mint_for_row(target, name)
-        return target
+        if token is None:
+            token = lease.fencing_token = mint_for_row(target, name)
+        target.fencing_token = token
+        return target, target._state.db or "default"
     if fencing:
         using = target._state.db or "default" if isinstance(target, models.Model) else "default"
-        lease.fencing_token = mint_for_name(name, using)
-    return None
+        if token is None:
+            lease.fencing_token = mint_for_name(name, using)
+        return None, using
+    return None, None
+
+
+def _leave(lease: Lease, using: str | None, exc_info: tuple[Any, Any, Any]) -> None:
+    """End a ``lock_for`` block: release the lease now, or, when the block was fenced inside
+    an open transaction, when that transaction commits or rolls back (its writes are not
+    visible, and their rows stay locked, until then)."""
+    from django_redlock.fencing import release_when_transaction_ends
+
+    if (
+        using is not None
+        and connections[using].in_atomic_block
+        and not lease.released
+        and not lease.lost  # a lost lease raises LockLost now, as outside a transaction
+    ):
+        release_when_transaction_ends(lease, using)
+        return
+    lease.__exit__(*exc_info)
 
 
 @contextmanager
@@ -104,6 +153,10 @@ def lock_for(
     origin: str | None = None,
 ) -> Iterator[Lease]:
     """Hold the lock of ``target`` for the ``with`` block; yields the :class:`Lease`.
+
+    A fenced block left inside ``atomic()`` (``ATOMIC_REQUESTS`` included) holds the lock on
+    until that transaction commits or rolls back, so the next holder sees our writes
+    committed; on SQLite, enter it before the transaction's first query.
 
     Args:
         target: a saved model instance or a lock name.
@@ -129,14 +182,22 @@ def lock_for(
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
     lease = get_manager().acquire(name, **options)  # type: ignore[arg-type]
-    with lease:
-        instance = _mint(target, name, fencing, lease)
+    try:
+        instance, using = _mint(target, name, fencing, lease)
+    except BaseException:
+        lease.__exit__(*sys.exc_info())
+        raise
+    try:
         if instance is None:
             yield lease
-            return
-        assert lease.fencing_token is not None
-        with fenced(instance, lease.fencing_token, name):
-            yield lease
+        else:
+            assert lease.fencing_token is not None
+            with fenced(instance, lease.fencing_token, name):
+                yield lease
+    except BaseException:
+        _leave(lease, using, sys.exc_info())
+        raise
+    _leave(lease, using, (None, None, None))
 
 
 @asynccontextmanager
@@ -160,7 +221,9 @@ async def alock_for(
     # one, runs in Django's sync thread as any ORM call from async code does).
     lease = await get_async_manager().acquire(name, **options)
     try:
-        instance = await sync_to_async(_mint, thread_sensitive=True)(target, name, fencing, lease)
+        instance, _ = await sync_to_async(_mint, thread_sensitive=True)(
+            target, name, fencing, lease
+        )
         if instance is None:
             yield lease
         else:
