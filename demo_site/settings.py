@@ -70,6 +70,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDLOCK = {
     "NODES": [url for url in os.environ.get("REDLOCK_DEMO_NODES", "").split(",") if url],
     "TTL": 10.0,
+    # The demo's nodes fsync every write (appendfsync always, so they vote at once without
+    # being declared fresh): on a busy disk an fsync can outlast the 50 ms default.
+    "NODE_TIMEOUT": 0.25,
     "KEY_PREFIX": "demo:",
 }
 
