@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from django_redlock import RedlockError, get_manager
+from django_redlock import QuorumUnreachable, RedlockError, get_manager
 from django_redlock.contrib.celery import AlreadyQueued
 from tests.contrib.conftest import WAIT, Journal, Worker, count, new_job
+from tests.helpers import node_client
 
 pytestmark = pytest.mark.slow
 
@@ -175,7 +176,7 @@ def test_lease_lost_mid_task_is_seen_at_check(solo: Worker, celery_app: Any, jou
 # -- once=True ------------------------------------------------------------------------------
 
 
-def test_once_returns_the_queued_copy_and_the_key_runs_out(celery_app: Any):
+def test_once_returns_the_queued_copy_and_the_key_runs_out(celery_app: Any, broker: Any):
     """No worker listens: the copies stay queued. A second enqueue returns the first's
     AsyncResult (or raises AlreadyQueued); the key expires by itself after once_ttl."""
     job = new_job()
@@ -183,6 +184,8 @@ def test_once_returns_the_queued_copy_and_the_key_runs_out(celery_app: Any):
     first = celery_app.once_task.apply_async((job,), queue="nobody-listens")
     second = celery_app.once_task.delay(job)
     assert second.id == first.id
+    with node_client(broker) as client:
+        assert client.llen("nobody-listens") == 1  # one message, not two
     holder = manager.holder(f"once:job:{job}")
     assert holder is not None
     assert holder["origin"] == f"celery-once:tests.contrib.celery_app.once_task[{first.id}]"
@@ -280,3 +283,34 @@ def test_late_ack_task_is_redelivered_after_its_process_is_sigkilled(
     journal.open(gate)
     assert result.get(timeout=WAIT) == result.id
     assert manager.holder(f"job:{job}") is None
+
+
+# -- faults on the lock nodes ---------------------------------------------------------------
+
+
+def test_once_and_the_run_lock_work_with_a_minority_paused(
+    solo: Worker, celery_app: Any, journal: Journal, cluster3: Any
+):
+    job, gate = new_job(), new_job()
+    with cluster3[0].paused_while():
+        first = celery_app.once_task.apply_async((job, gate), queue=solo.queue)
+        journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
+        assert celery_app.once_task.apply_async((job, gate), queue=solo.queue).id == first.id
+        holder = get_manager().holder(f"job:{job}")
+        assert holder is not None
+        assert holder["nodes"] == 2  # the paused node does not answer
+        journal.open(gate)
+        assert first.get(timeout=WAIT) == first.id
+        assert get_manager().holder(f"once:job:{job}") is None
+
+
+def test_once_sends_nothing_without_a_quorum(celery_app: Any, cluster3: Any, broker: Any):
+    job = new_job()
+    with (
+        cluster3[0].paused_while(),
+        cluster3[1].paused_while(),
+        pytest.raises(QuorumUnreachable),
+    ):
+        celery_app.once_task.apply_async((job,), queue="nobody-listens")
+    with node_client(broker) as client:
+        assert client.llen("nobody-listens") == 0  # no message reached the queue
