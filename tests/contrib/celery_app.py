@@ -179,7 +179,8 @@ def plain_manager() -> LockManager:
     global _plain_manager
     if _plain_manager is None:
         nodes = [url for url in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if url]
-        _plain_manager = LockManager(nodes, ttl=2.0, retry_delay=0.02)
+        timeout = float(os.environ.get("REDLOCK_TEST_NODE_TIMEOUT", "0.05"))
+        _plain_manager = LockManager(nodes, ttl=2.0, retry_delay=0.02, node_timeout=timeout)
     return _plain_manager
 
 

@@ -142,7 +142,7 @@ def test_origin_names_the_task_and_id_with_a_plain_manager(
     solo: Worker, celery_app: Any, journal: Journal
 ):
     """``manager=`` (a core LockManager built without Django) and a callable key."""
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     result = celery_app.plain_task.apply_async((job, gate), queue=solo.queue)
     journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
     holder = get_manager().holder(f"plain:{job}")
@@ -155,7 +155,7 @@ def test_origin_names_the_task_and_id_with_a_plain_manager(
 
 
 def test_lease_lost_mid_task_is_seen_at_check(solo: Worker, celery_app: Any, journal: Journal):
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     manager = get_manager()
     result = celery_app.lose_lease.apply_async((job, gate), queue=solo.queue)
     journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
@@ -203,11 +203,10 @@ def test_once_returns_the_queued_copy_and_the_key_runs_out(celery_app: Any, brok
 def test_once_dedupes_while_running_and_frees_the_key_when_done(
     solo: Worker, celery_app: Any, journal: Journal
 ):
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     first = celery_app.once_task.apply_async((job, gate), queue=solo.queue)
     journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
-    # Started 1.5 s after... whatever: the worker renews the key while it runs.
-    time.sleep(3.5)  # past once_ttl (3 s): only the worker's renewal can keep the key
+    time.sleep(3.5)  # past once_ttl (3 s): only the worker's renewal can keep the key now
     again = celery_app.once_task.apply_async((job, gate), queue=solo.queue)
     assert again.id == first.id
     journal.open(gate)
@@ -238,7 +237,7 @@ def test_sigkilled_worker_leaves_keys_that_run_out_within_their_ttl(
     start_worker: Callable[..., Worker], celery_app: Any, journal: Journal
 ):
     worker = start_worker("solo")
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     manager = get_manager()
     result = celery_app.once_task.apply_async((job, gate), queue=worker.queue)
     journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
@@ -265,7 +264,7 @@ def test_late_ack_task_is_redelivered_after_its_process_is_sigkilled(
     SIGKILLed; Celery puts the message back, a new pool process runs it again, and takes the
     lock only once the dead process's lease has run out (never two holders)."""
     worker = start_worker("prefork")
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     manager = get_manager()
     result = celery_app.late_task.apply_async((job, gate), queue=worker.queue)
     (start,) = journal.wait_for(job, lambda events: count(events, "start") == 1, "the first run")
@@ -291,7 +290,7 @@ def test_late_ack_task_is_redelivered_after_its_process_is_sigkilled(
 def test_once_and_the_run_lock_work_with_a_minority_paused(
     solo: Worker, celery_app: Any, journal: Journal, cluster3: Any
 ):
-    job, gate = new_job(), new_job()
+    job, gate = new_job(), journal.gate()
     with cluster3[0].paused_while():
         first = celery_app.once_task.apply_async((job, gate), queue=solo.queue)
         journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
