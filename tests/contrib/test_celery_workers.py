@@ -221,7 +221,9 @@ def test_once_key_is_handed_to_the_retry(solo: Worker, celery_app: Any, journal:
     job = new_job()
     first = celery_app.once_retry_itself.apply_async((job,), queue=solo.queue)
     journal.wait_for(job, lambda events: count(events, "retrying") == 1, "the first run")
-    # The retry waits in the queue (1.5 s countdown): the key stays taken by it.
+    # The first run is over (Celery stored RETRY after it returned), and the retry waits in
+    # the queue (1.5 s countdown) or has just started: the key stays taken by it.
+    wait_until(lambda: first.state == "RETRY" or count(journal.events(job), "start") > 0, "RETRY")
     again = celery_app.once_retry_itself.apply_async((job,), queue=solo.queue)
     assert again.id == first.id
     assert first.get(timeout=WAIT) == first.id
