@@ -1,0 +1,746 @@
+"""Celery tasks that run one at a time per lock name, and enqueue once per key.
+
+``pip install django_redlock[celery]``. Two spellings, one implementation::
+
+    @app.task(bind=True)
+    @locked_task(key="report:{account_id}", on_busy="retry", ttl=30)
+    def build_report(self, account_id): ...
+
+    @app.task(bind=True, base=LockedTask, redlock={"key": "report:{account_id}", "once": True})
+    def build_report(self, account_id): ...
+
+(``base=LockedTask`` is needed for ``once=True``, which works in ``apply_async``; the
+decorator alone locks the run only.)
+
+**The run lock.** The worker takes the lock ``key`` (formatted from the task's arguments)
+before the task's function runs, with the origin ``celery:<task name>[<task id>]`` (shown on
+the admin page), auto-extended while the function runs, and releases it when the function
+returns, raises, or asks for a retry: it is never held across a retry. When the lock is busy
+the task is skipped (logged with the holder, result ``None``), retried with Celery's own
+``self.retry(countdown=...)`` (the countdown is the holder's remaining lease, bounded), or
+fails with :class:`~django_redlock.LockContended`.
+
+**Once.** With ``once=True``, ``apply_async``/``delay`` first takes a lease ``once:<key>``
+(no waiting, ttl ``once_ttl``) whose origin names the task id, and hands the lease's token to
+the worker in a message header. A second enqueue of the same key finds the lease held, reads
+the first task id from its origin, and returns that ``AsyncResult`` (or raises
+:class:`AlreadyQueued`). The worker adopts the lease when the task starts (extending it, which
+proves it is still the owner), keeps extending it while the task runs, and releases it when the
+task finishes. A retry hands it on to the retried message. A worker killed meanwhile stops
+renewing it, so the key always runs out within ``once_ttl``: never a key to delete by hand.
+
+Both leases go through the same :class:`~django_redlock.LockManager` as every other lock, so
+the quorum, validity and restart rules are the ones of ``acquire``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import string
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import wraps
+from typing import Any, ClassVar, Literal, TypeVar, cast
+
+try:
+    from celery import Task
+    from celery._state import get_current_task
+    from celery.result import AsyncResult
+    from celery.utils import uuid
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "django_redlock.contrib.celery needs Celery: pip install 'django_redlock[celery]'"
+    ) from error
+
+from django_redlock.exceptions import (
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    QuorumUnreachable,
+    RedlockError,
+)
+from django_redlock.redlock import Lease, LockManager
+
+__all__ = ["AlreadyQueued", "LockedTask", "current_lease", "locked_task"]
+
+logger = logging.getLogger("django_redlock.celery")
+
+OnBusy = Literal["skip", "retry", "error"]
+Key = str | Callable[..., str]
+ManagerOption = LockManager | Callable[[], LockManager] | None
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: The message header that carries the ``once`` lease from ``apply_async`` to the worker.
+HEADER = "redlock_once"
+#: Prefix of the ``once`` lease's name: ``once:<key>``.
+ONCE_PREFIX = "once:"
+_ONCE_ORIGIN = "celery-once:"
+# Attributes set on the task's request (celery.app.task.Context) while a locked task runs.
+_LEASE_ATTR = "redlock_lease"
+_MARKER_ATTR = "redlock_marker"
+_HANDED_ATTR = "redlock_marker_handed_off"
+_POLICY_ATTR = "__redlock_policy__"
+
+
+class AlreadyQueued(RedlockError):
+    """``apply_async`` with ``once=True`` found the same key already queued or running.
+
+    Raised instead of returning the existing ``AsyncResult`` when the task asks for it
+    (``once_raise=True``).
+
+    Attributes:
+        name: the ``once`` lease's name (``once:<key>``).
+        task_id: the id of the copy already queued or running, or None when the lease's owner
+            could not be read (it was taken by something other than this module).
+    """
+
+    def __init__(self, name: str, task_id: str | None) -> None:
+        self.name = name
+        self.task_id = task_id
+        super().__init__(
+            f"{name!r} is already queued or running" + (f" as task {task_id}" if task_id else "")
+        )
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
+    if not (value >= 0 if allow_zero else value > 0):  # also refuses NaN
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{argument} must be seconds {bound}, not {value!r}")
+    if math.isinf(value):
+        raise ValueError(f"{argument} must be finite, not {value!r}")
+    return float(value)
+
+
+def _optional_seconds(value: object, argument: str) -> float | None:
+    return None if value is None else _seconds(value, argument)
+
+
+@dataclass(frozen=True)
+class _Policy:
+    """What ``locked_task`` was asked for, validated once at decoration time."""
+
+    key: Key
+    on_busy: OnBusy
+    ttl: float | None
+    timeout: float
+    auto_extend: bool
+    max_hold: float | None
+    once: bool
+    once_ttl: float | None
+    once_raise: bool
+    retry_max_countdown: float
+    manager: ManagerOption
+
+    def get_manager(self) -> LockManager:
+        if self.manager is None:
+            from django_redlock.conf import get_manager  # Django only when asked for
+
+            return get_manager()
+        if isinstance(self.manager, LockManager):
+            return self.manager
+        manager = self.manager()
+        if not isinstance(manager, LockManager):
+            raise TypeError(
+                f"manager callable must return a LockManager, not {type(manager).__name__}"
+            )
+        return manager
+
+
+def _make_policy(
+    key: object,
+    *,
+    on_busy: object = "skip",
+    ttl: object = None,
+    timeout: object = 0,
+    auto_extend: object = True,
+    max_hold: object = None,
+    once: object = False,
+    once_ttl: object = None,
+    once_raise: object = False,
+    retry_max_countdown: object = 60.0,
+    manager: object = None,
+) -> _Policy:
+    if not isinstance(key, str) and not callable(key):
+        raise TypeError(f"key must be a format string or a callable, not {type(key).__name__}")
+    if isinstance(key, str) and not key:
+        raise ValueError("key must not be empty")
+    if on_busy not in ("skip", "retry", "error"):
+        raise ValueError(f"on_busy must be 'skip', 'retry' or 'error', not {on_busy!r}")
+    for flag, value in (("auto_extend", auto_extend), ("once", once), ("once_raise", once_raise)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be a bool, not {type(value).__name__}")
+    if manager is not None and not isinstance(manager, LockManager) and not callable(manager):
+        raise TypeError(
+            f"manager must be a LockManager, a callable returning one, or None, "
+            f"not {type(manager).__name__}"
+        )
+    return _Policy(
+        key=cast(Key, key),
+        on_busy=on_busy,
+        ttl=_optional_seconds(ttl, "ttl"),
+        timeout=_seconds(timeout, "timeout", allow_zero=True),
+        auto_extend=cast(bool, auto_extend),
+        max_hold=_optional_seconds(max_hold, "max_hold"),
+        once=cast(bool, once),
+        once_ttl=_optional_seconds(once_ttl, "once_ttl"),
+        once_raise=cast(bool, once_raise),
+        retry_max_countdown=_seconds(retry_max_countdown, "retry_max_countdown"),
+        manager=cast(ManagerOption, manager),
+    )
+
+
+# -- lock names from the task's arguments --------------------------------------------------
+
+
+class _Namer:
+    """Builds the lock name from a call's arguments, bound to the function's signature."""
+
+    def __init__(self, key: Key, function: Callable[..., Any], *, bound: bool | None) -> None:
+        self.key = key
+        self.function = function
+        signature = inspect.signature(function)
+        parameters = list(signature.parameters.values())
+        self.unbound = signature
+        self.bound = signature.replace(parameters=parameters[1:]) if parameters else signature
+        if isinstance(key, str):
+            self._check_fields(key, parameters[1:] if bound else parameters)
+
+    def _check_fields(self, key: str, parameters: list[inspect.Parameter]) -> None:
+        """Refuse, at decoration time, a field that no argument can ever fill."""
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+            return  # any name may arrive in **kwargs: checked at call time
+        names = [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        positional = sum(p.kind is not inspect.Parameter.KEYWORD_ONLY for p in parameters)
+        try:
+            fields = [field for _, field, _, _ in string.Formatter().parse(key) if field]
+        except ValueError as error:
+            raise ValueError(f"key {key!r} is not a valid format string: {error}") from None
+        for field in fields:
+            head = field.split(".", 1)[0].split("[", 1)[0]
+            if head.isdigit():
+                if int(head) >= positional and not any(
+                    p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters
+                ):
+                    raise ValueError(
+                        f"key {key!r} refers to positional argument {{{head}}}, but "
+                        f"{self._describe()} takes {positional} positional argument(s)"
+                    )
+            elif head == "":
+                raise ValueError(
+                    f"key {key!r} has an empty field {{}}: name the argument, e.g. "
+                    f"{{{names[0] if names else 'name'}}}"
+                )
+            elif head not in names:
+                raise ValueError(
+                    f"key {key!r} refers to {{{head}}}, which is not an argument of "
+                    f"{self._describe()} ({', '.join(names) or 'it takes none'})"
+                )
+
+    def _describe(self) -> str:
+        return f"{self.function.__module__}.{self.function.__qualname__}"
+
+    def name(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], *, bound: bool) -> str:
+        """The lock name for a call with ``args``/``kwargs`` (without the bound task).
+
+        Raises:
+            ValueError: a field of the key is missing from this call's arguments.
+            TypeError: the arguments do not fit the function, or a key callable returned
+                something other than a str.
+        """
+        if callable(self.key):
+            resolved = self.key(*args, **kwargs)
+            if not isinstance(resolved, str):
+                raise TypeError(f"key callable must return a str, not {type(resolved).__name__}")
+            return resolved
+        signature = self.bound if bound else self.unbound
+        try:
+            call = signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{self._describe()}: {error}") from None
+        call.apply_defaults()
+        named: dict[str, Any] = {}
+        for parameter in signature.parameters.values():
+            value = call.arguments.get(parameter.name)
+            if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                named.update(value or {})
+            elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+                named[parameter.name] = value
+        try:
+            return self.key.format(*call.args, **named)
+        except (KeyError, IndexError, AttributeError) as error:
+            raise ValueError(
+                f"key {self.key!r} refers to {error}, which this call of {self._describe()} "
+                f"does not give (arguments: {', '.join(named) or 'none'})"
+            ) from None
+
+
+# -- the run -----------------------------------------------------------------------------
+
+
+def _origin(task: Task, request: Any) -> str:
+    return f"celery:{task.name}[{getattr(request, 'id', None) or 'direct'}]"
+
+
+def _describe_holder(manager: LockManager, name: str) -> str:
+    """Who holds ``name`` (host, pid, origin, seconds left), for the busy log line."""
+    try:
+        owner = manager.holder(name)
+    except (RedlockError, OSError) as error:
+        return f"held by another holder (its owner could not be read: {error})"
+    if owner is None:
+        return "held by another holder (its owner could not be read)"
+    return (
+        f"held by {owner.get('origin') or 'unknown origin'} on {owner.get('host', '?')} "
+        f"pid {owner.get('pid', '?')}, {owner.get('ttl', 0):.1f} s left on its lease"
+    )
+
+
+def _countdown(retry_after: float | None, policy: _Policy) -> float:
+    """Seconds until the retry: the holder's remaining lease (when the nodes told it), at
+    least 0.1 s (never a hot loop) and at most ``retry_max_countdown``."""
+    seconds = retry_after if retry_after is not None else 1.0
+    return min(max(seconds, 0.1), policy.retry_max_countdown)
+
+
+def _release_quietly(lease: Lease, what: str) -> None:
+    try:
+        lease.release()
+    except (LockLost, LeaseReleased) as error:
+        logger.warning("releasing %s %r: %s", what, lease.name, error)
+
+
+class _MarkerKeeper:
+    """Extends the ``once`` lease every third of its ttl while the task runs.
+
+    A thread of this process: a worker killed with SIGKILL takes it along, and the lease runs
+    out within its ttl. Stops at the first failed renewal (the lease is then lost, and a
+    second copy may be enqueued; the run lock still keeps the runs apart).
+    """
+
+    def __init__(self, marker: Lease) -> None:
+        self.marker = marker
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, name=f"django_redlock-once:{marker.name}", daemon=True
+        )
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.marker.ttl / 3):
+            try:
+                self.marker.extend()
+            except (LockLost, LeaseReleased) as error:
+                logger.warning(
+                    "the once lease %r could not be renewed: %s", self.marker.name, error
+                )
+                return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _adopt_marker(manager: LockManager, request: Any) -> Lease | None:
+    """The ``once`` lease handed over in the message, adopted by this worker, or None.
+
+    Adopting is an ``extend`` with the token: it renews only keys that still hold that
+    token, on a quorum, so success proves the lease is still this message's (and gives it a
+    fresh validity); failure means it ran out in the queue.
+    """
+    handle = getattr(request, HEADER, None)
+    if handle is None:
+        handle = (getattr(request, "headers", None) or {}).get(HEADER)
+    if not isinstance(handle, Mapping):
+        return None
+    try:
+        name, token, ttl = str(handle["name"]), str(handle["token"]), float(handle["ttl"])
+    except (KeyError, TypeError, ValueError):
+        logger.warning("ignoring a malformed %s header", HEADER)
+        return None
+    now = manager._clock()
+    lease = Lease(
+        manager,
+        name=name,
+        key=manager.key(name),
+        token=token,
+        ttl=ttl,
+        # Unknown until the extend below sets the real validity from its own round.
+        expires_at=math.inf,
+        acquired_at=now,
+        origin=handle.get("origin"),
+    )
+    try:
+        lease.extend()
+    except LockLost as error:
+        logger.warning(
+            "the once lease %r ran out before task %s started (%s): raise once_ttl above the "
+            "time tasks wait in the queue",
+            name,
+            getattr(request, "id", None),
+            error.reason,
+        )
+        return None
+    return lease
+
+
+class _MarkerState:
+    """The ``once`` lease of the running task, and whether a retry took it over."""
+
+    def __init__(self, marker: Lease) -> None:
+        self.marker = marker
+        self.keeper = _MarkerKeeper(marker)
+        self.handed_off = False
+
+    def hand_off(self) -> dict[str, Any] | None:
+        """Give the lease to a retry of this task: stop renewing it here, extend it once more
+        (a full ``once_ttl`` ahead for the retried message) and return its header, or None
+        when it is lost."""
+        self.keeper.close()
+        try:
+            self.marker.extend()
+        except (LockLost, LeaseReleased):
+            return None
+        self.handed_off = True
+        return _handle(self.marker)
+
+    def finish(self) -> None:
+        self.keeper.close()
+        if not self.handed_off and not self.marker.released:
+            _release_quietly(self.marker, "the once lease")
+
+
+def _handle(marker: Lease) -> dict[str, Any]:
+    return {"name": marker.name, "token": marker.token, "ttl": marker.ttl, "origin": marker.origin}
+
+
+def _run_locked(
+    policy: _Policy,
+    namer: _Namer,
+    task: Task,
+    call: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    bound: bool,
+) -> Any:
+    """Run ``call`` under the run lock (and the ``once`` lease, if handed over)."""
+    request = task.request
+    call_args = args[1:] if bound else args
+    name = namer.name(call_args, kwargs, bound=bound)
+    manager = policy.get_manager()
+    state: _MarkerState | None = None
+    if policy.once:
+        if not isinstance(task, LockedTask):
+            raise TypeError(
+                f"{task.name}: once=True works in apply_async: declare the task with "
+                "@app.task(bind=True, base=LockedTask)"
+            )
+        marker = _adopt_marker(manager, request)
+        if marker is not None:
+            state = _MarkerState(marker)
+    setattr(request, _MARKER_ATTR, state)
+    try:
+        lease = _acquire(policy, task, manager, name, _origin(task, request))
+        if lease is None:
+            return None
+        setattr(request, _LEASE_ATTR, lease)
+        try:
+            result = call(*args, **kwargs)
+        except BaseException:
+            # A failure or a retry (celery.exceptions.Retry): the lock is never held across
+            # a retry, and the task's own error is what the caller must see.
+            _release_quietly(lease, "the task lock")
+            raise
+        finally:
+            setattr(request, _LEASE_ATTR, None)
+        # Raises LockLost when the lease was lost while the task ran: its work may have
+        # overlapped another run (fenced writes were refused at the time).
+        lease.__exit__(None, None, None)
+        return result
+    finally:
+        setattr(request, _MARKER_ATTR, None)
+        if state is not None:
+            state.finish()
+
+
+def _acquire(
+    policy: _Policy, task: Task, manager: LockManager, name: str, origin: str
+) -> Lease | None:
+    """The run lock, or None (skip), or raises (error, or Celery's Retry)."""
+    try:
+        return manager.acquire(
+            name,
+            ttl=policy.ttl,
+            blocking=policy.timeout > 0,
+            timeout=policy.timeout if policy.timeout > 0 else None,
+            auto_extend=policy.auto_extend,
+            max_hold=policy.max_hold,
+            origin=origin,
+        )
+    except LockContended as error:
+        holder = _describe_holder(manager, name)
+        if policy.on_busy == "skip":
+            logger.warning("skipped %s: lock %r is %s", origin, name, holder)
+            return None
+        if policy.on_busy == "error":
+            logger.warning("failing %s: lock %r is %s", origin, name, holder)
+            raise
+        countdown = _countdown(error.retry_after, policy)
+        logger.info("retrying %s in %.1f s: lock %r is %s", origin, countdown, name, holder)
+        raise task.retry(countdown=countdown, exc=error) from None
+    except QuorumUnreachable as error:
+        if policy.on_busy != "retry":
+            raise
+        countdown = _countdown(None, policy)
+        logger.warning(
+            "retrying %s in %.1f s: no quorum for %r: %s", origin, countdown, name, error
+        )
+        raise task.retry(countdown=countdown, exc=error) from None
+
+
+def locked_task(
+    key: Key,
+    *,
+    on_busy: OnBusy = "skip",
+    ttl: float | None = None,
+    timeout: float = 0,
+    auto_extend: bool = True,
+    max_hold: float | None = None,
+    once: bool = False,
+    once_ttl: float | None = None,
+    once_raise: bool = False,
+    retry_max_countdown: float = 60.0,
+    manager: ManagerOption = None,
+) -> Callable[[F], F]:
+    """Decorate a Celery task's function (under ``@app.task``): one run at a time per key.
+
+    Args:
+        key: the lock name: a format string over the task's arguments, positional
+            (``"{0}"``) and by name (``"report:{account_id}"``, defaults included), or a
+            callable ``(*args, **kwargs) -> str`` given the task's arguments.
+        on_busy: ``"skip"`` (default: log the holder, return None), ``"retry"`` (Celery's
+            ``self.retry``, countdown = the holder's remaining lease, within
+            ``retry_max_countdown``; after ``max_retries`` the task fails with
+            ``LockContended``) or ``"error"`` (fail with ``LockContended``).
+        ttl: the run lock's lease in seconds (default: the manager's).
+        timeout: seconds to wait for a busy lock before ``on_busy`` applies (default 0).
+        auto_extend: renew the run lock while the task runs (default True).
+        max_hold: with ``auto_extend``, seconds after which renewal stops.
+        once: de-duplicate at enqueue (needs ``base=LockedTask``; see the module doc).
+        once_ttl: the ``once`` lease in seconds (default: the manager's ``max_ttl``): how
+            long a queued copy keeps the key before it must have started.
+        once_raise: raise :class:`AlreadyQueued` instead of returning the existing result.
+        retry_max_countdown: upper bound of the retry countdown in seconds (default 60).
+        manager: a ``LockManager``, or a callable returning one (default:
+            ``django_redlock.get_manager()``, from the ``REDLOCK`` setting).
+
+    Raises:
+        TypeError, ValueError: a bad argument, or a key field that is not an argument of the
+            function, at decoration time.
+    """
+    policy = _make_policy(
+        key,
+        on_busy=on_busy,
+        ttl=ttl,
+        timeout=timeout,
+        auto_extend=auto_extend,
+        max_hold=max_hold,
+        once=once,
+        once_ttl=once_ttl,
+        once_raise=once_raise,
+        retry_max_countdown=retry_max_countdown,
+        manager=manager,
+    )
+    return _decorator(policy, bound=None)
+
+
+def _decorator(policy: _Policy, *, bound: bool | None) -> Callable[[F], F]:
+    def decorate(function: F) -> F:
+        if hasattr(function, _POLICY_ATTR):
+            raise TypeError(f"{function.__qualname__} is already a locked task")
+        namer = _Namer(policy.key, function, bound=bound)
+
+        @wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            task = get_current_task()
+            if task is None:
+                raise TypeError(
+                    f"{function.__qualname__} is a locked task's function: call the task "
+                    "(task(), task.delay()), not the function"
+                )
+            # bind=True passes the task itself first; it is not part of the key.
+            is_bound = bool(args) and args[0] is task
+            return _run_locked(policy, namer, task, function, args, kwargs, bound=is_bound)
+
+        setattr(wrapper, _POLICY_ATTR, (policy, namer))
+        return cast(F, wrapper)
+
+    return decorate
+
+
+def current_lease() -> Lease | None:
+    """The run lock's lease of the locked task running in this thread, or None.
+
+    ``lease.check()`` raises ``LockLost`` once it may have expired; ``lease.fencing_token``
+    is None (the run lock mints none: use ``lock_for(instance)`` for fenced writes).
+    """
+    task = get_current_task()
+    if task is None:
+        return None
+    lease = getattr(task.request, _LEASE_ATTR, None)
+    return lease if isinstance(lease, Lease) else None
+
+
+# -- the base class ------------------------------------------------------------------------
+
+
+class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
+    """A Celery task base class: ``redlock={...}`` takes :func:`locked_task`'s arguments,
+    and ``once=True`` de-duplicates in ``apply_async``.
+
+    Use ``@app.task(bind=True, base=LockedTask, redlock={"key": ...})``, or subclass it with
+    a ``redlock`` attribute and a ``run`` method, or stack ``@locked_task(...)`` under
+    ``@app.task(base=LockedTask)`` (the spelling ``once=True`` needs with the decorator).
+    """
+
+    redlock: ClassVar[Mapping[str, Any] | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        options = cls.__dict__.get("redlock")
+        if options is None:
+            return
+        if not isinstance(options, Mapping):
+            raise TypeError(f"redlock must be a dict of locked_task's arguments, not {options!r}")
+        run = cls.__dict__.get("run")
+        if run is None:
+            raise TypeError(f"{cls.__qualname__}: redlock= needs the task's run in the same class")
+        options = dict(options)
+        if "key" not in options:
+            raise TypeError(f"{cls.__qualname__}: redlock= needs a 'key'")
+        policy = _make_policy(options.pop("key"), **options)
+        # Celery stores a bind=False function as a staticmethod, a bind=True one (and a
+        # method written in a subclass) as a plain function that receives the task first.
+        if isinstance(run, staticmethod):
+            cls.run = staticmethod(_decorator(policy, bound=False)(run.__func__))
+        else:
+            cls.run = _decorator(policy, bound=True)(run)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The run lock's lease of the request running now (see :func:`current_lease`)."""
+        lease = getattr(self.request, _LEASE_ATTR, None)
+        return lease if isinstance(lease, Lease) else None
+
+    def _redlock(self) -> tuple[_Policy, _Namer] | None:
+        found = getattr(self.run, _POLICY_ATTR, None)
+        return cast(tuple[_Policy, _Namer] | None, found)
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        *more: Any,
+        **options: Any,
+    ) -> AsyncResult:
+        """Celery's ``apply_async``; with ``once=True`` it first takes the ``once`` lease.
+
+        Returns:
+            The new task's ``AsyncResult``, or, when a copy with the same key is queued or
+            running, that copy's ``AsyncResult`` (nothing is sent).
+
+        Raises:
+            AlreadyQueued: a copy is queued or running and ``once_raise=True``.
+            QuorumUnreachable: no quorum for the ``once`` lease (nothing is sent: without the
+                lease no de-duplication could be promised).
+        """
+        found = self._redlock()
+        if found is None or not found[0].once:
+            return super().apply_async(args, kwargs, task_id, *more, **options)
+        policy, namer = found
+        # bind=True: run is a method and the task is not among the arguments.
+        bound = inspect.ismethod(self.run)
+        task_id = task_id or uuid()
+        headers = dict(options.pop("headers", None) or {})
+        headers.pop(HEADER, None)  # a retry copies the request's headers: never reuse them
+        handle = self._retry_hand_off(task_id)
+        if handle is None:
+            key = namer.name(tuple(args or ()), dict(kwargs or {}), bound=bound)
+            taken = self._take_once(policy, ONCE_PREFIX + key, task_id)
+            if isinstance(taken, AsyncResult):
+                return taken
+            handle = _handle(taken)
+        headers[HEADER] = handle
+        try:
+            return super().apply_async(args, kwargs, task_id, *more, headers=headers, **options)
+        except BaseException:
+            # Not sent: free the key at once rather than after once_ttl.
+            marker = self._lease_from_handle(policy, handle)
+            _release_quietly(marker, "the once lease")
+            raise
+
+    def _retry_hand_off(self, task_id: str) -> dict[str, Any] | None:
+        """A retry of the request running now passes its ``once`` lease on to the retried
+        message (the key stays taken while the retry waits in the queue)."""
+        request = self.request
+        state = getattr(request, _MARKER_ATTR, None)
+        if not isinstance(state, _MarkerState) or getattr(request, "id", None) != task_id:
+            return None
+        return state.hand_off()
+
+    def _take_once(self, policy: _Policy, name: str, task_id: str) -> Lease | AsyncResult:
+        manager = policy.get_manager()
+        ttl = policy.once_ttl if policy.once_ttl is not None else manager.max_ttl
+        for _ in range(3):
+            try:
+                lease = manager.acquire(
+                    name, ttl=ttl, blocking=False, origin=f"{_ONCE_ORIGIN}{self.name}[{task_id}]"
+                )
+            except LockContended:
+                existing = _queued_task_id(manager, name)
+                if existing is None:
+                    continue  # ran out between our try and the read: try again
+                if policy.once_raise:
+                    raise AlreadyQueued(name, existing) from None
+                logger.info(
+                    "%s[%s] not sent: %r is queued as %s", self.name, task_id, name, existing
+                )
+                return cast(AsyncResult, self.AsyncResult(existing))
+            # The lease now belongs to the message, not to this thread: drop it from the
+            # manager's re-entry table, or a second enqueue from this thread would re-enter
+            # it instead of finding the key taken.
+            manager._forget_owner(lease)
+            return lease
+        raise AlreadyQueued(name, None)
+
+    def _lease_from_handle(self, policy: _Policy, handle: Mapping[str, Any]) -> Lease:
+        manager = policy.get_manager()
+        now = manager._clock()
+        return Lease(
+            manager,
+            name=handle["name"],
+            key=manager.key(handle["name"]),
+            token=handle["token"],
+            ttl=handle["ttl"],
+            expires_at=now + handle["ttl"],
+            acquired_at=now,
+        )
+
+
+def _queued_task_id(manager: LockManager, name: str) -> str | None:
+    """The task id in the origin of the ``once`` lease ``name``, or None."""
+    owner = manager.holder(name)
+    origin = owner.get("origin") if owner else None
+    if not isinstance(origin, str) or not origin.startswith(_ONCE_ORIGIN):
+        return None
+    start, end = origin.rfind("["), origin.rfind("]")
+    return origin[start + 1 : end] or None if 0 <= start < end else None

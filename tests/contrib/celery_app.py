@@ -1,0 +1,190 @@
+# mypy: disallow-untyped-decorators=False
+# (Celery ships no type hints: app.task is an untyped decorator.)
+"""The Celery app the tests in tests/contrib run in real ``celery worker`` processes.
+
+Started as ``celery -A tests.contrib.celery_app worker ...`` by the fixtures, with the broker
+(``REDLOCK_TEST_BROKER``, a node the fixtures start on TCP) and the lock nodes
+(``REDLOCK_TEST_NODES``) in the environment. Django is set up from ``tests.settings``, so the
+tasks use the default manager, ``django_redlock.get_manager()``; one task uses ``manager=``
+as a non-Django user would.
+
+Every task writes what it does to a journal (a list on the broker node, db 2), which the tests
+read: the tests never guess from timing what a worker did.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import django
+import redis
+from celery import Celery, Task
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+from django.apps import apps
+
+if not apps.ready:
+    django.setup()
+
+from django_redlock import LockLost, LockManager
+from django_redlock.contrib.celery import LockedTask, current_lease, locked_task
+
+BROKER = os.environ.get("REDLOCK_TEST_BROKER", "redis://127.0.0.1:6399/0")
+JOURNAL = "journal"
+
+app = Celery("tests.contrib", broker=BROKER, backend=BROKER.rsplit("/", 1)[0] + "/1")
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    worker_prefetch_multiplier=1,
+    broker_connection_retry_on_startup=True,
+    task_store_errors_even_if_ignored=True,
+)
+
+
+def journal_client() -> redis.Redis:
+    return redis.Redis.from_url(BROKER.rsplit("/", 1)[0] + "/2", socket_timeout=10)
+
+
+def note(event: str, task: Task, job: str, **extra: Any) -> None:
+    record = {
+        "event": event,
+        "id": task.request.id,
+        "job": job,
+        "retries": task.request.retries,
+        "pid": os.getpid(),
+        **extra,
+    }
+    with journal_client() as client:
+        client.rpush(JOURNAL, json.dumps(record))
+
+
+def work(task: Task, job: str, gate: str | None) -> str:
+    """The task body: journal the start, wait for the test to open ``gate`` (if any), journal
+    the end."""
+    lease = current_lease()
+    note("start", task, job, lock=lease.name if lease else None)
+    if gate is not None:
+        with journal_client() as client:
+            client.blpop([gate], timeout=30)
+    note("end", task, job)
+    return str(task.request.id)
+
+
+@app.task(bind=True)
+@locked_task(key="job:{job}", on_busy="skip", ttl=2)
+def skip_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(bind=True, max_retries=50)
+@locked_task(key="job:{job}", on_busy="retry", ttl=2, retry_max_countdown=0.5)
+def retry_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(bind=True)
+@locked_task(key="job:{job}", on_busy="error", ttl=2)
+def error_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(bind=True)
+@locked_task(key="job:{job}", ttl=2)
+def fail_task(self: Task, job: str, gate: str | None = None) -> str:
+    note("start", self, job)
+    raise ValueError(f"task for {job} failed")
+
+
+@app.task(bind=True, max_retries=3)
+@locked_task(key="job:{job}", ttl=2)
+def retry_itself(self: Task, job: str, gate: str | None = None) -> str:
+    """Asks for a retry on its first run (as user code does), then works."""
+    if self.request.retries == 0:
+        note("retrying", self, job)
+        raise self.retry(countdown=1.5)
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 3, "ttl": 2},
+)
+def once_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    max_retries=3,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 3, "ttl": 2},
+)
+def once_retry_itself(self: Task, job: str, gate: str | None = None) -> str:
+    if self.request.retries == 0:
+        note("retrying", self, job)
+        raise self.retry(countdown=1.5)
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 3, "once_raise": True, "ttl": 2},
+)
+def once_raise_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    max_retries=50,
+    redlock={"key": "job:{job}", "ttl": 2, "on_busy": "retry", "retry_max_countdown": 0.5},
+)
+def late_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(bind=True)
+@locked_task(key="job:{job}", ttl=1.5)
+def lose_lease(self: Task, job: str, gate: str) -> str:
+    """Holds the lock until the test opens ``gate`` (after taking the lock away), then
+    checks its lease."""
+    note("start", self, job)
+    with journal_client() as client:
+        client.blpop([gate], timeout=30)
+    lease = current_lease()
+    assert lease is not None
+    try:
+        lease.check()
+    except LockLost as error:
+        note("lost", self, job, reason=error.reason)
+    else:
+        note("still held", self, job)
+    return "done"
+
+
+_plain_manager: LockManager | None = None
+
+
+def plain_manager() -> LockManager:
+    """A core LockManager built without Django, as a non-Django user passes ``manager=``."""
+    global _plain_manager
+    if _plain_manager is None:
+        nodes = [url for url in os.environ.get("REDLOCK_TEST_NODES", "").split(",") if url]
+        timeout = float(os.environ.get("REDLOCK_TEST_NODE_TIMEOUT", "0.05"))
+        _plain_manager = LockManager(nodes, ttl=2.0, retry_delay=0.02, node_timeout=timeout)
+    return _plain_manager
+
+
+@app.task(bind=True)
+@locked_task(key=lambda job, gate=None: f"plain:{job}", manager=plain_manager, ttl=2)
+def plain_task(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)

@@ -1,0 +1,124 @@
+"""locked_task / LockedTask arguments: bad ones are refused early, naming the argument; the
+lock name is built from the call's arguments (run in this process with ``task.apply``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from django_redlock.contrib.celery import LockedTask, current_lease, locked_task
+
+
+@pytest.fixture
+def app() -> Any:
+    return Celery("arguments", set_as_current=False)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "names"),
+    [
+        ({"on_busy": "wait"}, ValueError, "on_busy"),
+        ({"ttl": 0}, ValueError, "ttl"),
+        ({"ttl": "10"}, TypeError, "ttl"),
+        ({"timeout": -1}, ValueError, "timeout"),
+        ({"once_ttl": float("nan")}, ValueError, "once_ttl"),
+        ({"retry_max_countdown": float("inf")}, ValueError, "retry_max_countdown"),
+        ({"once": 1}, TypeError, "once"),
+        ({"manager": "redis://x"}, TypeError, "manager"),
+    ],
+)
+def test_bad_options_are_refused_at_decoration(options, error, names):
+    with pytest.raises(error, match=names):
+        locked_task("job:{job}", **options)
+
+
+def test_a_key_field_that_is_not_an_argument_is_refused_at_decoration(app):
+    with pytest.raises(ValueError, match=r"\{acount_id\}, which is not an argument"):
+
+        @app.task(bind=True)
+        @locked_task(key="report:{acount_id}")
+        def report(self, account_id): ...
+
+    with pytest.raises(ValueError, match=r"positional argument \{2\}"):
+        locked_task(key="report:{2}")(lambda a, b: None)
+
+    with pytest.raises(TypeError, match="key"):
+        locked_task(key=42)  # type: ignore[arg-type]
+
+
+def test_locked_task_base_checks_its_redlock_option():
+    # Celery makes a task's class when its app is finalized (at the latest when a worker
+    # starts, or the task is first used): that is when the options are checked.
+    app = Celery("arguments", set_as_current=False)
+
+    @app.task(bind=True, base=LockedTask, redlock={"ttl": 5})
+    def no_key(self, job): ...
+
+    with pytest.raises(TypeError, match="needs a 'key'"):
+        app.finalize()
+
+    app = Celery("arguments", set_as_current=False)
+
+    @app.task(base=LockedTask, redlock={"key": "x:{nope}"})
+    def typo(job): ...
+
+    with pytest.raises(ValueError, match=r"\{nope\}, which is not an argument"):
+        typo.name  # noqa: B018  (evaluating the task makes its class)
+
+
+def test_the_name_is_built_from_positional_keyword_and_default_arguments(app, cluster3):
+    @app.task(bind=True)
+    @locked_task(key="r:{0}:{b}:{c}:{k}", ttl=2)
+    def bound(self, a, b, c=3, **d):
+        lease = current_lease()
+        assert lease is not None
+        return lease.name
+
+    @app.task(base=LockedTask, redlock={"key": "s:{a}:{b}", "ttl": 2})
+    def unbound(a, b=7):
+        lease = current_lease()
+        assert lease is not None
+        return lease.name
+
+    assert bound.apply(args=(1,), kwargs={"b": 2, "k": "v"}).get() == "r:1:2:3:v"
+    assert unbound.apply(args=(5,)).get() == "s:5:7"
+
+
+def test_a_field_missing_from_a_call_is_an_error_naming_it(app, cluster3):
+    @app.task(bind=True)
+    @locked_task(key="r:{region}")
+    def anything(self, **options):
+        return "ran"
+
+    result = anything.apply(kwargs={"zone": "eu"})
+    with pytest.raises(ValueError, match=r"refers to 'region', which this call .* does not give"):
+        result.get()
+
+    @app.task(bind=True)
+    @locked_task(key=lambda job: 42)  # type: ignore[arg-type,return-value]
+    def bad_callable(self, job):
+        return "ran"
+
+    with pytest.raises(TypeError, match="key callable must return a str"):
+        bad_callable.apply(args=("x",)).get()
+
+
+def test_once_needs_the_base_class(app, cluster3):
+    @app.task(bind=True)
+    @locked_task(key="j:{job}", once=True)
+    def plain(self, job):
+        return "ran"
+
+    with pytest.raises(TypeError, match="base=LockedTask"):
+        plain.apply(args=("x",)).get()
+
+
+def test_the_function_itself_is_not_a_task():
+    @locked_task(key="j:{job}")
+    def bare(job):
+        return "ran"
+
+    with pytest.raises(TypeError, match="call the task"):
+        bare("x")
