@@ -37,7 +37,17 @@ __all__ = [
 
 
 class RedlockError(Exception):
-    """Base class of every error django_redlock raises on purpose."""
+    """Base class of every error django_redlock raises on purpose.
+
+    The errors below keep their constructor's arguments in ``args`` and their sentence in
+    ``str()``, so they cross process boundaries intact: pickle (multiprocessing) and Celery's
+    result backends rebuild them as ``cls(*args)``.
+    """
+
+    _text: str | None = None
+
+    def __str__(self) -> str:
+        return self._text if self._text is not None else super().__str__()
 
 
 class LockNotAcquired(RedlockError):
@@ -59,7 +69,6 @@ class LockNotAcquired(RedlockError):
     def __init__(
         self,
         name: str,
-        *,
         votes: int,
         quorum: int,
         node_errors: Mapping[str, str] | None = None,
@@ -74,7 +83,8 @@ class LockNotAcquired(RedlockError):
         self.node_errors: dict[str, str] = dict(node_errors or {})
         self.retry_after = retry_after
         self.attempts = attempts
-        super().__init__(self._message())
+        super().__init__(name, votes, quorum, self.node_errors, retry_after, attempts, origin)
+        self._text = self._message()
 
     def _message(self) -> str:
         text = (
@@ -105,7 +115,8 @@ class LockLost(RedlockError):
     def __init__(self, name: str, reason: str) -> None:
         self.name = name
         self.reason = reason
-        super().__init__(f"lock {name!r} lost: {reason}")
+        super().__init__(name, reason)
+        self._text = f"lock {name!r} lost: {reason}"
 
 
 class LeaseReleased(RedlockError):
@@ -113,7 +124,8 @@ class LeaseReleased(RedlockError):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        super().__init__(f"lease on {name!r} was already released")
+        super().__init__(name)
+        self._text = f"lease on {name!r} was already released"
 
 
 class StaleFencingToken(RedlockError):
@@ -130,7 +142,8 @@ class StaleFencingToken(RedlockError):
         message = f"write under {name!r} with fencing token {token} refused: a newer holder exists"
         if detail:
             message += f" ({detail})"
-        super().__init__(message)
+        super().__init__(name, token, detail)
+        self._text = message
 
 
 class FencingUnavailable(RedlockError):

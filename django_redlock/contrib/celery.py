@@ -100,8 +100,9 @@ class AlreadyQueued(RedlockError):
     def __init__(self, name: str, task_id: str | None) -> None:
         self.name = name
         self.task_id = task_id
-        super().__init__(
-            f"{name!r} is already queued or running" + (f" as task {task_id}" if task_id else "")
+        super().__init__(name, task_id)  # the arguments, so it can be rebuilt (see RedlockError)
+        self._text = f"{name!r} is already queued or running" + (
+            f" as task {task_id}" if task_id else ""
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from django_redlock import QuorumUnreachable, RedlockError, get_manager
+from django_redlock import LockContended, LockLost, QuorumUnreachable, get_manager
 from django_redlock.contrib.celery import AlreadyQueued
 from tests.contrib.conftest import WAIT, Journal, Worker, count, new_job
 from tests.helpers import node_client
@@ -78,10 +78,9 @@ def test_busy_task_fails_with_lock_contended(solo: Worker, celery_app: Any, jour
         result = celery_app.error_task.apply_async((job,), queue=solo.queue)
         result.get(timeout=WAIT, propagate=False)
     assert result.state == "FAILURE"
-    # The core's errors do not survive Celery's result serialisation as their own class (their
-    # constructors need more than the message, so Celery stores their nearest base that
-    # does): the result is a RedlockError with LockContended's message.
-    assert isinstance(result.result, RedlockError)
+    # The core's errors keep their constructor's arguments: Celery rebuilds the real class.
+    assert isinstance(result.result, LockContended)
+    assert result.result.name == f"job:{job}"
     assert f"lock 'job:{job}' not acquired" in str(result.result)
     failing = f"failing {origin(celery_app, 'error_task', result.id)}: lock 'job:{job}' is held"
     assert f"{failing} by test:the-holder" in solo.text()
@@ -168,7 +167,7 @@ def test_lease_lost_mid_task_is_seen_at_check(solo: Worker, celery_app: Any, jou
     assert [record["event"] for record in journal.events(job)] == ["start", "lost"]
     # The task's work may have overlapped the new holder's: it fails, visibly.
     assert result.state == "FAILURE"
-    assert isinstance(result.result, RedlockError)
+    assert isinstance(result.result, LockLost)
     assert f"lock 'job:{job}' lost" in str(result.result)
 
 
