@@ -786,22 +786,34 @@ class ConnectionSet:
 
 
 class ThreadConnections:
-    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand."""
+    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand.
+
+    After ``fork()`` the child's sets start afresh before any use (:meth:`get`), so a child
+    never reads or writes a socket it shares with its parent, pub/sub ones included.
+    """
 
     def __init__(self, factory: Callable[[], ConnectionSet]) -> None:
         self._factory = factory
         self._local = threading.local()
         self._all: weakref.WeakSet[ConnectionSet] = weakref.WeakSet()
         self._lock = threading.Lock()
+        _EVERY_THREAD_CONNECTIONS.add(self)
 
     def get(self) -> ConnectionSet:
-        sets = getattr(self._local, "sets", None)
+        sets: ConnectionSet | None = getattr(self._local, "sets", None)
         if sets is None:
             sets = self._factory()
             self._local.sets = sets
             with self._lock:
                 self._all.add(sets)
+        elif sets.pid != current_pid():
+            sets._forget_all()  # forked: our copies of the parent's sockets are closed unused
         return sets
+
+    def _after_fork_in_child(self) -> None:
+        # Another thread of the parent may have held the lock at the instant of the fork;
+        # that thread does not exist here, so the child's copy would stay locked forever.
+        self._lock = threading.Lock()
 
     def open_count(self) -> int:
         with self._lock:
@@ -812,6 +824,17 @@ class ThreadConnections:
             every = list(self._all)
         for sets in every:
             sets.close()
+
+
+_EVERY_THREAD_CONNECTIONS: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for connections in list(_EVERY_THREAD_CONNECTIONS):
+        connections._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def wake_channel(key: str, listener: str) -> str:

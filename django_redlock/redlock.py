@@ -53,6 +53,7 @@ from ._transport import (
     ThreadConnections,
 )
 from .exceptions import (
+    LeaseInherited,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -299,6 +300,9 @@ class BaseLease:
         self._depth = 1
         self._scope: tuple[object, ...] | None = None
         self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
+        # The process that took the lease owns it; a forked child has a copy of this object
+        # but not the lease (see _refuse_inherited).
+        self._pid = current_pid()
 
     @property
     def token(self) -> str:
@@ -307,6 +311,8 @@ class BaseLease:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
+        if self.inherited:
+            state += f" by process {self._pid} (inherited)"
         return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
 
     @property
@@ -326,6 +332,22 @@ class BaseLease:
     def released(self) -> bool:
         """True once :meth:`release` was called on this lease."""
         return self._released
+
+    @property
+    def inherited(self) -> bool:
+        """True in a process forked from the lease's owner: there the lease cannot be
+        released, extended or checked (:class:`LeaseInherited`)."""
+        return self._pid != current_pid()
+
+    def _refuse_inherited(self) -> None:
+        """Raise :class:`LeaseInherited` in a forked child.
+
+        Checked before anything else, the guard included: the parent's extender thread may
+        have held the guard at the instant of the fork, and the child's copy of it then stays
+        locked forever.
+        """
+        if self._pid != current_pid():
+            raise LeaseInherited(self.name, self._pid, current_pid())
 
     @property
     def auto_extended(self) -> bool:
@@ -360,7 +382,9 @@ class BaseLease:
         Raises:
             LeaseReleased: the lease was released.
             LockLost: the lease expired or was found lost.
+            LeaseInherited: called in a forked child (it cannot know its parent's lease).
         """
+        self._refuse_inherited()
         if self._released:
             raise LeaseReleased(self.name)
         if self._lost_reason is not None:
@@ -391,7 +415,9 @@ class Lease(BaseLease):
             LockLost: the lease had expired, or fewer than a quorum still held it, or the
                 renewal finished after the old validity ran out. The lease is then released
                 everywhere (best effort) and stays lost.
+            LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
+        self._refuse_inherited()
         guard = self._guard
         if guard is None:
             self.check()
@@ -409,7 +435,9 @@ class Lease(BaseLease):
                 was no longer held: work done under it may have overlapped another holder.
                 (Nodes that fail to answer while the lease is still valid are logged, not
                 raised: their keys expire by themselves.)
+            LeaseInherited: called in a forked child; the parent's keys are left alone.
         """
+        self._refuse_inherited()
         guard = self._guard
         if guard is None:
             self._release_now()
@@ -436,6 +464,21 @@ class Lease(BaseLease):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Release the lease (see :meth:`release`); in a forked child, do nothing.
+
+        A child leaves its parent's ``with`` block on its way out (``sys.exit`` unwinding the
+        inherited stack): the lease is the parent's, so the keys stay and nothing is raised,
+        which would only turn the child's unrelated exit into a crash. A warning is logged.
+        """
+        if self._pid != current_pid():
+            logger.warning(
+                "process %d left the with block of lease %r inherited through fork(): the "
+                "lease stays with process %d, nothing was released",
+                current_pid(),
+                self.name,
+                self._pid,
+            )
+            return
         if self._released:
             return
         if exc is None:
