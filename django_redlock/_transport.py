@@ -728,6 +728,54 @@ class ConnectionSet:
                 self.poller.modify(conn.fileno(), conn.events())
         return exchange
 
+    def clean_up(self, commands: Sequence[Command | None]) -> None:
+        """Send ``commands[i]`` to node ``i`` and read their replies later, unused (``None``
+        skips a node): the release of a failed attempt, or leaving a wait line.
+
+        A clean-up undoes a command sent before it that a stalled node may not have run yet
+        (a SIGSTOPped server runs its queued input when it wakes), so it must reach the node
+        *after* that command: it goes on the same connection whatever that connection owes.
+        The cap on owed replies does not apply up to twice ``max_outstanding`` (a memory
+        bound that never bites a release that matters: an acquire is only sent below the cap,
+        and its clean-up follows at once), and a stall reset does not move it elsewhere. A
+        connection past ``stall_reset`` may be half-open instead of stalled, so there the
+        clean-up goes once more on a new connection; clean-ups are idempotent.
+        """
+        if self.pid != current_pid():
+            self._forget_all()
+        now = self.clock()
+        # Its replies are read and dropped (closed), except that a NOSCRIPT still gets the
+        # EVAL fallback: clean-up commands are built with ``when_over=True``.
+        ignored = _Exchange(len(commands), None, 0)
+        ignored.closed = True
+        for index, command in enumerate(commands):
+            if command is None:
+                continue
+            conn = self.connections[index]
+            if conn is not None and conn.slots:
+                if len(conn.slots) < 2 * self.max_outstanding:
+                    self._send_to(index, conn, command, ignored, now)
+                stalled_since = conn.stalled_since
+                if stalled_since is None or now - stalled_since <= self.stall_reset:
+                    continue
+                self._drop(index, "stalled connection reset")
+            try:
+                conn = self._connection(index, now)
+            except NodeError:
+                continue  # best effort: nothing more can be done for this node now
+            self._send_to(index, conn, command, ignored, now)
+
+    def _send_to(
+        self, index: int, conn: _Connection, command: Command, exchange: _Exchange, now: float
+    ) -> None:
+        try:
+            conn.send(command[0], (exchange, index, command[1]), now)
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return
+        if conn.out:
+            self.poller.modify(conn.fileno(), conn.events())
+
     def wait(self, exchange: _Exchange, deadline: float) -> _Exchange:
         """Read replies until the outcome is known, every node answered, or ``deadline``.
 

@@ -878,9 +878,8 @@ class LockManager:
 
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
-        our place to lapse."""
-        command = _leave_command(key, waiter)
-        connections.post([command] * len(self.addresses), 1, len(self.addresses))
+        our place to lapse (behind our last try on each connection, see ``clean_up``)."""
+        connections.clean_up([_leave_command(key, waiter)] * len(self.addresses))
 
     def _acquire_arguments(
         self,
@@ -1193,15 +1192,16 @@ class LockManager:
     ) -> None:
         """Fire-and-forget release after a failed attempt (replies are drained later).
 
-        Pipelined on the same per-node connection as the SET, so a stalled node applies the
-        release after the SET when it wakes up and no zombie key is left behind.
+        Pipelined on the same per-node connection as the SET, even to a node that owes many
+        replies (``ConnectionSet.clean_up``), so a stalled node applies the release after the
+        SET when it wakes up and no zombie key is left behind.
         """
         command = _release_command(key, token)
         commands: list[Command | None] = [
             None if results is not None and isinstance(results[index], int) else command
             for index in range(len(self.addresses))
         ]
-        connections.post(commands, 1, len(commands))
+        connections.clean_up(commands)
 
     # -- release and extend ----------------------------------------------------------------
 

@@ -1,0 +1,92 @@
+"""A failed acquire leaves nothing behind: the keys its tries may have set on stalled nodes are
+released there too, so the lock is free as soon as those nodes answer again, not a ttl later.
+
+The nodes are real servers stopped with SIGSTOP: the kernel keeps accepting bytes for them,
+and they run what was queued, in order per connection, when they are resumed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from django_redlock import LockManager, LockNotAcquired
+from tests.helpers import node_client
+
+LONG_TTL = 60.0
+# How long a rival may take to get the lock once the nodes are back: generous for a loaded
+# machine, and far below LONG_TTL, which is what a leaked key would cost.
+FREE_WITHIN = 10.0
+
+
+def free_for_a_rival(urls: list[str], name: str) -> bool:
+    """A rival's single tries get ``name`` within FREE_WITHIN seconds."""
+    with LockManager(urls) as rival:
+        deadline = time.monotonic() + FREE_WITHIN
+        while time.monotonic() < deadline:
+            try:
+                rival.acquire(name, ttl=5.0, blocking=False).release()
+            except LockNotAcquired:
+                time.sleep(0.05)
+                continue
+            return True
+    return False
+
+
+def keys_left(cluster, name: str) -> list[int]:
+    """Per node: 1 when lock ``name`` (prefix ``redlock:``) exists there."""
+    counts = []
+    for node in cluster:
+        with node_client(node) as client:
+            counts.append(int(client.exists(f"redlock:{name}")))
+    return counts
+
+
+@pytest.mark.parametrize("owed_before", [0, 1])
+def test_failed_single_tries_on_stalled_nodes_leave_no_key(cluster3, owed_before):
+    # Each failed try queues its SET and then its release on each paused node. A node owing
+    # 32 replies is skipped; with an odd number owed before, a SET used to take the 32nd
+    # place and its release was skipped: the SET ran on resume, a quorum-held zombie key.
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm", ttl=5.0).release()  # connections open, nothing owed
+    cluster3[1].pause()
+    cluster3[2].pause()
+    for _ in range(owed_before):
+        manager.holder("something-else")  # one more reply owed by each paused node
+    for _ in range(20):  # past the cap of 32 owed replies
+        with pytest.raises(LockNotAcquired):
+            manager.acquire("stalled", ttl=LONG_TTL, blocking=False)
+    cluster3[1].resume()
+    cluster3[2].resume()
+    assert free_for_a_rival(cluster3.urls, "stalled")
+    manager.close()
+
+
+def test_a_blocking_acquire_that_gives_up_on_stalled_nodes_leaves_no_key_nor_place(cluster3):
+    # Many tries over more than the stall reset (1 s): the cap, the reset and the final
+    # leave of the wait line all meet the paused nodes.
+    manager = LockManager(cluster3.urls, retry_delay=0.01)
+    manager.acquire("warm", ttl=5.0).release()
+    cluster3[1].pause()
+    cluster3[2].pause()
+    attempts, started = 0, time.monotonic()
+    while attempts < 40 or time.monotonic() - started < 1.5:
+        with pytest.raises(LockNotAcquired) as failed:
+            manager.acquire("stalled-wait", ttl=LONG_TTL, timeout=0.3)
+        attempts += failed.value.attempts
+    cluster3[1].resume()
+    cluster3[2].resume()
+    assert free_for_a_rival(cluster3.urls, "stalled-wait")
+    deadline = time.monotonic() + FREE_WITHIN
+    while time.monotonic() < deadline:
+        lines = []
+        for node in cluster3:
+            with node_client(node) as client:
+                lines.append(int(client.zcard("redlock:stalled-wait\x00q")))
+        if lines == [0, 0, 0]:
+            break
+        time.sleep(0.05)
+    assert lines == [0, 0, 0]
+    assert keys_left(cluster3, "stalled-wait") == [0, 0, 0]
+    manager.close()
