@@ -636,10 +636,12 @@ class ConnectionSet:
             return
         reader = conn.reader
         slots = conn.slots
+        progressed = False
         while slots:
             reply = reader.gets()
             if reply is False:
                 break
+            progressed = True
             exchange, slot_index, fallback = slots.popleft()
             if exchange is None:
                 if slot_index == _LOGIN and type(reply) is ReplyError:
@@ -674,7 +676,12 @@ class ConnectionSet:
                 reply = NodeError(str(reply))
             if not exchange.closed:
                 exchange.record(slot_index, reply)
-        conn.stalled_since = self.clock() if slots else None
+        # The stall clock restarts only on progress: a read that found nothing (a paused
+        # node) must not make the connection look fresh, or it would never be replaced.
+        if not slots:
+            conn.stalled_since = None
+        elif progressed:
+            conn.stalled_since = self.clock()
 
     def post(
         self,

@@ -10,9 +10,18 @@ from __future__ import annotations
 import time
 
 import pytest
+import redis
 
 from django_redlock import LockManager, LockNotAcquired
-from tests.helpers import node_client
+from django_redlock._transport import ConnectionSet
+from django_redlock.localnodes import LocalNode
+from django_redlock.redlock import (
+    _ACQUIRE,
+    _RELEASE,
+    _acquire_command,
+    _release_command,
+)
+from tests.helpers import FakeClock, node_client
 
 LONG_TTL = 60.0
 # How long a rival may take to get the lock once the nodes are back: generous for a loaded
@@ -90,3 +99,78 @@ def test_a_blocking_acquire_that_gives_up_on_stalled_nodes_leaves_no_key_nor_pla
     assert lines == [0, 0, 0]
     assert keys_left(cluster3, "stalled-wait") == [0, 0, 0]
     manager.close()
+
+
+@pytest.fixture
+def tcp_node(tmp_path_factory):
+    """One node on TCP, so MONITOR tells its client connections apart by port."""
+    node = LocalNode(tmp_path_factory.mktemp("tcp"), tcp=True)
+    node.start()
+    yield node
+    node.stop()
+
+
+def test_the_release_of_a_failed_try_follows_its_set_on_the_same_connection(tcp_node):
+    # A connection that owes replies longer than the stall reset is replaced by the next
+    # operation. The clean-up release must not be that operation: on a new connection, a
+    # node waking from a stall could run it before the SET it undoes.
+    clock = FakeClock()
+    connections = ConnectionSet(
+        [LockManager([tcp_node.url]).addresses[0]],
+        clock=clock,
+        max_outstanding=32,
+        stall_reset=1.0,
+        preload=(_ACQUIRE, _RELEASE),
+    )
+    key, token = "redlock:reordered", "a" * 40
+    acquire = _acquire_command(key, token, 60_000, "{}", 60_000)
+    release = _release_command(key, token)
+    connections.run([(b"PING\r\n", None)], clock() + 5, None, 1)  # connected, nothing owed
+    monitor_client = node_client(tcp_node)
+    with monitor_client.monitor() as monitor:
+        tcp_node.pause()
+        connections.post([acquire], identify=True)  # as LockManager sends an acquire
+        clock.advance(2.0)  # past the stall reset, with the SET still owed
+        connections.clean_up([release])
+        tcp_node.resume()
+        seen: list[tuple[str, str]] = []  # (script, client port) in the order the node ran them
+        while len(seen) < 3:
+            try:
+                entry = monitor.next_command()
+            except redis.TimeoutError:
+                break  # nothing more within the client's 2 s timeout
+            words = entry["command"].split()
+            if words[0] in ("EVALSHA", "EVAL"):
+                script = "acquire" if _ACQUIRE.sha.decode() in words[1] else "release"
+                seen.append((script, entry["client_port"]))
+    set_port = next(port for script, port in seen if script == "acquire")
+    # On the SET's own connection, its release came after it (a copy may also have gone on
+    # a new connection in case the old one was half-open; that copy's order is not kept).
+    assert seen.index(("release", set_port)) > seen.index(("acquire", set_port))
+    with node_client(tcp_node) as client:
+        assert client.exists(key) == 0
+    connections.close()
+    monitor_client.close()
+
+
+def test_a_connection_that_makes_no_progress_is_replaced_after_the_stall_reset(tcp_node):
+    # A read that finds nothing (the node is paused, or the socket is half-open) must not
+    # restart the stall clock, or the connection is never replaced.
+    clock = FakeClock()
+    connections = ConnectionSet(
+        [LockManager([tcp_node.url]).addresses[0]],
+        clock=clock,
+        max_outstanding=32,
+        stall_reset=1.0,
+    )
+    connections.run([(b"PING\r\n", None)], clock() + 5, None, 1)
+    first = connections.connections[0]
+    with tcp_node.paused_while():
+        connections.post([(b"PING\r\n", None)])
+        clock.advance(0.5)
+        connections.post([(b"PING\r\n", None)])  # reads nothing; within the reset: same one
+        assert connections.connections[0] is first
+        clock.advance(0.7)  # 1.2 s since the first owed reply, none came
+        connections.post([(b"PING\r\n", None)])
+        assert connections.connections[0] is not first
+    connections.close()
