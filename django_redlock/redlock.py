@@ -772,15 +772,16 @@ class LockManager:
             TypeError, ValueError: a bad argument.
         """
         name = validate_name(name)
+        # Checked first, so a re-entry refuses bad arguments as a first acquire does.
+        seconds, wait, hold = self._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         scope = _owner_scope()
         held = self._held.get((scope, name))
         if isinstance(held, Lease) and not held.released and not held.lost:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
-        seconds, wait, hold = self._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
-        )
         key = self.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = self._owner(origin)
