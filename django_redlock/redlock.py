@@ -19,10 +19,12 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import json
 import logging
 import math
+import numbers
 import random
 import re
 import secrets
@@ -217,10 +219,32 @@ def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
 
 
 def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
-    """A finite, non-negative number of seconds, or a clear error naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
-    number = float(value)
+    """A finite, non-negative number of seconds as a float, or a clear error naming
+    ``argument``.
+
+    Any real number is accepted (``int``, ``float``, ``Decimal``, ``Fraction``, numpy
+    scalars: :class:`numbers.Real` or :class:`decimal.Decimal`), except ``bool``.
+
+    Raises:
+        TypeError: not a real number, or a bool.
+        ValueError: NaN, infinite, too large for a float, negative, or zero when not allowed.
+    """
+    if type(value) is float:  # the common case, without an ABC check
+        number = value
+    else:
+        if type(value) is not int and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal)
+        ):
+            raise TypeError(
+                f"{argument} must be a number of seconds, not {type(value).__name__} (any real "
+                "number: int, float, Decimal, Fraction; not bool)"
+            )
+        try:
+            number = float(value)  # a Real or Decimal: checked above
+        except (ArithmeticError, ValueError):  # too large for a float; a signalling NaN
+            raise ValueError(
+                f"{argument} must be a finite number of seconds, not {value!r}"
+            ) from None
     if math.isnan(number) or math.isinf(number):
         raise ValueError(f"{argument} must be a finite number of seconds, not {value!r}")
     if number < 0 or (number == 0 and not allow_zero):
