@@ -72,6 +72,8 @@ __all__ = [
     "DEFAULT_TTL",
     "MANAGER_DEFAULT",
     "MAX_NAME_BYTES",
+    "MAX_ORIGIN_BYTES",
+    "MAX_OWNER_BYTES",
     "MAX_TTL",
     "NODE_KEY",
     "Lease",
@@ -105,6 +107,12 @@ MAX_TTL = 86400.0
 """Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
+MAX_ORIGIN_BYTES = 1024
+"""Longest ``origin`` kept, in UTF-8 bytes; a longer one is cut and ends in ``…``. It is
+stored on every node with every lock, so its size is everybody's memory and bandwidth."""
+MAX_OWNER_BYTES = 4096
+"""Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
+names, origin and time. Text fields are cut further when escapes make it longer."""
 
 # Seconds between two "acquired despite node errors" warnings of one manager.
 _WARN_EVERY = 10.0
@@ -113,6 +121,11 @@ _DRIFT_MILLIS = 0.002
 _SCRIPTS = Path(__file__).with_name("scripts")
 # Unicode category Cc is exactly these two ranges.
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Ends a text that was cut to fit its byte budget (3 UTF-8 bytes).
+_CUT = "\u2026"
+_CUT_BYTES = len(_CUT.encode("utf-8"))
+# Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
+_MAX_OWNER_NAME_BYTES = 256
 
 
 _INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)
@@ -253,6 +266,22 @@ def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float
     return number
 
 
+def clip_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, ending in ``…`` when it was cut (never
+    in the middle of a character; lone surrogates in a cut text are dropped)."""
+    if len(text) * 4 <= limit:  # the common case: short enough whatever its characters
+        return text
+    encoded = text[: limit + 1].encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit and len(text) <= limit:
+        return text
+    return encoded[: limit - _CUT_BYTES].decode("utf-8", "ignore") + _CUT
+
+
+def clip_origin(origin: str | None) -> str | None:
+    """The ``origin`` as kept and stored: at most :data:`MAX_ORIGIN_BYTES` UTF-8 bytes."""
+    return None if origin is None else clip_text(origin, MAX_ORIGIN_BYTES)
+
+
 def validate_name(name: object) -> str:
     """The lock name, NFC-normalised, or a clear error.
 
@@ -311,7 +340,7 @@ class BaseLease:
         self.key = key
         self._token = token
         self.ttl = ttl
-        self.origin = origin
+        self.origin = clip_origin(origin)
         self.acquired_at = acquired_at
         self._expires_at = expires_at
         self.fencing_token: int | None = None
@@ -741,20 +770,11 @@ class LockManager:
         thread = threading.current_thread()
         task = _current_task_name()
         cache = self._owner_cache
+        origin = clip_origin(origin)  # also bounds the cache's keys
         key = (current_pid(), thread.ident, thread.name, task, origin)
         prefix = cache.get(key)
         if prefix is None:
-            body = json.dumps(
-                {
-                    "host": self._host,
-                    "pid": key[0],
-                    "thread": thread.name,
-                    "task": task,
-                    "origin": origin,
-                },
-                separators=(",", ":"),
-            )
-            prefix = body[:-1] + ',"acquired_at":'
+            prefix = _owner_prefix(self._host, key[0], thread.name, task, origin)
             if len(cache) > 1024:
                 cache.clear()
             cache[key] = prefix
@@ -788,7 +808,7 @@ class LockManager:
             max_hold: with ``auto_extend``, seconds after which renewal stops, so a stuck
                 holder cannot keep the lock forever (the lease then runs out within a ttl).
             origin: free text stored with the lock to tell operators where it was taken
-                (a view or command name).
+                (a view or command name); cut to :data:`MAX_ORIGIN_BYTES` UTF-8 bytes.
 
         Raises:
             LockContended: another holder has it.
@@ -806,6 +826,7 @@ class LockManager:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
+        origin = clip_origin(origin)
         key = self.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = self._owner(origin)
@@ -1333,6 +1354,33 @@ class LockManager:
                 "origin": origin,
             },
         )
+
+
+def _owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:
+    """The owner record's JSON up to its ``acquired_at`` value, at most
+    :data:`MAX_OWNER_BYTES` long once the time is appended.
+
+    The text fields are cut to their budgets; JSON escapes (``\\uXXXX`` for non-ASCII and
+    control characters) can still make the record longer, so the budgets are halved until it
+    fits. ASCII throughout (``ensure_ascii``): the hot-path encoder of the acquire needs it.
+    """
+    names, origin_budget = _MAX_OWNER_NAME_BYTES, MAX_ORIGIN_BYTES
+    while True:
+        body = json.dumps(
+            {
+                "host": clip_text(host, names),
+                "pid": pid,
+                "thread": clip_text(thread, names),
+                "task": None if task is None else clip_text(task, names),
+                "origin": None if origin is None else clip_text(origin, origin_budget),
+            },
+            separators=(",", ":"),
+        )
+        prefix = body[:-1] + ',"acquired_at":'
+        # The time appended is at most 18 characters (10 digits, a point, 6 digits, "}").
+        if len(prefix) + 18 <= MAX_OWNER_BYTES or (names <= 8 and origin_budget <= 8):
+            return prefix
+        names, origin_budget = max(8, names // 2), max(8, origin_budget // 2)
 
 
 def _owner_scope() -> tuple[object, ...]:
