@@ -47,6 +47,7 @@ __all__ = [
     "ConnectionSet",
     "Hello",
     "NodeError",
+    "NotSent",
     "Script",
     "ThreadConnections",
 ]
@@ -61,6 +62,11 @@ _POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 class NodeError(Exception):
     """A node failed: refused, reset, timed out, or answered with an error."""
+
+
+class NotSent(NodeError):
+    """The command was never written to the node (it could not be reached, or owed too many
+    replies): there is nothing on that node for a clean-up to undo."""
 
 
 class _TimedOut:
@@ -690,6 +696,8 @@ class ConnectionSet:
         need: int = 0,
         give_up: int | None = None,
         identify: bool = False,
+        *,
+        queue_behind: bool = False,
     ) -> _Exchange:
         """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
         With ``identify``, each command is completed with its connection's identity (two
@@ -698,6 +706,11 @@ class ConnectionSet:
         Returns the exchange whose results fill in as replies are read; a reply equal to
         ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes or at more
         than ``give_up`` other answers (default ``len(commands) - need``).
+
+        ``queue_behind``: a node that owes ``max_outstanding`` replies still gets the command,
+        queued behind them (up to twice that many), instead of being skipped. For a release:
+        a skipped release leaves the key to its ttl, a queued one frees the lock as soon as
+        the node catches up. A connection past the stall reset is still replaced.
         """
         exchange = _Exchange(len(commands), yes_value, need, give_up)
         now = self.clock()
@@ -715,13 +728,15 @@ class ConnectionSet:
                 exchange.results[index] = None
                 continue
             conn = connections[index]
-            if conn is None or conn.slots:
+            if (conn is None or conn.slots) and not (
+                queue_behind and conn is not None and self._can_queue_behind(conn, now)
+            ):
                 try:
                     conn = self._connection(index, now)
                 except NodeError as exc:
                     # Stored without its traceback: frames hold this set, and a cycle through
                     # them would leave the sockets to the garbage collector.
-                    exchange.results[index] = exc.with_traceback(None)
+                    exchange.results[index] = NotSent(str(exc))
                     exchange.no += 1
                     continue
             exchange.pending += 1
@@ -771,6 +786,12 @@ class ConnectionSet:
             except NodeError:
                 continue  # best effort: nothing more can be done for this node now
             self._send_to(index, conn, command, ignored, now)
+
+    def _can_queue_behind(self, conn: _Connection, now: float) -> bool:
+        stalled_since = conn.stalled_since
+        return len(conn.slots) < 2 * self.max_outstanding and (
+            stalled_since is None or now - stalled_since <= self.stall_reset
+        )
 
     def _send_to(
         self, index: int, conn: _Connection, command: Command, exchange: _Exchange, now: float
@@ -835,9 +856,14 @@ class ConnectionSet:
         need: int,
         give_up: int | None = None,
         identify: bool = False,
+        *,
+        queue_behind: bool = False,
     ) -> _Exchange:
         """:meth:`post` then :meth:`wait`: one round trip to every node."""
-        return self.wait(self.post(commands, yes_value, need, give_up, identify), deadline)
+        exchange = self.post(
+            commands, yes_value, need, give_up, identify, queue_behind=queue_behind
+        )
+        return self.wait(exchange, deadline)
 
 
 class ThreadConnections:

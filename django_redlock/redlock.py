@@ -51,6 +51,7 @@ from ._transport import (
     Fallback,
     Hello,
     NodeError,
+    NotSent,
     Script,
     ThreadConnections,
 )
@@ -1228,8 +1229,7 @@ class LockManager:
             )
             return lease, None
 
-        # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
-        # node that answered with another holder's time left certainly holds no key of ours.
+        # Failed: unlock everywhere our SET may have landed, the failed nodes included.
         self._forget(connections, key, token, results)
         return None, self._failure(name, results, granted, elapsed, attempts)
 
@@ -1243,8 +1243,14 @@ class LockManager:
         SET when it wakes up and no zombie key is left behind.
         """
         command = _release_command(key, token)
+        # A node that answered with another holder's time left holds no key of ours, and one
+        # the SET never reached (NotSent) has nothing to undo: clean-ups to nodes that owe
+        # many replies are bounded, so none is spent there.
         commands: list[Command | None] = [
-            None if results is not None and isinstance(results[index], int) else command
+            None
+            if results is not None
+            and (type(results[index]) is int or type(results[index]) is NotSent)
+            else command
             for index in range(len(self.addresses))
         ]
         connections.clean_up(commands)
@@ -1257,8 +1263,11 @@ class LockManager:
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
         command = _release_command(lease.key, lease.token, lease._waiter)
+        # Queued behind whatever a node still owes, never skipped: a node that owes many
+        # replies (it stalled, or was overloaded while this thread waited) then frees the
+        # lock when it catches up instead of keeping the key for the whole ttl.
         exchange = connections.run(
-            [command] * size, time.monotonic() + self.node_timeout, 1, quorum
+            [command] * size, time.monotonic() + self.node_timeout, 1, quorum, queue_behind=True
         )
         self._judge_release(lease, exchange.results, exchange.yes, expired)
 
