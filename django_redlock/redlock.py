@@ -1292,7 +1292,8 @@ class LockManager:
             return "the lease expired while it was being extended"
         return (
             f"not extended on {refused} of {len(self.addresses)} nodes, a quorum needs "
-            f"{self.quorum} ({_summarise(self.addresses, results, self.node_timeout)})"
+            f"{self.quorum} "
+            f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
         )
 
     def _judge_release(
@@ -1315,7 +1316,7 @@ class LockManager:
         if gone > size - quorum:
             reason = (
                 f"only {deleted} of {size} nodes still held it at release "
-                f"({_summarise(self.addresses, results, self.node_timeout)})"
+                f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
             )
             lease._mark_lost(reason)
             raise LockLost(lease.name, reason)
@@ -1325,7 +1326,7 @@ class LockManager:
                 lease.name,
                 deleted,
                 size,
-                _summarise(self.addresses, results, self.node_timeout),
+                _summarise(self.addresses, results, self.node_timeout, of_lease=True),
             )
         else:
             logger.info("released %r", lease.name)
@@ -1434,14 +1435,23 @@ def _error_text(reply: object, node_timeout: float) -> str:
 
 
 def _summarise(
-    addresses: Iterable[NodeAddress], results: Sequence[Any], node_timeout: float
+    addresses: Iterable[NodeAddress],
+    results: Sequence[Any],
+    node_timeout: float,
+    *,
+    of_lease: bool = False,
 ) -> str:
+    """The nodes that did not do their part, for a log line or an error.
+
+    ``of_lease``: the results of a release or extend, where 1 means done and 0 not held;
+    otherwise of an acquire, where an integer is another holder's milliseconds left.
+    """
     parts = []
     for address, reply in zip(addresses, results, strict=True):
         if reply is TIMED_OUT or isinstance(reply, NodeError):
             parts.append(f"{address.label}: {_error_text(reply, node_timeout)}")
-        elif reply == 0:
+        elif reply == 0 and type(reply) is int:
             parts.append(f"{address.label}: not held")
-        elif type(reply) is int:
+        elif type(reply) is int and not of_lease:
             parts.append(f"{address.label}: held by another for {reply} ms")
     return "; ".join(parts) or "no errors"
