@@ -11,6 +11,10 @@ the same run:
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
 
+- W5: 300 waiters (10 processes x 30 threads) on one lock with a 10 ms ``retry_delay``:
+  hand-off latency p50/p99/max, and hand-offs slower than half the ttl (a lease that ran out
+  because its release did not get through). django_redlock only (``benchmarks/overload.py``).
+
 Every contender gets clients with the same 50 ms socket timeout and no client retries.
 """
 
@@ -344,13 +348,32 @@ def w3(cluster5: LocalCluster, seconds: float) -> None:
     )
 
 
+def w5(cluster3: LocalCluster, seconds: float) -> None:
+    from benchmarks.overload import TTL as W5_TTL
+    from benchmarks.overload import run_w5
+
+    print(f"\nW5: 300 waiters (10 processes x 30 threads), retry_delay 10 ms, N=3, {seconds:g} s")
+    result = run_w5(cluster3.urls, seconds)
+    print(
+        f"{'contender':28} {'CS':>6} {'hand-off p50':>13} {'p99':>9} {'max':>9} "
+        f"{'> ttl/2':>8} {'release errors':>15}"
+    )
+    print(
+        f"{'django_redlock N=3':28} {result.critical_sections:6d} "
+        f"{result.handoff_p50_ms:11.1f}ms {result.handoff_p99_ms:7.1f}ms "
+        f"{result.handoff_max_ms:7.1f}ms {result.slow_handoffs:8d} {result.release_errors:15d}"
+    )
+    print(f"  target: no hand-off slower than ttl/2 = {W5_TTL / 2:g} s (0 in the > ttl/2 column)")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
     parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds")
     parser.add_argument("--w4", type=int, default=400, help="W4 pairs per contender")
     parser.add_argument("--seconds", type=float, default=3.0, help="W2/W3 seconds each")
-    parser.add_argument("--only", choices=["w1", "w2", "w3", "w4"], help="run one workload")
+    parser.add_argument("--w5-seconds", type=float, default=10.0, help="W5 duration")
+    parser.add_argument("--only", choices=["w1", "w2", "w3", "w4", "w5"], help="run one workload")
     args = parser.parse_args(argv)
 
     print(f"server: {server_version()}")
@@ -364,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
             w2(cluster5, args.seconds)
         if args.only in (None, "w3"):
             w3(cluster5, args.seconds)
+        if args.only in (None, "w5"):
+            w5(cluster3, args.w5_seconds)
     return 0
 
 

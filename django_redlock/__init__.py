@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_redlock.exceptions import (
     FencingUnavailable,
+    LeaseInherited,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -39,6 +40,7 @@ __all__ = [
     "AsyncLockManager",
     "FencingUnavailable",
     "Lease",
+    "LeaseInherited",
     "LeaseReleased",
     "LockContended",
     "LockLost",

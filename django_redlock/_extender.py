@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import os
 import threading
 import time
 import weakref
@@ -67,6 +68,19 @@ class _Extender:
 
 _extender: _Extender | None = None
 _lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    """Start the child with no extender: the parent's thread does not exist here (only the
+    forking thread survives a fork), its heap holds the parent's leases, and its locks may
+    have been held by a parent thread at the instant of the fork, so they would never be
+    released in the child. The child's first auto-extended lease starts a new thread."""
+    global _extender, _lock
+    _extender = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def schedule(lease: BaseLease, due: float) -> None:

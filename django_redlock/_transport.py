@@ -47,6 +47,7 @@ __all__ = [
     "ConnectionSet",
     "Hello",
     "NodeError",
+    "NotSent",
     "Script",
     "ThreadConnections",
 ]
@@ -61,6 +62,11 @@ _POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 
 class NodeError(Exception):
     """A node failed: refused, reset, timed out, or answered with an error."""
+
+
+class NotSent(NodeError):
+    """The command was never written to the node (it could not be reached, or owed too many
+    replies): there is nothing on that node for a clean-up to undo."""
 
 
 class _TimedOut:
@@ -636,10 +642,12 @@ class ConnectionSet:
             return
         reader = conn.reader
         slots = conn.slots
+        progressed = False
         while slots:
             reply = reader.gets()
             if reply is False:
                 break
+            progressed = True
             exchange, slot_index, fallback = slots.popleft()
             if exchange is None:
                 if slot_index == _LOGIN and type(reply) is ReplyError:
@@ -674,7 +682,12 @@ class ConnectionSet:
                 reply = NodeError(str(reply))
             if not exchange.closed:
                 exchange.record(slot_index, reply)
-        conn.stalled_since = self.clock() if slots else None
+        # The stall clock restarts only on progress: a read that found nothing (a paused
+        # node) must not make the connection look fresh, or it would never be replaced.
+        if not slots:
+            conn.stalled_since = None
+        elif progressed:
+            conn.stalled_since = self.clock()
 
     def post(
         self,
@@ -683,6 +696,8 @@ class ConnectionSet:
         need: int = 0,
         give_up: int | None = None,
         identify: bool = False,
+        *,
+        queue_behind: bool = False,
     ) -> _Exchange:
         """Send ``commands[i]`` (command, EVAL fallback) to node ``i``; ``None`` skips a node.
         With ``identify``, each command is completed with its connection's identity (two
@@ -691,6 +706,11 @@ class ConnectionSet:
         Returns the exchange whose results fill in as replies are read; a reply equal to
         ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes or at more
         than ``give_up`` other answers (default ``len(commands) - need``).
+
+        ``queue_behind``: a node that owes ``max_outstanding`` replies still gets the command,
+        queued behind them (up to twice that many), instead of being skipped. For a release:
+        a skipped release leaves the key to its ttl, a queued one frees the lock as soon as
+        the node catches up. A connection past the stall reset is still replaced.
         """
         exchange = _Exchange(len(commands), yes_value, need, give_up)
         now = self.clock()
@@ -708,13 +728,15 @@ class ConnectionSet:
                 exchange.results[index] = None
                 continue
             conn = connections[index]
-            if conn is None or conn.slots:
+            if (conn is None or conn.slots) and not (
+                queue_behind and conn is not None and self._can_queue_behind(conn, now)
+            ):
                 try:
                     conn = self._connection(index, now)
                 except NodeError as exc:
                     # Stored without its traceback: frames hold this set, and a cycle through
                     # them would leave the sockets to the garbage collector.
-                    exchange.results[index] = exc.with_traceback(None)
+                    exchange.results[index] = NotSent(str(exc))
                     exchange.no += 1
                     continue
             exchange.pending += 1
@@ -727,6 +749,60 @@ class ConnectionSet:
             if conn.out:  # includes a connect or TLS handshake still under way
                 self.poller.modify(conn.fileno(), conn.events())
         return exchange
+
+    def clean_up(self, commands: Sequence[Command | None]) -> None:
+        """Send ``commands[i]`` to node ``i`` and read their replies later, unused (``None``
+        skips a node): the release of a failed attempt, or leaving a wait line.
+
+        A clean-up undoes a command sent before it that a stalled node may not have run yet
+        (a SIGSTOPped server runs its queued input when it wakes), so it must reach the node
+        *after* that command: it goes on the same connection whatever that connection owes.
+        The cap on owed replies does not apply up to twice ``max_outstanding`` (a memory
+        bound that never bites a release that matters: an acquire is only sent below the cap,
+        and its clean-up follows at once), and a stall reset does not move it elsewhere. A
+        connection past ``stall_reset`` may be half-open instead of stalled, so there the
+        clean-up goes once more on a new connection; clean-ups are idempotent.
+        """
+        if self.pid != current_pid():
+            self._forget_all()
+        now = self.clock()
+        # Its replies are read and dropped (closed), except that a NOSCRIPT still gets the
+        # EVAL fallback: clean-up commands are built with ``when_over=True``.
+        ignored = _Exchange(len(commands), None, 0)
+        ignored.closed = True
+        for index, command in enumerate(commands):
+            if command is None:
+                continue
+            conn = self.connections[index]
+            if conn is not None and conn.slots:
+                if len(conn.slots) < 2 * self.max_outstanding:
+                    self._send_to(index, conn, command, ignored, now)
+                stalled_since = conn.stalled_since
+                if stalled_since is None or now - stalled_since <= self.stall_reset:
+                    continue
+                self._drop(index, "stalled connection reset")
+            try:
+                conn = self._connection(index, now)
+            except NodeError:
+                continue  # best effort: nothing more can be done for this node now
+            self._send_to(index, conn, command, ignored, now)
+
+    def _can_queue_behind(self, conn: _Connection, now: float) -> bool:
+        stalled_since = conn.stalled_since
+        return len(conn.slots) < 2 * self.max_outstanding and (
+            stalled_since is None or now - stalled_since <= self.stall_reset
+        )
+
+    def _send_to(
+        self, index: int, conn: _Connection, command: Command, exchange: _Exchange, now: float
+    ) -> None:
+        try:
+            conn.send(command[0], (exchange, index, command[1]), now)
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return
+        if conn.out:
+            self.poller.modify(conn.fileno(), conn.events())
 
     def wait(self, exchange: _Exchange, deadline: float) -> _Exchange:
         """Read replies until the outcome is known, every node answered, or ``deadline``.
@@ -780,28 +856,45 @@ class ConnectionSet:
         need: int,
         give_up: int | None = None,
         identify: bool = False,
+        *,
+        queue_behind: bool = False,
     ) -> _Exchange:
         """:meth:`post` then :meth:`wait`: one round trip to every node."""
-        return self.wait(self.post(commands, yes_value, need, give_up, identify), deadline)
+        exchange = self.post(
+            commands, yes_value, need, give_up, identify, queue_behind=queue_behind
+        )
+        return self.wait(exchange, deadline)
 
 
 class ThreadConnections:
-    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand."""
+    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand.
+
+    After ``fork()`` the child's sets start afresh before any use (:meth:`get`), so a child
+    never reads or writes a socket it shares with its parent, pub/sub ones included.
+    """
 
     def __init__(self, factory: Callable[[], ConnectionSet]) -> None:
         self._factory = factory
         self._local = threading.local()
         self._all: weakref.WeakSet[ConnectionSet] = weakref.WeakSet()
         self._lock = threading.Lock()
+        _EVERY_THREAD_CONNECTIONS.add(self)
 
     def get(self) -> ConnectionSet:
-        sets = getattr(self._local, "sets", None)
+        sets: ConnectionSet | None = getattr(self._local, "sets", None)
         if sets is None:
             sets = self._factory()
             self._local.sets = sets
             with self._lock:
                 self._all.add(sets)
+        elif sets.pid != current_pid():
+            sets._forget_all()  # forked: our copies of the parent's sockets are closed unused
         return sets
+
+    def _after_fork_in_child(self) -> None:
+        # Another thread of the parent may have held the lock at the instant of the fork;
+        # that thread does not exist here, so the child's copy would stay locked forever.
+        self._lock = threading.Lock()
 
     def open_count(self) -> int:
         with self._lock:
@@ -812,6 +905,17 @@ class ThreadConnections:
             every = list(self._all)
         for sets in every:
             sets.close()
+
+
+_EVERY_THREAD_CONNECTIONS: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for connections in list(_EVERY_THREAD_CONNECTIONS):
+        connections._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def wake_channel(key: str, listener: str) -> str:

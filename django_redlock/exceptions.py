@@ -9,6 +9,7 @@ import them without import loops. The tree::
     │   └── QuorumUnreachable     too many nodes failed or timed out (infrastructure)
     ├── LockLost                  extend/release/check found the lease no longer held on a quorum
     ├── LeaseReleased             extend/release/check on a lease this process already released
+    ├── LeaseInherited            extend/release/check in a forked child, on its parent's lease
     ├── StaleFencingToken         a FencedModel write was refused: a newer holder exists
     ├── FencingUnavailable        no fencing token could be minted (row missing or locked)
     └── UnfencedWrite             a FencedModel that requires fencing was written outside a lock
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 
 __all__ = [
     "FencingUnavailable",
+    "LeaseInherited",
     "LeaseReleased",
     "LockContended",
     "LockLost",
@@ -126,6 +128,32 @@ class LeaseReleased(RedlockError):
         self.name = name
         super().__init__(name)
         self._text = f"lease on {name!r} was already released"
+
+
+class LeaseInherited(RedlockError):
+    """The lease belongs to another process: this one inherited it through ``fork()``.
+
+    A lease is owned by the process that acquired it. A forked child (multiprocessing,
+    gunicorn ``--preload``, ``os.fork``) gets a copy of the lease object but not the lease:
+    releasing or extending it there would delete or renew the parent's keys while the parent
+    still relies on them. ``release()``, ``extend()`` and ``check()`` raise this in the child;
+    leaving an inherited ``with`` block there does nothing (see ``Lease.__exit__``).
+
+    Attributes:
+        name: the lock name.
+        owner_pid: the process that holds the lease.
+        pid: the process that inherited it (and raised this).
+    """
+
+    def __init__(self, name: str, owner_pid: int, pid: int) -> None:
+        self.name = name
+        self.owner_pid = owner_pid
+        self.pid = pid
+        super().__init__(name, owner_pid, pid)
+        self._text = (
+            f"lease on {name!r} belongs to process {owner_pid}; process {pid} inherited it "
+            "through fork() and may not release, extend or check it"
+        )
 
 
 class StaleFencingToken(RedlockError):

@@ -19,10 +19,12 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 
 from __future__ import annotations
 
+import decimal
 import enum
 import json
 import logging
 import math
+import numbers
 import random
 import re
 import secrets
@@ -49,10 +51,12 @@ from ._transport import (
     Fallback,
     Hello,
     NodeError,
+    NotSent,
     Script,
     ThreadConnections,
 )
 from .exceptions import (
+    LeaseInherited,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -69,6 +73,8 @@ __all__ = [
     "DEFAULT_TTL",
     "MANAGER_DEFAULT",
     "MAX_NAME_BYTES",
+    "MAX_ORIGIN_BYTES",
+    "MAX_OWNER_BYTES",
     "MAX_TTL",
     "NODE_KEY",
     "Lease",
@@ -102,6 +108,12 @@ MAX_TTL = 86400.0
 """Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
+MAX_ORIGIN_BYTES = 1024
+"""Longest ``origin`` kept, in UTF-8 bytes; a longer one is cut and ends in ``…``. It is
+stored on every node with every lock, so its size is everybody's memory and bandwidth."""
+MAX_OWNER_BYTES = 4096
+"""Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
+names, origin and time. Text fields are cut further when escapes make it longer."""
 
 # Seconds between two "acquired despite node errors" warnings of one manager.
 _WARN_EVERY = 10.0
@@ -110,6 +122,11 @@ _DRIFT_MILLIS = 0.002
 _SCRIPTS = Path(__file__).with_name("scripts")
 # Unicode category Cc is exactly these two ranges.
 _CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
+# Ends a text that was cut to fit its byte budget (3 UTF-8 bytes).
+_CUT = "\u2026"
+_CUT_BYTES = len(_CUT.encode("utf-8"))
+# Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
+_MAX_OWNER_NAME_BYTES = 256
 
 
 _INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)
@@ -216,16 +233,54 @@ def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
 
 
 def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
-    """A finite, non-negative number of seconds, or a clear error naming ``argument``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
-    number = float(value)
+    """A finite, non-negative number of seconds as a float, or a clear error naming
+    ``argument``.
+
+    Any real number is accepted (``int``, ``float``, ``Decimal``, ``Fraction``, numpy
+    scalars: :class:`numbers.Real` or :class:`decimal.Decimal`), except ``bool``.
+
+    Raises:
+        TypeError: not a real number, or a bool.
+        ValueError: NaN, infinite, too large for a float, negative, or zero when not allowed.
+    """
+    if type(value) is float:  # the common case, without an ABC check
+        number = value
+    else:
+        if type(value) is not int and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal)
+        ):
+            raise TypeError(
+                f"{argument} must be a number of seconds, not {type(value).__name__} (any real "
+                "number: int, float, Decimal, Fraction; not bool)"
+            )
+        try:
+            number = float(value)  # a Real or Decimal: checked above
+        except (ArithmeticError, ValueError):  # too large for a float; a signalling NaN
+            raise ValueError(
+                f"{argument} must be a finite number of seconds, not {value!r}"
+            ) from None
     if math.isnan(number) or math.isinf(number):
         raise ValueError(f"{argument} must be a finite number of seconds, not {value!r}")
     if number < 0 or (number == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "more than zero"
         raise ValueError(f"{argument} must be {bound} seconds, not {value!r}")
     return number
+
+
+def clip_text(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` UTF-8 bytes, ending in ``…`` when it was cut (never
+    in the middle of a character; lone surrogates in a cut text are dropped)."""
+    if len(text) * 4 <= limit:  # the common case: short enough whatever its characters
+        return text
+    encoded = text[: limit + 1].encode("utf-8", "surrogatepass")
+    if len(encoded) <= limit and len(text) <= limit:
+        return text
+    return encoded[: limit - _CUT_BYTES].decode("utf-8", "ignore") + _CUT
+
+
+def clip_origin(origin: str | None) -> str | None:
+    """The ``origin`` as kept and stored: at most :data:`MAX_ORIGIN_BYTES` UTF-8 bytes."""
+    return None if origin is None else clip_text(origin, MAX_ORIGIN_BYTES)
 
 
 def validate_name(name: object) -> str:
@@ -286,7 +341,7 @@ class BaseLease:
         self.key = key
         self._token = token
         self.ttl = ttl
-        self.origin = origin
+        self.origin = clip_origin(origin)
         self.acquired_at = acquired_at
         self._expires_at = expires_at
         self.fencing_token: int | None = None
@@ -299,6 +354,9 @@ class BaseLease:
         self._depth = 1
         self._scope: tuple[object, ...] | None = None
         self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
+        # The process that took the lease owns it; a forked child has a copy of this object
+        # but not the lease (see _refuse_inherited).
+        self._pid = current_pid()
 
     @property
     def token(self) -> str:
@@ -307,6 +365,8 @@ class BaseLease:
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
+        if self.inherited:
+            state += f" by process {self._pid} (inherited)"
         return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
 
     @property
@@ -326,6 +386,22 @@ class BaseLease:
     def released(self) -> bool:
         """True once :meth:`release` was called on this lease."""
         return self._released
+
+    @property
+    def inherited(self) -> bool:
+        """True in a process forked from the lease's owner: there the lease cannot be
+        released, extended or checked (:class:`LeaseInherited`)."""
+        return self._pid != current_pid()
+
+    def _refuse_inherited(self) -> None:
+        """Raise :class:`LeaseInherited` in a forked child.
+
+        Checked before anything else, the guard included: the parent's extender thread may
+        have held the guard at the instant of the fork, and the child's copy of it then stays
+        locked forever.
+        """
+        if self._pid != current_pid():
+            raise LeaseInherited(self.name, self._pid, current_pid())
 
     @property
     def auto_extended(self) -> bool:
@@ -360,7 +436,9 @@ class BaseLease:
         Raises:
             LeaseReleased: the lease was released.
             LockLost: the lease expired or was found lost.
+            LeaseInherited: called in a forked child (it cannot know its parent's lease).
         """
+        self._refuse_inherited()
         if self._released:
             raise LeaseReleased(self.name)
         if self._lost_reason is not None:
@@ -391,7 +469,9 @@ class Lease(BaseLease):
             LockLost: the lease had expired, or fewer than a quorum still held it, or the
                 renewal finished after the old validity ran out. The lease is then released
                 everywhere (best effort) and stays lost.
+            LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
+        self._refuse_inherited()
         guard = self._guard
         if guard is None:
             self.check()
@@ -409,7 +489,9 @@ class Lease(BaseLease):
                 was no longer held: work done under it may have overlapped another holder.
                 (Nodes that fail to answer while the lease is still valid are logged, not
                 raised: their keys expire by themselves.)
+            LeaseInherited: called in a forked child; the parent's keys are left alone.
         """
+        self._refuse_inherited()
         guard = self._guard
         if guard is None:
             self._release_now()
@@ -436,6 +518,21 @@ class Lease(BaseLease):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Release the lease (see :meth:`release`); in a forked child, do nothing.
+
+        A child leaves its parent's ``with`` block on its way out (``sys.exit`` unwinding the
+        inherited stack): the lease is the parent's, so the keys stay and nothing is raised,
+        which would only turn the child's unrelated exit into a crash. A warning is logged.
+        """
+        if self._pid != current_pid():
+            logger.warning(
+                "process %d left the with block of lease %r inherited through fork(): the "
+                "lease stays with process %d, nothing was released",
+                current_pid(),
+                self.name,
+                self._pid,
+            )
+            return
         if self._released:
             return
         if exc is None:
@@ -674,20 +771,11 @@ class LockManager:
         thread = threading.current_thread()
         task = _current_task_name()
         cache = self._owner_cache
+        origin = clip_origin(origin)  # also bounds the cache's keys
         key = (current_pid(), thread.ident, thread.name, task, origin)
         prefix = cache.get(key)
         if prefix is None:
-            body = json.dumps(
-                {
-                    "host": self._host,
-                    "pid": key[0],
-                    "thread": thread.name,
-                    "task": task,
-                    "origin": origin,
-                },
-                separators=(",", ":"),
-            )
-            prefix = body[:-1] + ',"acquired_at":'
+            prefix = _owner_prefix(self._host, key[0], thread.name, task, origin)
             if len(cache) > 1024:
                 cache.clear()
             cache[key] = prefix
@@ -721,7 +809,7 @@ class LockManager:
             max_hold: with ``auto_extend``, seconds after which renewal stops, so a stuck
                 holder cannot keep the lock forever (the lease then runs out within a ttl).
             origin: free text stored with the lock to tell operators where it was taken
-                (a view or command name).
+                (a view or command name); cut to :data:`MAX_ORIGIN_BYTES` UTF-8 bytes.
 
         Raises:
             LockContended: another holder has it.
@@ -729,15 +817,17 @@ class LockManager:
             TypeError, ValueError: a bad argument.
         """
         name = validate_name(name)
+        # Checked first, so a re-entry refuses bad arguments as a first acquire does.
+        seconds, wait, hold = self._acquire_arguments(
+            ttl, blocking, timeout, auto_extend, max_hold, origin
+        )
         scope = _owner_scope()
         held = self._held.get((scope, name))
         if isinstance(held, Lease) and not held.released and not held.lost:
             # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
             held._depth += 1
             return held
-        seconds, wait, hold = self._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
-        )
+        origin = clip_origin(origin)
         key = self.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = self._owner(origin)
@@ -752,6 +842,7 @@ class LockManager:
         ticket = time.time_ns() // 1000
         lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
         listening = False
+        polls = 0  # waits in a row that ended without a wake-up
         attempts = 0
         while True:
             attempts += 1
@@ -772,7 +863,7 @@ class LockManager:
                 if waiter:
                     self._leave_line(connections, key, waiter)
                 raise self._give_up(error, origin, now - started)
-            delay = self._retry_delay(now, deadline)
+            delay = self._retry_delay(now, deadline, polls)
             if self._sleep is not time.sleep:
                 self._sleep(delay)  # an injected sleep (tests) replaces the notifications
             elif not listening and connections.subscriber.subscribe(key, self.node_timeout):
@@ -783,7 +874,8 @@ class LockManager:
                 # Listening since before our last try (this thread kept the channel from an
                 # earlier wait): any release since then was published to us.
                 listening = True
-                connections.subscriber.wait(delay, waiter)
+                if not connections.subscriber.wait(delay, waiter):
+                    polls += 1
 
     def _first_contact(self, connections: ConnectionSet | None = None) -> None:
         """Hear from the nodes before the first acquire: one round trip (bounded by the node
@@ -823,9 +915,22 @@ class LockManager:
         if self.observer is not None:
             self.observer.acquired(lease, lease.acquired_at - started)
 
-    def _retry_delay(self, now: float, deadline: float | None) -> float:
-        """Seconds until the next try: ``retry_delay`` ± 50 % jitter, never past ``deadline``."""
-        delay = self.retry_delay * random.uniform(0.5, 1.5)
+    def _retry_delay(self, now: float, deadline: float | None, polls: int = 0) -> float:
+        """Seconds until the next try: ``retry_delay`` ± 50 % jitter, never past ``deadline``.
+
+        ``polls``: how many waits in a row ended with no wake-up. A waiter is woken by the
+        release that makes it the head of the line (pub/sub); its poll only covers a wake-up
+        lost to a node failure, so the poll backs off, doubling each time up to a fifth of
+        the life of a place in line (``max(1 s, 4 * retry_delay)``; never below
+        ``retry_delay``): even with the jitter and a slow try, the place is kept.
+        Without it, hundreds of waiters polling at a short ``retry_delay`` saturate the
+        nodes, and every release and hand-off waits behind their retries (benchmark W5).
+        """
+        base = self.retry_delay
+        if polls:
+            cap = max(base, max(1.0, 4 * base) / 5)
+            base = min(base * 2.0 ** min(polls, 20), cap)
+        delay = base * random.uniform(0.5, 1.5)
         return delay if deadline is None else min(delay, deadline - now)
 
     def _validity(self, ttl: float, elapsed: float) -> float:
@@ -835,9 +940,8 @@ class LockManager:
 
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
-        our place to lapse."""
-        command = _leave_command(key, waiter)
-        connections.post([command] * len(self.addresses), 1, len(self.addresses))
+        our place to lapse (behind our last try on each connection, see ``clean_up``)."""
+        connections.clean_up([_leave_command(key, waiter)] * len(self.addresses))
 
     def _acquire_arguments(
         self,
@@ -1140,8 +1244,7 @@ class LockManager:
             )
             return lease, None
 
-        # Failed: unlock everywhere our SET may have landed, the failed nodes included; a
-        # node that answered with another holder's time left certainly holds no key of ours.
+        # Failed: unlock everywhere our SET may have landed, the failed nodes included.
         self._forget(connections, key, token, results)
         return None, self._failure(name, results, granted, elapsed, attempts)
 
@@ -1150,15 +1253,22 @@ class LockManager:
     ) -> None:
         """Fire-and-forget release after a failed attempt (replies are drained later).
 
-        Pipelined on the same per-node connection as the SET, so a stalled node applies the
-        release after the SET when it wakes up and no zombie key is left behind.
+        Pipelined on the same per-node connection as the SET, even to a node that owes many
+        replies (``ConnectionSet.clean_up``), so a stalled node applies the release after the
+        SET when it wakes up and no zombie key is left behind.
         """
         command = _release_command(key, token)
+        # A node that answered with another holder's time left holds no key of ours, and one
+        # the SET never reached (NotSent) has nothing to undo: clean-ups to nodes that owe
+        # many replies are bounded, so none is spent there.
         commands: list[Command | None] = [
-            None if results is not None and isinstance(results[index], int) else command
+            None
+            if results is not None
+            and (type(results[index]) is int or type(results[index]) is NotSent)
+            else command
             for index in range(len(self.addresses))
         ]
-        connections.post(commands, 1, len(commands))
+        connections.clean_up(commands)
 
     # -- release and extend ----------------------------------------------------------------
 
@@ -1168,8 +1278,11 @@ class LockManager:
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
         command = _release_command(lease.key, lease.token, lease._waiter)
+        # Queued behind whatever a node still owes, never skipped: a node that owes many
+        # replies (it stalled, or was overloaded while this thread waited) then frees the
+        # lock when it catches up instead of keeping the key for the whole ttl.
         exchange = connections.run(
-            [command] * size, time.monotonic() + self.node_timeout, 1, quorum
+            [command] * size, time.monotonic() + self.node_timeout, 1, quorum, queue_behind=True
         )
         self._judge_release(lease, exchange.results, exchange.yes, expired)
 
@@ -1179,7 +1292,8 @@ class LockManager:
             return "the lease expired while it was being extended"
         return (
             f"not extended on {refused} of {len(self.addresses)} nodes, a quorum needs "
-            f"{self.quorum} ({_summarise(self.addresses, results, self.node_timeout)})"
+            f"{self.quorum} "
+            f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
         )
 
     def _judge_release(
@@ -1202,7 +1316,7 @@ class LockManager:
         if gone > size - quorum:
             reason = (
                 f"only {deleted} of {size} nodes still held it at release "
-                f"({_summarise(self.addresses, results, self.node_timeout)})"
+                f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
             )
             lease._mark_lost(reason)
             raise LockLost(lease.name, reason)
@@ -1212,7 +1326,7 @@ class LockManager:
                 lease.name,
                 deleted,
                 size,
-                _summarise(self.addresses, results, self.node_timeout),
+                _summarise(self.addresses, results, self.node_timeout, of_lease=True),
             )
         else:
             logger.info("released %r", lease.name)
@@ -1267,6 +1381,33 @@ class LockManager:
         )
 
 
+def _owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:
+    """The owner record's JSON up to its ``acquired_at`` value, at most
+    :data:`MAX_OWNER_BYTES` long once the time is appended.
+
+    The text fields are cut to their budgets; JSON escapes (``\\uXXXX`` for non-ASCII and
+    control characters) can still make the record longer, so the budgets are halved until it
+    fits. ASCII throughout (``ensure_ascii``): the hot-path encoder of the acquire needs it.
+    """
+    names, origin_budget = _MAX_OWNER_NAME_BYTES, MAX_ORIGIN_BYTES
+    while True:
+        body = json.dumps(
+            {
+                "host": clip_text(host, names),
+                "pid": pid,
+                "thread": clip_text(thread, names),
+                "task": None if task is None else clip_text(task, names),
+                "origin": None if origin is None else clip_text(origin, origin_budget),
+            },
+            separators=(",", ":"),
+        )
+        prefix = body[:-1] + ',"acquired_at":'
+        # The time appended is at most 18 characters (10 digits, a point, 6 digits, "}").
+        if len(prefix) + 18 <= MAX_OWNER_BYTES or (names <= 8 and origin_budget <= 8):
+            return prefix
+        names, origin_budget = max(8, names // 2), max(8, origin_budget // 2)
+
+
 def _owner_scope() -> tuple[object, ...]:
     """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
     asyncio = sys.modules.get("asyncio")
@@ -1294,14 +1435,23 @@ def _error_text(reply: object, node_timeout: float) -> str:
 
 
 def _summarise(
-    addresses: Iterable[NodeAddress], results: Sequence[Any], node_timeout: float
+    addresses: Iterable[NodeAddress],
+    results: Sequence[Any],
+    node_timeout: float,
+    *,
+    of_lease: bool = False,
 ) -> str:
+    """The nodes that did not do their part, for a log line or an error.
+
+    ``of_lease``: the results of a release or extend, where 1 means done and 0 not held;
+    otherwise of an acquire, where an integer is another holder's milliseconds left.
+    """
     parts = []
     for address, reply in zip(addresses, results, strict=True):
         if reply is TIMED_OUT or isinstance(reply, NodeError):
             parts.append(f"{address.label}: {_error_text(reply, node_timeout)}")
-        elif reply == 0:
+        elif reply == 0 and type(reply) is int:
             parts.append(f"{address.label}: not held")
-        elif type(reply) is int:
+        elif type(reply) is int and not of_lease:
             parts.append(f"{address.label}: held by another for {reply} ms")
     return "; ".join(parts) or "no errors"

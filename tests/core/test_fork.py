@@ -1,0 +1,298 @@
+"""A lease belongs to the process that took it: fork() hands a child a copy of the Lease
+object, never the lease (gunicorn --preload, multiprocessing with the fork start method).
+
+Every child here runs on real nodes and leaves with ``os._exit``, so pytest's own teardown
+never runs twice; a child that hangs (a lock held across the fork) is killed and fails its
+test instead of hanging the suite.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+
+import pytest
+
+from django_redlock import LeaseInherited, LockContended, LockManager, RedlockError, _extender
+
+CHILD_DEADLINE = 30.0  # seconds; far above what any child needs, only a hang reaches it
+HUNG = -1
+
+
+def fork() -> int:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        return os.fork()
+
+
+def wait_child(pid: int, deadline: float = CHILD_DEADLINE) -> int:
+    """The child's exit code, or HUNG (it is killed) if it has not exited by ``deadline``."""
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return HUNG
+
+
+def in_child(body: Callable[[], int]) -> int:
+    """Run ``body`` in a forked child and return its exit code (``body``'s result; 99 if it
+    raised, its traceback on stderr; HUNG if it never returned)."""
+    pid = fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = body()
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return wait_child(pid)
+
+
+def contended(urls: list[str], name: str) -> bool:
+    """A rival's single try on ``name`` finds it held."""
+    with LockManager(urls) as rival:
+        try:
+            rival.acquire(name, ttl=5.0, blocking=False).release()
+        except LockContended:
+            return True
+        return False
+
+
+def test_a_child_leaving_the_inherited_with_block_leaves_the_parents_lease(cluster3):
+    manager = LockManager(cluster3.urls)
+    parent = os.getpid()
+    try:
+        with manager.lock("inherited", ttl=10.0) as lease:
+            pid = fork()
+            if pid == 0:
+                sys.exit(7)  # a worker leaving: unwinds through the with block it inherited
+            status = wait_child(pid)
+            # The child's exit was its own (the with block did not raise over it) ...
+            assert status == 7
+            # ... and the lock is still the parent's: no rival gets it, the parent extends it.
+            assert contended(cluster3.urls, "inherited")
+            assert lease.extend() > 0
+    except SystemExit as leaving:
+        if os.getpid() != parent:
+            os._exit(leaving.code if isinstance(leaving.code, int) else 98)
+        raise
+    except BaseException:
+        if os.getpid() != parent:
+            traceback.print_exc()
+            os._exit(99)  # the inherited with block raised in the child
+        raise
+    assert lease.released
+    assert not contended(cluster3.urls, "inherited")
+
+
+def test_release_extend_and_check_refuse_in_a_multiprocessing_child(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("mp", ttl=10.0, auto_extend=True)
+    results: multiprocessing.Queue[list[str]] = multiprocessing.get_context("fork").Queue()
+
+    def child() -> None:
+        outcomes = []
+        for operation in (lease.release, lease.extend, lease.check):
+            try:
+                operation()
+                outcomes.append("done")
+            except LeaseInherited as error:
+                outcomes.append(f"LeaseInherited from {error.owner_pid}")
+            except RedlockError as error:
+                outcomes.append(type(error).__name__)
+        results.put(outcomes)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        process = multiprocessing.get_context("fork").Process(target=child)
+        process.start()
+    assert results.get(timeout=CHILD_DEADLINE) == [f"LeaseInherited from {os.getpid()}"] * 3
+    process.join(CHILD_DEADLINE)
+    assert process.exitcode == 0
+    assert contended(cluster3.urls, "mp")
+    assert not lease.lost
+    assert lease.extend() > 0
+    lease.release()
+
+
+def test_a_child_forked_mid_renewal_refuses_at_once_instead_of_hanging(cluster3):
+    # The parent's extender holds the lease's guard during each renewal round trip; a fork at
+    # that instant gives the child a guard locked by a thread it does not have.
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("mid-renewal", ttl=10.0, auto_extend=True)
+    guard = lease._guard
+    assert guard is not None
+    held, done = threading.Event(), threading.Event()
+
+    def renewing() -> None:
+        with guard:
+            held.set()
+            done.wait()
+
+    thread = threading.Thread(target=renewing)
+    thread.start()
+    held.wait()
+
+    def child() -> int:
+        try:
+            lease.release()
+        except LeaseInherited:
+            return 0
+        return 1
+
+    try:
+        status = in_child(child)
+    finally:
+        done.set()
+        thread.join()
+    assert status == 0
+    assert contended(cluster3.urls, "mid-renewal")
+    lease.release()
+
+
+class Renewals:
+    """A LockObserver that sets ``twice`` once two renewals were made."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.twice = threading.Event()
+
+    def acquired(self, lease: object, waited: float) -> None:
+        pass
+
+    def released(self, lease: object, held: float) -> None:
+        pass
+
+    def extended(self, lease: object, validity: float) -> None:
+        self.count += 1
+        if self.count >= 2:
+            self.twice.set()
+
+    def lost(self, lease: object, reason: str) -> None:
+        pass
+
+    def gave_up(self, error: object, waited: float) -> None:
+        pass
+
+
+def test_a_child_gets_its_own_extender_even_if_forked_while_one_was_scheduling(cluster3):
+    manager = LockManager(cluster3.urls)
+    parents = manager.acquire("parents", ttl=10.0, auto_extend=True)  # the extender runs
+    held, done = threading.Event(), threading.Event()
+
+    def scheduling() -> None:  # another thread inside schedule() at the instant of the fork
+        with _extender._lock:
+            held.set()
+            done.wait()
+
+    thread = threading.Thread(target=scheduling)
+    thread.start()
+    held.wait()
+
+    def child() -> int:
+        renewals = Renewals()
+        # A generous node timeout: a renewal must not fail because the machine is loaded.
+        with LockManager(cluster3.urls, node_timeout=0.5, observer=renewals) as own:
+            lease = own.acquire("childs", ttl=3.0, auto_extend=True)
+            if not renewals.twice.wait(CHILD_DEADLINE / 2):
+                return 1  # no extender renews it
+            lease.check()
+            if not contended(cluster3.urls, "childs"):
+                return 2
+            lease.release()
+        return 0
+
+    try:
+        status = in_child(child)
+    finally:
+        done.set()
+        thread.join()
+    assert status == 0
+    parents.check()
+    parents.release()
+
+
+def test_a_new_thread_in_the_child_gets_connections_even_if_forked_mid_setup(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm", ttl=5.0).release()
+    held, done = threading.Event(), threading.Event()
+
+    def opening() -> None:  # another thread registering its connections at the fork
+        with manager._connections._lock:
+            held.set()
+            done.wait()
+
+    thread = threading.Thread(target=opening)
+    thread.start()
+    held.wait()
+
+    def child() -> int:
+        outcome: list[int] = []
+
+        def work() -> None:
+            manager.acquire("threaded-child", ttl=5.0).release()
+            outcome.append(0)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        worker.join(CHILD_DEADLINE / 2)
+        return outcome[0] if outcome else 2
+
+    try:
+        status = in_child(child)
+    finally:
+        done.set()
+        thread.join()
+    assert status == 0
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_parent_and_child_work_side_by_side_on_their_own_sockets(cluster3, blocking):
+    # Shared sockets would show at once: one process would read the other's replies (wrong
+    # votes, LockLost at release) or steal its wake-ups.
+    manager = LockManager(cluster3.urls, retry_delay=0.01)
+    lease = manager.acquire("side-by-side", ttl=10.0)
+    rounds = 100
+    wait = 10.0 if blocking else None
+
+    def child() -> int:
+        if contended(cluster3.urls, "side-by-side") is False:
+            return 1
+        for _ in range(rounds):
+            manager.acquire("child-own", ttl=5.0, blocking=blocking, timeout=wait).release()
+        return 0
+
+    pid = fork()
+    if pid == 0:
+        code = 99
+        try:
+            code = child()
+        finally:
+            os._exit(code)
+    for _ in range(rounds):
+        lease.extend()
+        manager.acquire("parent-own", ttl=5.0, blocking=blocking, timeout=wait).release()
+    assert wait_child(pid) == 0
+    lease.release()
+
+
+def test_lease_inherited_crosses_process_boundaries_intact():
+    # A multiprocessing child that raises it sends it back pickled; Celery rebuilds cls(*args).
+    error = LeaseInherited("orders:1", 100, 200)
+    for copy in (pickle.loads(pickle.dumps(error)), LeaseInherited(*error.args)):  # noqa: S301
+        assert type(copy) is LeaseInherited
+        assert str(copy) == str(error)
+        assert vars(copy) == vars(error)
