@@ -73,6 +73,7 @@ from django_redlock.redlock import (
     _ManagerDefault,
     _owner_scope,
     _release_command,
+    clip_origin,
     validate_name,
 )
 
@@ -473,10 +474,13 @@ class _LoopConnections:
         need: int,
         give_up: int | None = None,
         identify: bool = False,
+        capped: bool = True,
     ) -> tuple[list[Any], int, int]:
         """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
         With ``identify``, each command is completed with its connection's identity (see
-        ``_transport.Hello``).
+        ``_transport.Hello``). A node owing many replies is skipped (a stalled node costs no
+        more writes) unless ``capped`` is False: a held lease's release is queued behind
+        what the node owes instead, or its keys would stay until they expire.
 
         Commands are written synchronously to every connected node (no task per node: on a
         small machine a task costs more than the round trip); replies are tallied by future
@@ -516,7 +520,7 @@ class _LoopConnections:
             if conn.broken is not None:
                 record(index, NodeError(conn.broken))
                 continue
-            if len(conn.pending) >= _MAX_OUTSTANDING:
+            if capped and len(conn.pending) >= _MAX_OUTSTANDING:
                 record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
                 continue
             pending += 1
@@ -649,9 +653,11 @@ class AsyncLease(BaseLease):
         once called, the release is carried out even if the calling task is cancelled.
 
         Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
             LeaseReleased: called twice.
             LockLost: the lease had expired, or a quorum no longer held it.
         """
+        self._refuse_inherited()
         if self._released:
             raise LeaseReleased(self.name)
         if self._depth > 1:
@@ -686,7 +692,7 @@ class AsyncLease(BaseLease):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        if self._released:
+        if self._left_inherited() or self._released:
             return
         lost = self._lost_reason
         if exc is None:
@@ -786,6 +792,7 @@ class AsyncLockManager:
         if isinstance(held, AsyncLease) and not held.released and not held.lost:
             held._depth += 1
             return held
+        origin = clip_origin(origin)
         key = sync.key_prefix + name
         ttl_ms = math.ceil(seconds * 1000)
         owner = sync._owner(origin)
@@ -799,6 +806,7 @@ class AsyncLockManager:
         size = len(sync.addresses)
         attempts = 0
         listening = False
+        polls = 0  # waits in a row that ended without a wake-up (see _retry_delay)
         if len(sync._quarantine.heard) < sync.quorum:
             # Hear from the nodes before the first acquire (see LockManager._first_contact):
             # the PONGs come after each new connection's hello replies.
@@ -848,14 +856,15 @@ class AsyncLockManager:
                 now = sync._clock()
                 if not blocking or (deadline is not None and now >= deadline):
                     raise sync._give_up(error, origin, now - started)
-                delay = sync._retry_delay(now, deadline)
+                delay = sync._retry_delay(now, deadline, polls)
                 if not listening and await subscriber.subscribe(key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
                     # our last try and the subscription (see LockManager.acquire).
                     listening = True
                 else:
                     listening = True
-                    await subscriber.wait(waiter, delay)
+                    if not await subscriber.wait(waiter, delay):
+                        polls += 1
         except BaseException:
             if waiter:
                 # Gave up, cancelled or interrupted: leave the line now (no await). A place left
@@ -875,6 +884,7 @@ class AsyncLockManager:
             sync.node_timeout,
             1,
             sync.quorum,
+            capped=False,
         )
         sync._judge_release(lease, results, deleted, expired)
 

@@ -393,6 +393,20 @@ class BaseLease:
         released, extended or checked (:class:`LeaseInherited`)."""
         return self._pid != current_pid()
 
+    def _left_inherited(self) -> bool:
+        """True (with a warning) when a ``with`` block of this lease ends in a forked child,
+        which must leave the parent's keys alone (sync and asyncio alike)."""
+        if self._pid == current_pid():
+            return False
+        logger.warning(
+            "process %d left the with block of lease %r inherited through fork(): the "
+            "lease stays with process %d, nothing was released",
+            current_pid(),
+            self.name,
+            self._pid,
+        )
+        return True
+
     def _refuse_inherited(self) -> None:
         """Raise :class:`LeaseInherited` in a forked child.
 
@@ -524,14 +538,7 @@ class Lease(BaseLease):
         inherited stack): the lease is the parent's, so the keys stay and nothing is raised,
         which would only turn the child's unrelated exit into a crash. A warning is logged.
         """
-        if self._pid != current_pid():
-            logger.warning(
-                "process %d left the with block of lease %r inherited through fork(): the "
-                "lease stays with process %d, nothing was released",
-                current_pid(),
-                self.name,
-                self._pid,
-            )
+        if self._left_inherited():
             return
         if self._released:
             return

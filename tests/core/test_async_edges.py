@@ -1,0 +1,100 @@
+"""The asyncio manager on the edges the sync one was fixed for (issue 14): a forked child's
+inherited lease, polls that back off, a capped origin, and a release never skipped by the cap
+on owed replies."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from django_redlock import AsyncLockManager, LeaseInherited, LockContended, LockManager
+from django_redlock.redlock import MAX_ORIGIN_BYTES
+from tests.core.test_fork import contended, fork, wait_child
+
+
+def test_a_forked_child_cannot_release_the_parents_async_lease(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        async with await manager.acquire("async-inherited", ttl=10.0) as lease:
+            pid = fork()
+            if pid == 0:
+                code = 1
+                try:
+                    # A child with its own loop: release is refused, leaving the block is not.
+                    async def child() -> int:
+                        with pytest.raises(LeaseInherited):
+                            await lease.release()
+                        await lease.__aexit__(None, None, None)
+                        return 0
+
+                    code = asyncio.new_event_loop().run_until_complete(child())
+                finally:
+                    os._exit(code)
+            assert wait_child(pid) == 0
+            assert contended(cluster3.urls, "async-inherited")  # still the parent's
+
+    asyncio.run(main())
+    assert not contended(cluster3.urls, "async-inherited")  # released by the parent only
+
+
+def test_a_blocked_async_waiter_polls_less_and_less(cluster3):
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("async-busy", ttl=30.0)
+
+    async def main() -> int:
+        waiter = AsyncLockManager(cluster3.urls, retry_delay=0.01)
+        with pytest.raises(LockContended) as gave_up:
+            await waiter.acquire("async-busy", ttl=5.0, timeout=2.0)
+        return gave_up.value.attempts
+
+    # Well over 100 tries at a fixed 10 ms poll; about 25 at most when backing off (see
+    # tests/core/test_overload.py).
+    assert asyncio.run(main()) <= 30
+    lease.release()
+
+
+def test_a_huge_async_origin_is_cut(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        lease = await manager.acquire("async-owner", ttl=10.0, origin="x" * 100_000)
+        assert lease.origin is not None
+        assert len(lease.origin.encode()) <= MAX_ORIGIN_BYTES
+        holder = manager.holder("async-owner")
+        assert holder is not None
+        assert holder["origin"] == lease.origin
+        # ... and so is the origin a give-up reports.
+        with pytest.raises(LockContended) as busy:
+            await AsyncLockManager(cluster3.urls).acquire(
+                "async-owner", blocking=False, origin="y" * 100_000
+            )
+        assert busy.value.origin is not None
+        assert len(busy.value.origin.encode()) <= MAX_ORIGIN_BYTES
+        await lease.release()
+
+    asyncio.run(main())
+
+
+def test_an_async_release_is_queued_behind_owed_replies_not_skipped(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls, node_timeout=0.05)
+        lease = await manager.acquire("async-owed", ttl=30.0)
+        connections = manager._connections()
+        cluster3[2].pause()
+        try:
+            # Node 2 now owes more replies than the cap (fire-and-forget PINGs it cannot
+            # answer while paused).
+            for _ in range(40):
+                connections.post([None, None, (b"*1\r\n$4\r\nPING\r\n", None)])
+            await lease.release()  # nodes 0 and 1 answer; node 2's release is queued
+        finally:
+            cluster3[2].resume()
+        node2 = LockManager([cluster3.urls[2]])
+        for _ in range(200):  # node 2 applies what it queued while paused
+            if node2.holder("async-owed") is None:
+                break
+            await asyncio.sleep(0.01)
+        assert node2.holder("async-owed") is None  # not left there for 30 s
+
+    asyncio.run(main())
