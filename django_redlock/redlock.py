@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import unicodedata
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
@@ -697,7 +698,12 @@ class LockManager:
         self._owner_cache: dict[tuple[object, ...], str] = {}
         # Leases by (owner scope, name), for re-entry. The scope names the process, thread
         # and asyncio task, so another thread, task or a forked child is never the owner.
-        self._held: dict[tuple[tuple[object, ...], str], BaseLease] = {}
+        # Weak values: a lease dropped without release must not be kept alive (and renewed
+        # by the extender, which holds leases weakly too) by this registry; it then runs out
+        # within its ttl.
+        self._held: weakref.WeakValueDictionary[tuple[tuple[object, ...], str], BaseLease] = (
+            weakref.WeakValueDictionary()
+        )
         self._last_warning = float("-inf")
         # A partial, not a bound method: the connections must not hold the manager, so that a
         # manager dropped without close() is freed by reference counting (no cycle) and its

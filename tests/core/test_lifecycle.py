@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -159,3 +161,16 @@ def test_the_observer_hears_acquire_release_and_give_up(cluster3, clock):
     assert recorder.events == [("acquired", "seen"), ("released", "seen"), ("gave_up", "seen")]
     assert recorder.holds == [pytest.approx(1.5)]
     assert recorder.waits == [0.0]
+
+
+def test_an_auto_extended_lease_dropped_without_release_runs_out(cluster3):
+    """Nothing keeps a forgotten lease alive: the extender and the re-entry registry hold it
+    weakly, so it stops being renewed and the lock is free within its ttl."""
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("forgotten", ttl=1.0, auto_extend=True)
+    reference = weakref.ref(lease)
+    del lease
+    gc.collect()
+    assert reference() is None
+    rival = LockManager(cluster3.urls, retry_delay=0.05)
+    rival.acquire("forgotten", ttl=5.0, timeout=3.0).release()  # about 1 s, not never
