@@ -62,6 +62,7 @@ from django_redlock.redlock import (
     _GRANTED,
     _HOLDER,
     _LEAVE,
+    _OWNS,
     _PING,
     _RELEASE,
     MANAGER_DEFAULT,
@@ -72,6 +73,7 @@ from django_redlock.redlock import (
     _leave_command,
     _ManagerDefault,
     _owner_scope,
+    _owns_command,
     _release_command,
     clip_origin,
     validate_name,
@@ -198,7 +200,7 @@ class _AsyncConnection(asyncio.Protocol):
             login.append(encode_command(b"SELECT", address.db))
         for command in login:  # AUTH/SELECT: a refusal makes the connection useless
             self._send_raw(command, self._check_login)
-        for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE):
+        for script in (_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE, _OWNS):
             # May fail harmlessly (an ACL without SCRIPT): EVALSHA then falls back to EVAL.
             self._send_raw(encode_command(b"SCRIPT", b"LOAD", script.source), _ignore)
         self._send_raw(HELLO_RUN_ID, self._learn_run_id)
@@ -628,6 +630,18 @@ class AsyncLease(BaseLease):
     _async_manager: AsyncLockManager
     _closing: asyncio.Task[None] | None = None
 
+    async def owned(self) -> bool:
+        """Ask the nodes (one round trip) whether a quorum still holds this lease (see
+        :meth:`Lease.owned <django_redlock.Lease.owned>`).
+
+        Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
+        """
+        self._refuse_inherited()
+        if self._released or self.validity <= 0:
+            return False
+        return await self._async_manager._owned(self)
+
     async def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; the new validity in seconds (see
         :meth:`Lease.extend <django_redlock.Lease.extend>`).
@@ -904,6 +918,16 @@ class AsyncLockManager:
             # Best effort, no await: free the keys we may still hold.
             self._connections().post([_release_command(lease.key, lease.token)] * size)
             raise
+
+    async def _owned(self, lease: AsyncLease) -> bool:
+        sync = self.sync
+        _, owned, _ = await self._connections().run(
+            [_owns_command(lease.key, lease.token)] * len(sync.addresses),
+            sync.node_timeout,
+            1,
+            sync.quorum,
+        )
+        return owned >= sync.quorum and lease.validity > 0
 
     def lock(self, name: str, **options: Any) -> _AsyncLockContext:
         """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit."""

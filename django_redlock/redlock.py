@@ -167,6 +167,7 @@ _NODE_STATE = _script("node_state")
 _DECLARE_FRESH = _script("declare_fresh")
 _PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
 _HOLDER = _script("holder")
+_OWNS = _script("owns")
 _FORCE_RELEASE = _script("force_release")
 
 
@@ -222,6 +223,10 @@ def _release_command(key: str, token: str, waiter: str = "") -> Command:
         )
         return (text.encode(), fallback)
     return (_RELEASE.evalsha(keys, (token, waiter)), fallback)
+
+
+def _owns_command(key: str, token: str) -> Command:
+    return _OWNS.command((key,), (token,))
 
 
 def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
@@ -375,6 +380,11 @@ class BaseLease:
         """Seconds the lease is still known valid by the local monotonic clock (≥ 0)."""
         return max(0.0, self._expires_at - self._manager._clock())
 
+    def remaining(self) -> float:
+        """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
+        a method. Asks no node; see ``owned()`` for that."""
+        return self.validity
+
     @property
     def lost(self) -> bool:
         """True once the lease may no longer be held (expired, or an extend/release found it
@@ -513,6 +523,20 @@ class Lease(BaseLease):
             return
         with guard:
             self._release_now()
+
+    def owned(self) -> bool:
+        """Ask the nodes (one round trip): True while a quorum still holds this lease's token
+        and its validity has not run out. Unlike :attr:`lost` (what this process noticed),
+        this sees what happened elsewhere: an operator's force release, keys evicted or
+        expired on the nodes.
+
+        Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
+        """
+        self._refuse_inherited()
+        if self._released or self.validity <= 0:
+            return False
+        return self._manager._owned(self)
 
     def _release_now(self) -> None:
         if self._released:
@@ -719,7 +743,7 @@ class LockManager:
                 # A node that owes replies this long gets a fresh connection (bounded count:
                 # the old one is closed), so a half-open socket cannot block it forever.
                 stall_reset=max(1.0, 20 * self.node_timeout),
-                preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE),
+                preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE, _OWNS),
                 hello=self._hello,
             )
         )
@@ -1154,6 +1178,27 @@ class LockManager:
                 raise ValueError(f"nodes: {name!r} is not one of this manager's nodes ({known})")
             picked.extend(matches)
         return tuple(picked)
+
+    def locked(self, name: str) -> bool:
+        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by
+        anyone; see :meth:`holder` for who).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        owner = self.holder(name)
+        return owner is not None and owner["nodes"] >= self.quorum
+
+    def _owned(self, lease: BaseLease) -> bool:
+        """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
+        size = len(self.addresses)
+        exchange = self._connections.get().run(
+            [_owns_command(lease.key, lease.token)] * size,
+            time.monotonic() + self.node_timeout,
+            1,
+            self.quorum,
+        )
+        return exchange.yes >= self.quorum and lease.validity > 0
 
     def holder(self, name: str) -> dict[str, Any] | None:
         """Who holds lock ``name``, from the owner metadata stored with it, or None.
