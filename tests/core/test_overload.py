@@ -39,8 +39,9 @@ def test_a_waiter_that_backed_off_keeps_its_place_and_is_woken_at_once(cluster3)
     second = LockManager(cluster3.urls, retry_delay=SHORT_POLL)
 
     def wait(manager: LockManager, label: str) -> None:
-        manager.acquire("queue", ttl=5.0, timeout=30.0).release()
-        order.append(label)
+        lease = manager.acquire("queue", ttl=5.0, timeout=30.0)
+        order.append(label)  # while holding it: after the release the next may log first
+        lease.release()
 
     early = threading.Thread(target=wait, args=(first, "first"))
     early.start()
