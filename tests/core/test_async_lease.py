@@ -28,7 +28,8 @@ def test_async_with_releases_an_auto_extended_lease(cluster3):
         manager = AsyncLockManager(cluster3.urls)
         async with await manager.acquire("form:a", ttl=10.0, auto_extend=True) as lease:
             assert (lease.released, lease.auto_extended) == (False, True)
-            assert keys_left(cluster3, lease.key) == 3
+            # Granted at a quorum: the third node's SET may still be on its way.
+            assert keys_left(cluster3, lease.key) >= 2
         assert (lease.released, lease.auto_extended) == (True, False)
         assert keys_left(cluster3, lease.key) == 0
         async with manager.lock("form:b", ttl=10.0, auto_extend=True) as other:
