@@ -74,6 +74,11 @@ def test_a_brand_new_durable_node_votes_at_once(durable3):
 def test_a_durable_node_restarted_from_its_aof_keeps_the_lock_and_votes(durable3):
     holder = manager_for(durable3, max_ttl=30.0, ttl=20.0)
     lease = holder.acquire("orders:1", blocking=False)
+    with node_client(durable3[0]) as client:  # granted at a quorum: node 0 may answer last
+        deadline = time.monotonic() + 5
+        while not client.exists("redlock:orders:1"):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
     durable3[0].restart()  # SIGKILL; the AOF (fsync always) has the lock
     with node_client(durable3[0]) as client:
         assert client.hget("redlock:orders:1", "t") == lease.token.encode()
