@@ -825,6 +825,10 @@ class ConnectionSet:
                 self._poll_once(remaining)
         finally:
             exchange.closed = True
+        if any(conn is not None and conn.held for conn in self.connections):
+            # A new connection holds commands until its hello is answered: take in what has
+            # arrived, so they go out now rather than at this thread's next operation.
+            self._poll_once(0)
         return exchange
 
     def _poll_once(self, timeout: float) -> None:
