@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import redis
 
 from django_redlock._nodes import NodeAddress
-from django_redlock._transport import persistence_hint
+from django_redlock._transport import persistence_hint, quarantine_of
 from django_redlock.health import client_for
 from django_redlock.redlock import _DECLARE_FRESH, _HOLDER, _NODE_STATE, NODE_KEY
 
@@ -303,6 +303,10 @@ def _bytes(value: object) -> bytes:
     return value if isinstance(value, bytes) else str(value).encode()
 
 
+# How the status shows the two plain cases of node_rule.lua's persistence argument.
+_PERSISTENCE_SHOWN = {"always": "aof, appendfsync always", "appendonly no": "no aof"}
+
+
 @dataclass
 class _Seen:
     """What the first pass over a node found (the verdict needs every node's quarantine)."""
@@ -333,14 +337,12 @@ def _look(address: NodeAddress, manager: LockManager, timeout: float) -> _Seen |
     except redis.RedisError as exc:
         return str(exc) or type(exc).__name__
     offset = (seconds + micros / 1e6 - (local_before + local_after) / 2) * 1000
-    quarantine = int(stored) if stored and stored.isdigit() else 0
-    return _Seen(info, latency, offset, persistence, quarantine, denied)
+    return _Seen(info, latency, offset, persistence, quarantine_of(stored), denied)
 
 
 def _judge(
     address: NodeAddress,
     seen: _Seen | str,
-    manager: LockManager,
     quarantine_ms: int,
     timeout: float,
 ) -> NodeStatus:
@@ -377,7 +379,6 @@ def _judge(
         except redis.RedisError as exc:
             return NodeStatus(node=label, reachable=False, problems=[str(exc) or "no answer"])
     server = "valkey" if "valkey_version" in info else "redis"
-    aof = bool(int(info.get("aof_enabled", 0) or 0))
     return NodeStatus(
         node=label,
         reachable=True,
@@ -389,9 +390,7 @@ def _judge(
         uptime_s=int(info.get("uptime_in_seconds", 0) or 0),
         maxmemory=maxmemory,
         maxmemory_policy=policy,
-        persistence="aof, appendfsync always"
-        if seen.persistence == "always"
-        else (seen.persistence if aof or seen.persistence != "appendonly no" else "no aof"),
+        persistence=_PERSISTENCE_SHOWN.get(seen.persistence, seen.persistence),
         clock_offset_ms=round(seen.offset, 1),
         quarantine_left_s=round(left, 3) if vote == "quarantined" else 0.0,
         votes_at=time.time() + left if vote == "quarantined" and left >= 0 else None,
@@ -415,7 +414,7 @@ def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
     )
     nodes = _each_node(
         list(zip(addresses, seen, strict=True)),
-        lambda pair: _judge(pair[0], pair[1], manager, quarantine, timeout),
+        lambda pair: _judge(pair[0], pair[1], quarantine, timeout),
     )
     by_run_id: dict[str, str] = {}
     for node in nodes:

@@ -914,7 +914,7 @@ class LockManager:
                 if not connections.subscriber.wait(delay, waiter):
                     polls += 1
 
-    def _first_contact(self, connections: ConnectionSet | None = None) -> None:
+    def _first_contact(self, connections: ConnectionSet) -> None:
         """Hear from the nodes before the first acquire: one round trip (bounded by the node
         timeout), repeated until a quorum has answered once.
 
@@ -924,7 +924,6 @@ class LockManager:
         (``scripts/node_rule.lua``).
         """
         size = len(self.addresses)
-        connections = connections or self._connections.get()
         # Done at a quorum of answers: the rest report as their connections come up.
         connections.run([_PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
 
