@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 from demo_site.models import Event, Rejection, Sale, Seat
 from demo_site.services import Outcome, book_seat
 from django_redlock import QuorumUnreachable, get_manager, locked_view
-from django_redlock.health import probe
+from django_redlock.core.operators import status
 
 
 def event_report(event: Event) -> dict[str, Any]:
@@ -42,7 +42,8 @@ def event_report(event: Event) -> dict[str, Any]:
 
 def home(request: HttpRequest) -> HttpResponse:
     manager = get_manager()
-    nodes = [probe(address) for address in manager.addresses]
+    report = status(manager)
+    nodes = report.nodes
     reachable = sum(1 for node in nodes if node.reachable)
     events = Event.objects.order_by("id")
     return render(
@@ -52,7 +53,7 @@ def home(request: HttpRequest) -> HttpResponse:
             "manager": manager,
             "nodes": nodes,
             "reachable": reachable,
-            "quorum_ok": reachable >= manager.quorum,
+            "quorum_ok": report.healthy,
             "reports": [event_report(event) for event in events],
             "free_seats": Seat.objects.filter(
                 Q(sold_to="") & Q(event__fenced=True), held_by=""

@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from django_redlock._nodes import NodeAddress, parse_node
 from django_redlock.redlock import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,
@@ -34,6 +33,7 @@ from django_redlock.redlock import (
     MAX_TTL,
     LockManager,
 )
+from django_redlock.wire.nodes import NodeAddress, parse_node
 
 __all__ = ["DEFAULTS", "Problem", "RedlockSettings", "get_manager", "get_settings", "inspect"]
 

@@ -29,9 +29,9 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from django_redlock._nodes import parse_node
-from django_redlock._resp import encode_command
-from django_redlock.operators import declare_fresh
+from django_redlock.core.operators import declare_fresh
+from django_redlock.wire.nodes import parse_node
+from django_redlock.wire.resp import encode_command
 
 __all__ = ["DURABLE_ARGS", "SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
 
@@ -234,7 +234,7 @@ class LocalNode:
 
     def declare_fresh(self) -> None:
         """Declare the node's current process fresh: it votes at once (no restart quarantine)
-        until it restarts (see :func:`django_redlock.operators.declare_fresh`)."""
+        until it restarts (see :func:`django_redlock.core.operators.declare_fresh`)."""
         (done,) = declare_fresh([parse_node(self.url)], timeout=5.0)
         if not done.declared:
             raise RuntimeError(f"{self.name}: could not declare it fresh: {done.detail}")

@@ -19,44 +19,32 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 
 from __future__ import annotations
 
-import decimal
 import enum
 import json
 import logging
 import math
-import numbers
 import random
-import re
 import secrets
 import socket
 import sys
 import threading
 import time
-import unicodedata
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
-from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
-# Relative imports: the core's only imports from this package are its own Django-free
-# modules (a test proves no Django module is ever imported).
-from . import _extender
-from ._nodes import NodeAddress, parse_node, parse_nodes
-from ._process import current_pid
-from ._transport import (
-    TIMED_OUT,
-    Command,
-    ConnectionSet,
-    Fallback,
-    Hello,
-    NodeError,
-    NotSent,
-    Script,
-    ThreadConnections,
+from django_redlock.core import extender
+from django_redlock.core.arguments import (
+    MAX_NAME_BYTES,
+    MAX_ORIGIN_BYTES,
+    check_seconds,
+    clip_origin,
+    clip_text,
+    validate_name,
 )
-from .exceptions import (
+from django_redlock.exceptions import (
     LeaseInherited,
     LeaseReleased,
     LockContended,
@@ -64,6 +52,32 @@ from .exceptions import (
     LockNotAcquired,
     QuorumUnreachable,
     RedlockError,
+)
+from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
+from django_redlock.wire.process import current_pid
+from django_redlock.wire.scripts import (
+    FORCE_RELEASE,
+    GRANTED,
+    HOLDER,
+    HOT_SCRIPTS,
+    LAPSE,
+    LINE,
+    NODE_KEY,
+    PING,
+    Command,
+    acquire_command,
+    extend_command,
+    leave_command,
+    owns_command,
+    release_command,
+)
+from django_redlock.wire.sync import (
+    TIMED_OUT,
+    ConnectionSet,
+    Hello,
+    NodeError,
+    NotSent,
+    ThreadConnections,
 )
 
 __all__ = [
@@ -107,11 +121,6 @@ MANAGER_DEFAULT = _ManagerDefault.TIMEOUT
 """``acquire(timeout=...)``'s default: the manager's ``default_timeout``."""
 MAX_TTL = 86400.0
 """Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
-MAX_NAME_BYTES = 1024
-"""Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
-MAX_ORIGIN_BYTES = 1024
-"""Longest ``origin`` kept, in UTF-8 bytes; a longer one is cut and ends in ``…``. It is
-stored on every node with every lock, so its size is everybody's memory and bandwidth."""
 MAX_OWNER_BYTES = 4096
 """Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
 names, origin and time. Text fields are cut further when escapes make it longer."""
@@ -120,199 +129,8 @@ names, origin and time. Text fields are cut further when escapes make it longer.
 _WARN_EVERY = 10.0
 # The spec adds 2 ms to the drift term for the resolution of the nodes' expiry clocks.
 _DRIFT_MILLIS = 0.002
-_SCRIPTS = Path(__file__).with_name("scripts")
-# Unicode category Cc is exactly these two ranges.
-_CONTROL_CHARACTERS = re.compile("[\x00-\x1f\x7f-\x9f]")
-# Ends a text that was cut to fit its byte budget (3 UTF-8 bytes).
-_CUT = "\u2026"
-_CUT_BYTES = len(_CUT.encode("utf-8"))
 # Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
 _MAX_OWNER_NAME_BYTES = 256
-
-
-_INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)
-
-
-def _script(name: str) -> Script:
-    """The script ``scripts/<name>.lua``, with each ``-- @include <file>.lua`` line replaced by
-    that file (Lua has no ``require`` in Redis): shared code lives in one place, and the
-    digest covers the text the nodes run."""
-    source = (_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8")
-    return Script(
-        _INCLUDE.sub(lambda m: (_SCRIPTS / m[1]).read_text(encoding="utf-8").rstrip("\n"), source)
-    )
-
-
-_ACQUIRE = _script("acquire")
-_RELEASE = _script("release")
-_EXTEND = _script("extend")
-_GRANTED = b"OK"
-# Two more arguments end every acquire: the connection's identity, appended per node by the
-# transport (see scripts/acquire.lua and _transport.Hello).
-_ACQUIRE_HEAD = _ACQUIRE.head(4, 9)
-_LEAVE = _script("leave")
-# A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
-# every lock key (names cannot contain control characters).
-_LINE = "\x00q"
-_LAPSE = "\x00e"
-_RELEASE_HEAD = _RELEASE.head(3, 2)
-_EXTEND_HEAD = _EXTEND.head(1, 2)
-
-NODE_KEY = "\x00django_redlock:node"
-"""Each node's marker hash (see ``scripts/node_rule.lua``): the server process found fit to
-vote, and the longest quarantine any client declared. The NUL byte keeps it apart from every
-lock key: lock names cannot contain control characters."""
-_NODE_BULK = f"${len(NODE_KEY)}\r\n{NODE_KEY}\r\n"
-_NODE_STATE = _script("node_state")
-_DECLARE_FRESH = _script("declare_fresh")
-_PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
-_HOLDER = _script("holder")
-_OWNS = _script("owns")
-_FORCE_RELEASE = _script("force_release")
-
-
-# Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
-# non-ASCII characters (len in characters != len in bytes) takes the generic encoder.
-def _acquire_command(
-    key: str,
-    token: str,
-    ttl_ms: int,
-    owner: str,
-    quarantine_ms: int,
-    waiter: str = "",
-    ticket: int = 0,
-    lifetime_ms: int = 0,
-) -> Command:
-    keys = (key, NODE_KEY, key + _LINE, key + _LAPSE)
-    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
-    # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
-    fallback = Fallback(partial(_ACQUIRE.eval, keys, (*args, "", "")), False)
-    if key.isascii() and owner.isascii():
-        ttl = str(ttl_ms)
-        quarantine = str(quarantine_ms)
-        ticket_text = str(ticket)
-        lifetime = str(lifetime_ms)
-        size = len(key) + 2
-        text = (
-            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
-            f"${size}\r\n{key}{_LINE}\r\n${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n"
-            f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
-            f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
-            f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
-        )
-        return (text.encode(), fallback)
-    return (_ACQUIRE.evalsha(keys, args, trailing=2), fallback)
-
-
-def _leave_command(key: str, waiter: str) -> Command:
-    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``). Idempotent,
-    so its EVAL fallback is sent even after the operation is over."""
-    return _LEAVE.command((key, key + _LINE, key + _LAPSE), (waiter,), fallback_when_over=True)
-
-
-def _release_command(key: str, token: str, waiter: str = "") -> Command:
-    # The fallback is sent even when the release already has its answer: deleting our own
-    # key late is always right, and leaving it would block the next holder until expiry.
-    keys = (key, key + _LINE, key + _LAPSE)
-    fallback = Fallback(partial(_RELEASE.eval, keys, (token, waiter)), True)
-    if key.isascii():
-        size = len(key) + 2
-        text = (
-            f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n${size}\r\n{key}{_LINE}\r\n"
-            f"${size}\r\n{key}{_LAPSE}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
-        )
-        return (text.encode(), fallback)
-    return (_RELEASE.evalsha(keys, (token, waiter)), fallback)
-
-
-def _owns_command(key: str, token: str) -> Command:
-    return _OWNS.command((key,), (token,))
-
-
-def _extend_command(key: str, token: str, ttl_ms: int) -> Command:
-    fallback = Fallback(partial(_EXTEND.eval, (key,), (token, ttl_ms)), False)
-    if key.isascii():
-        ttl = str(ttl_ms)
-        text = f"{_EXTEND_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n"
-        return (text.encode(), fallback)
-    return (_EXTEND.evalsha((key,), (token, ttl_ms)), fallback)
-
-
-def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
-    """A finite, non-negative number of seconds as a float, or a clear error naming
-    ``argument``.
-
-    Any real number is accepted (``int``, ``float``, ``Decimal``, ``Fraction``, numpy
-    scalars: :class:`numbers.Real` or :class:`decimal.Decimal`), except ``bool``.
-
-    Raises:
-        TypeError: not a real number, or a bool.
-        ValueError: NaN, infinite, too large for a float, negative, or zero when not allowed.
-    """
-    if type(value) is float:  # the common case, without an ABC check
-        number = value
-    else:
-        if type(value) is not int and (
-            isinstance(value, bool) or not isinstance(value, numbers.Real | decimal.Decimal)
-        ):
-            raise TypeError(
-                f"{argument} must be a number of seconds, not {type(value).__name__} (any real "
-                "number: int, float, Decimal, Fraction; not bool)"
-            )
-        try:
-            number = float(value)  # a Real or Decimal: checked above
-        except (ArithmeticError, ValueError):  # too large for a float; a signalling NaN
-            raise ValueError(
-                f"{argument} must be a finite number of seconds, not {value!r}"
-            ) from None
-    if math.isnan(number) or math.isinf(number):
-        raise ValueError(f"{argument} must be a finite number of seconds, not {value!r}")
-    if number < 0 or (number == 0 and not allow_zero):
-        bound = "zero or more" if allow_zero else "more than zero"
-        raise ValueError(f"{argument} must be {bound} seconds, not {value!r}")
-    return number
-
-
-def clip_text(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` UTF-8 bytes, ending in ``…`` when it was cut (never
-    in the middle of a character; lone surrogates in a cut text are dropped)."""
-    if len(text) * 4 <= limit:  # the common case: short enough whatever its characters
-        return text
-    encoded = text[: limit + 1].encode("utf-8", "surrogatepass")
-    if len(encoded) <= limit and len(text) <= limit:
-        return text
-    return encoded[: limit - _CUT_BYTES].decode("utf-8", "ignore") + _CUT
-
-
-def clip_origin(origin: str | None) -> str | None:
-    """The ``origin`` as kept and stored: at most :data:`MAX_ORIGIN_BYTES` UTF-8 bytes."""
-    return None if origin is None else clip_text(origin, MAX_ORIGIN_BYTES)
-
-
-def validate_name(name: object) -> str:
-    """The lock name, NFC-normalised, or a clear error.
-
-    Names are text: visually equal Unicode names map to one lock (NFC), control characters
-    are refused (they break logs and pages), and the length is capped.
-
-    Raises:
-        TypeError: ``name`` is not a ``str``.
-        ValueError: empty, longer than :data:`MAX_NAME_BYTES`, or holds control characters.
-    """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, not {type(name).__name__}")
-    if not name:
-        raise ValueError("name must not be empty")
-    if name.isascii():  # the common case: already NFC, one byte per character
-        size = len(name)
-    else:
-        name = unicodedata.normalize("NFC", name)
-        size = len(name.encode("utf-8"))
-    if size > MAX_NAME_BYTES:
-        raise ValueError(f"name is {size} bytes long; the limit is {MAX_NAME_BYTES} UTF-8 bytes")
-    if _CONTROL_CHARACTERS.search(name):
-        raise ValueError(f"name must not contain control characters: {name!r}")
-    return name
 
 
 class BaseLease:
@@ -608,7 +426,7 @@ class _Quarantine:
     ``max_ttl``, raised to the longest any node reports (``scripts/node_rule.lua``).
 
     Shared with the manager's connections, which report each node's value as they connect
-    (:class:`~django_redlock._transport.Hello`), without holding the manager itself.
+    (:class:`~django_redlock.wire.sync.Hello`), without holding the manager itself.
     """
 
     __slots__ = ("_lock", "heard", "ms")
@@ -691,14 +509,14 @@ class LockManager:
     ) -> None:
         self.addresses: tuple[NodeAddress, ...] = parse_nodes(nodes)
         self.observer = observer
-        self.node_timeout = _seconds(node_timeout, "node_timeout")
-        self.retry_delay = _seconds(retry_delay, "retry_delay")
+        self.node_timeout = check_seconds(node_timeout, "node_timeout")
+        self.retry_delay = check_seconds(retry_delay, "retry_delay")
         self.default_timeout = (
             None
             if default_timeout is None
-            else _seconds(default_timeout, "default_timeout", allow_zero=True)
+            else check_seconds(default_timeout, "default_timeout", allow_zero=True)
         )
-        drift = _seconds(drift_factor, "drift_factor", allow_zero=True)
+        drift = check_seconds(drift_factor, "drift_factor", allow_zero=True)
         if drift >= 0.5:
             raise ValueError(f"drift_factor must be below 0.5, not {drift_factor!r}")
         self.drift_factor = drift
@@ -743,7 +561,7 @@ class LockManager:
                 # A node that owes replies this long gets a fresh connection (bounded count:
                 # the old one is closed), so a half-open socket cannot block it forever.
                 stall_reset=max(1.0, 20 * self.node_timeout),
-                preload=(_ACQUIRE, _RELEASE, _EXTEND, _HOLDER, _LEAVE, _FORCE_RELEASE, _OWNS),
+                preload=HOT_SCRIPTS,
                 hello=self._hello,
             )
         )
@@ -777,7 +595,7 @@ class LockManager:
         self.close()
 
     def _validate_ttl(self, ttl: object, argument: str = "ttl") -> float:
-        seconds = _seconds(ttl, argument)
+        seconds = check_seconds(ttl, argument)
         if seconds > MAX_TTL:
             raise ValueError(f"{argument}={ttl!r} is above the cap of {MAX_TTL:g} seconds")
         if seconds > self.max_ttl:
@@ -887,7 +705,7 @@ class LockManager:
             # reach a node late (pipelined, or re-sent after NOSCRIPT) and must never hit a
             # later attempt's key.
             token = secrets.token_hex(20)
-            command = _acquire_command(
+            command = acquire_command(
                 key, token, ttl_ms, owner, self._quarantine.ms, waiter, ticket, lifetime_ms
             )
             lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
@@ -925,7 +743,7 @@ class LockManager:
         """
         size = len(self.addresses)
         # Done at a quorum of answers: the rest report as their connections come up.
-        connections.run([_PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
+        connections.run([PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
 
     def _adopt(
         self,
@@ -945,7 +763,7 @@ class LockManager:
             lease._guard = threading.Lock()
             if hold is not None:
                 lease._renew_until = time.monotonic() + hold
-            _extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+            extender.schedule(lease, time.monotonic() + lease.ttl / 3)
         lease._scope = scope
         self._held[(scope, lease.name)] = lease
         if self.observer is not None:
@@ -977,7 +795,7 @@ class LockManager:
     def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
         """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
         our place to lapse (behind our last try on each connection, see ``clean_up``)."""
-        connections.clean_up([_leave_command(key, waiter)] * len(self.addresses))
+        connections.clean_up([leave_command(key, waiter)] * len(self.addresses))
 
     def _acquire_arguments(
         self,
@@ -1000,12 +818,12 @@ class LockManager:
         if timeout is MANAGER_DEFAULT:
             wait = self.default_timeout if blocking else None
         else:
-            wait = None if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+            wait = None if timeout is None else check_seconds(timeout, "timeout", allow_zero=True)
         if not blocking and wait:
             raise ValueError("timeout must be None or 0 when blocking=False")
         if not isinstance(auto_extend, bool):
             raise TypeError(f"auto_extend must be a bool, not {type(auto_extend).__name__}")
-        hold = None if max_hold is None else _seconds(max_hold, "max_hold")
+        hold = None if max_hold is None else check_seconds(max_hold, "max_hold")
         if hold is not None and not auto_extend:
             raise ValueError("max_hold only applies with auto_extend=True")
         if origin is not None and not isinstance(origin, str):
@@ -1106,9 +924,9 @@ class LockManager:
 
     def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
-        :class:`~django_redlock.operators.LockListing` (SCAN, capped at ``limit`` keys per
+        :class:`~django_redlock.core.operators.LockListing` (SCAN, capped at ``limit`` keys per
         node; never the tokens)."""
-        from .operators import list_locks
+        from django_redlock.core.operators import list_locks
 
         return list_locks(self, prefix, limit=limit)
 
@@ -1121,7 +939,7 @@ class LockManager:
             TypeError, ValueError: a bad name.
         """
         key = self.key_prefix + validate_name(name)
-        command = _FORCE_RELEASE.command((key, key + _LINE, key + _LAPSE), ())
+        command = FORCE_RELEASE.command((key, key + LINE, key + LAPSE), ())
         size = len(self.addresses)
         exchange = self._connections.get().run(
             [command] * size, time.monotonic() + self.node_timeout, 1, size, give_up=size
@@ -1138,13 +956,13 @@ class LockManager:
         lost locks whose leases still run, it allows a double grant. The declaration names the
         node's run_id, so a later restart (empty, from a snapshot) is quarantined again.
 
-        Returns one :class:`~django_redlock.operators.Declaration` per node (what was done).
+        Returns one :class:`~django_redlock.core.operators.Declaration` per node (what was done).
 
         Raises:
             ValueError: ``nodes`` names a node this manager does not have.
             RedlockError: a node could not be declared (unreachable, refused).
         """
-        from .operators import declare_fresh
+        from django_redlock.core.operators import declare_fresh
 
         addresses = self.addresses_of(nodes)
         done = declare_fresh(addresses, timeout=max(self.node_timeout, 1.0))
@@ -1192,7 +1010,7 @@ class LockManager:
         """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
         size = len(self.addresses)
         exchange = self._connections.get().run(
-            [_owns_command(lease.key, lease.token)] * size,
+            [owns_command(lease.key, lease.token)] * size,
             time.monotonic() + self.node_timeout,
             1,
             self.quorum,
@@ -1210,7 +1028,7 @@ class LockManager:
             TypeError, ValueError: a bad name.
         """
         key = self.key_prefix + validate_name(name)
-        command = _HOLDER.command((key,), ())
+        command = HOLDER.command((key,), ())
         size = len(self.addresses)
         exchange = self._connections.get().run(  # every node's answer is wanted
             [command] * size, time.monotonic() + self.node_timeout, None, size, give_up=size
@@ -1271,7 +1089,7 @@ class LockManager:
             exchange = connections.run(
                 [command] * size,
                 time.monotonic() + self.node_timeout,
-                _GRANTED,
+                GRANTED,
                 quorum,
                 identify=True,
             )
@@ -1314,7 +1132,7 @@ class LockManager:
         replies (``ConnectionSet.clean_up``), so a stalled node applies the release after the
         SET when it wakes up and no zombie key is left behind.
         """
-        command = _release_command(key, token)
+        command = release_command(key, token)
         # A node that answered with another holder's time left holds no key of ours, and one
         # the SET never reached (NotSent) has nothing to undo: clean-ups to nodes that owe
         # many replies are bounded, so none is spent there.
@@ -1334,7 +1152,7 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         expired = lease._expires_at <= self._clock()
-        command = _release_command(lease.key, lease.token, lease._waiter)
+        command = release_command(lease.key, lease.token, lease._waiter)
         # Queued behind whatever a node still owes, never skipped: a node that owes many
         # replies (it stalled, or was overloaded while this thread waited) then frees the
         # lock when it catches up instead of keeping the key for the whole ttl.
@@ -1393,7 +1211,7 @@ class LockManager:
         size = len(self.addresses)
         quorum = self.quorum
         ttl_ms = math.ceil(lease.ttl * 1000)
-        command = _extend_command(lease.key, lease.token, ttl_ms)
+        command = extend_command(lease.key, lease.token, ttl_ms)
         start = self._clock()
         exchange = connections.run(
             [command] * size, time.monotonic() + self.node_timeout, 1, quorum

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
-from django_redlock import metrics
+from django_redlock.core import metrics
 from django_redlock.exceptions import QuorumUnreachable
 
 if TYPE_CHECKING:

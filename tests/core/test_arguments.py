@@ -7,7 +7,7 @@ import math
 import pytest
 
 from django_redlock import LockManager
-from django_redlock.redlock import MAX_NAME_BYTES, validate_name
+from django_redlock.core.arguments import MAX_NAME_BYTES, validate_name
 
 # Nothing listens here: every check below must fail before a connection is tried.
 NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]

@@ -24,10 +24,10 @@ from django_redlock import (
     LockLost,
     LockManager,
     QuorumUnreachable,
-    metrics,
     signals,
 )
 from django_redlock.aredlock import AsyncLockManager
+from django_redlock.core import metrics
 from django_redlock.localnodes import LocalCluster
 from tests.helpers import node_client
 

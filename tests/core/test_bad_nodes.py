@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from django_redlock import LockManager, QuorumUnreachable
+from django_redlock.core.operators import status
 from django_redlock.localnodes import LocalCluster
-from django_redlock.operators import status
 from tests.helpers import FakeClock, node_client
 
 

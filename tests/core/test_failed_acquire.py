@@ -13,14 +13,14 @@ import pytest
 import redis
 
 from django_redlock import LockManager, LockNotAcquired
-from django_redlock._transport import ConnectionSet
 from django_redlock.localnodes import LocalNode
-from django_redlock.redlock import (
-    _ACQUIRE,
-    _RELEASE,
-    _acquire_command,
-    _release_command,
+from django_redlock.wire.scripts import (
+    ACQUIRE,
+    RELEASE,
+    acquire_command,
+    release_command,
 )
+from django_redlock.wire.sync import ConnectionSet
 from tests.helpers import FakeClock, node_client
 
 LONG_TTL = 60.0
@@ -120,11 +120,11 @@ def test_the_release_of_a_failed_try_follows_its_set_on_the_same_connection(tcp_
         clock=clock,
         max_outstanding=32,
         stall_reset=1.0,
-        preload=(_ACQUIRE, _RELEASE),
+        preload=(ACQUIRE, RELEASE),
     )
     key, token = "redlock:reordered", "a" * 40
-    acquire = _acquire_command(key, token, 60_000, "{}", 60_000)
-    release = _release_command(key, token)
+    acquire = acquire_command(key, token, 60_000, "{}", 60_000)
+    release = release_command(key, token)
     connections.run([(b"PING\r\n", None)], clock() + 5, None, 1)  # connected, nothing owed
     monitor_client = node_client(tcp_node)
     with monitor_client.monitor() as monitor:
@@ -141,7 +141,7 @@ def test_the_release_of_a_failed_try_follows_its_set_on_the_same_connection(tcp_
                 break  # nothing more within the client's 2 s timeout
             words = entry["command"].split()
             if words[0] in ("EVALSHA", "EVAL"):
-                script = "acquire" if _ACQUIRE.sha.decode() in words[1] else "release"
+                script = "acquire" if ACQUIRE.sha.decode() in words[1] else "release"
                 seen.append((script, entry["client_port"]))
     set_port = next(port for script, port in seen if script == "acquire")
     # On the SET's own connection, its release came after it (a copy may also have gone on

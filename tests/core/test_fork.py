@@ -21,7 +21,8 @@ from collections.abc import Callable
 
 import pytest
 
-from django_redlock import LeaseInherited, LockContended, LockManager, RedlockError, _extender
+from django_redlock import LeaseInherited, LockContended, LockManager, RedlockError
+from django_redlock.core import extender as _extender
 
 CHILD_DEADLINE = 30.0  # seconds; far above what any child needs, only a hang reaches it
 HUNG = -1

@@ -8,8 +8,9 @@ import hiredis
 import pytest
 
 from django_redlock import redlock
-from django_redlock._resp import PythonReader, ReplyError, encode_command
-from django_redlock._transport import UNIDENTIFIED
+from django_redlock.wire import scripts
+from django_redlock.wire.resp import PythonReader, ReplyError, encode_command
+from django_redlock.wire.sync import UNIDENTIFIED
 from tests.helpers import node_client
 
 
@@ -31,13 +32,13 @@ def acquire(
     run_id="",
     persistence="",
 ):
-    keys = (key, redlock.NODE_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE)
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, run_id, persistence)
-    return client.eval(redlock._ACQUIRE.source, 4, *keys, *args)
+    return client.eval(scripts.ACQUIRE.source, 4, *keys, *args)
 
 
 def release(client, key, token, waiter=""):
-    return client.eval(redlock._RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token, waiter)
+    return client.eval(scripts.RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token, waiter)
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -76,11 +77,11 @@ def test_release_deletes_only_its_own_token(node):
 
 def test_extend_renews_only_its_own_live_key(node):
     acquire(node, "k", "a" * 40, ttl_ms=2_000)
-    assert node.eval(redlock._EXTEND.source, 1, "k", "a" * 40, 30_000) == 1
+    assert node.eval(scripts.EXTEND.source, 1, "k", "a" * 40, 30_000) == 1
     assert node.pttl("k") > 25_000
-    assert node.eval(redlock._EXTEND.source, 1, "k", "b" * 40, 30_000) == 0
+    assert node.eval(scripts.EXTEND.source, 1, "k", "b" * 40, 30_000) == 0
     node.delete("k")
-    assert node.eval(redlock._EXTEND.source, 1, "k", "a" * 40, 30_000) == 0
+    assert node.eval(scripts.EXTEND.source, 1, "k", "a" * 40, 30_000) == 0
     assert node.exists("k") == 0  # never re-created
 
 
@@ -90,25 +91,25 @@ def test_hostile_names_are_data_not_code(cluster3):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
             assert client.hget(lease.key, "t") == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        assert client.keys() == [redlock.NODE_KEY.encode()]  # no lock key is left
+        assert client.keys() == [scripts.NODE_KEY.encode()]  # no lock key is left
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
-    keys = (key, redlock.NODE_KEY, key + redlock._LINE, key + redlock._LAPSE)
+    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE)
     args = (token, 1500, owner, 60000, "w1", 123, 4000)
     identity = UNIDENTIFIED  # the transport appends each connection's own
     assert (
-        redlock._acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0] + identity
-        == redlock._ACQUIRE.evalsha(keys, args, trailing=2) + identity
-        == encode_command(b"EVALSHA", redlock._ACQUIRE.sha, 4, *keys, *args, "", "")
+        scripts.acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0] + identity
+        == scripts.ACQUIRE.evalsha(keys, args, trailing=2) + identity
+        == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 4, *keys, *args, "", "")
     )
-    assert redlock._release_command(key, token, "w1")[0] == redlock._RELEASE.evalsha(
-        (key, key + redlock._LINE, key + redlock._LAPSE), (token, "w1")
+    assert scripts.release_command(key, token, "w1")[0] == scripts.RELEASE.evalsha(
+        (key, key + scripts.LINE, key + scripts.LAPSE), (token, "w1")
     )
-    assert redlock._extend_command(key, token, 7)[0] == redlock._EXTEND.evalsha((key,), (token, 7))
+    assert scripts.extend_command(key, token, 7)[0] == scripts.EXTEND.evalsha((key,), (token, 7))
 
 
 def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():
@@ -142,37 +143,37 @@ def run_id_of(client):
 
 
 def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
-    node.delete(redlock.NODE_KEY)  # as after a restart without persistence
+    node.delete(scripts.NODE_KEY)  # as after a restart without persistence
     with pytest.raises(Exception, match=r"QUARANTINED restarted \d+ s ago and is not proven"):
         acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="appendonly no")
-    assert node.exists(redlock.NODE_KEY) == 0  # a refusal records nothing
+    assert node.exists(scripts.NODE_KEY) == 0  # a refusal records nothing
     # Up longer than the quarantine: votes, and the marker names this process.
     assert acquire(node, "k", "a" * 40, quarantine_ms=0) == b"OK"
-    assert node.hget(redlock.NODE_KEY, "run") == run_id_of(node).encode()
-    assert node.hget(redlock.NODE_KEY, "why") == b"uptime"
+    assert node.hget(scripts.NODE_KEY, "run") == run_id_of(node).encode()
+    assert node.hget(scripts.NODE_KEY, "why") == b"uptime"
 
 
 def test_a_marker_that_names_another_process_proves_nothing(node):
     # A marker restored from a snapshot names the process that wrote it, not this one.
-    node.hset(redlock.NODE_KEY, mapping={"run": "f" * 40, "q": "0", "why": "declared"})
+    node.hset(scripts.NODE_KEY, mapping={"run": "f" * 40, "q": "0", "why": "declared"})
     # A connection to this process names this process (or nothing yet), never the old one.
     for run_id in ("", run_id_of(node)):
         with pytest.raises(Exception, match="QUARANTINED"):
             acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, run_id=run_id)
     # Declared fresh for this very process: votes at once, even under a long quarantine.
-    node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, run_id_of(node))
+    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id_of(node))
     assert acquire(node, "k", "a" * 40, quarantine_ms=FOREVER) == b"OK"
 
 
 def test_declaring_a_process_that_is_gone_declares_nothing(node):
-    node.delete(redlock.NODE_KEY)
+    node.delete(scripts.NODE_KEY)
     with pytest.raises(Exception, match="RESTARTED"):
-        node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, "0" * 40)
-    assert node.exists(redlock.NODE_KEY) == 0
+        node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, "0" * 40)
+    assert node.exists(scripts.NODE_KEY) == 0
 
 
 def test_durable_persistence_is_checked_on_the_node_itself(node):
-    node.delete(redlock.NODE_KEY)
+    node.delete(scripts.NODE_KEY)
     # The client says "always", but INFO persistence on this node shows AOF off.
     with pytest.raises(Exception, match="AOF is off in INFO persistence"):
         acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="always")
@@ -180,13 +181,13 @@ def test_durable_persistence_is_checked_on_the_node_itself(node):
 
 def test_the_longest_quarantine_any_client_sent_is_kept(node):
     run_id = run_id_of(node)
-    node.eval(redlock._DECLARE_FRESH.source, 1, redlock.NODE_KEY, run_id)
+    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id)
     assert acquire(node, "k1", "a" * 40, quarantine_ms=9_000, run_id=run_id) == b"OK"
     assert acquire(node, "k2", "a" * 40, quarantine_ms=3_000, run_id=run_id) == b"OK"
-    assert node.hget(redlock.NODE_KEY, "q") == b"9000"
+    assert node.hget(scripts.NODE_KEY, "q") == b"9000"
     # A client with a short quarantine is judged by the longest one stored.
-    node.hset(redlock.NODE_KEY, "run", "f" * 40)  # as if restored into a new process
-    verdict = node.eval(redlock._NODE_STATE.source, 1, redlock.NODE_KEY, 0, "appendonly no")
+    node.hset(scripts.NODE_KEY, "run", "f" * 40)  # as if restored into a new process
+    verdict = node.eval(scripts.NODE_STATE.source, 1, scripts.NODE_KEY, 0, "appendonly no")
     assert verdict[0] in (b"votes", b"quarantined")
     assert verdict[3] == b"9000"
 
@@ -201,7 +202,7 @@ def test_a_free_lock_goes_to_the_head_of_the_line(node):
     assert acquire(node, "k", "c" * 40, waiter="early", ticket=100) == b"OK"
     assert node.zrange("k\x00q", 0, -1) == [b"late"]
     release(node, "k", "c" * 40)
-    assert node.eval(redlock._LEAVE.source, 3, "k", "k\x00q", "k\x00e", "late") == 1
+    assert node.eval(scripts.LEAVE.source, 3, "k", "k\x00q", "k\x00e", "late") == 1
     assert acquire(node, "k", "d" * 40) == b"OK"  # the line is empty again
 
 
@@ -233,7 +234,7 @@ def test_a_release_wakes_only_the_head_of_the_line_on_its_own_channel(node):
     # A waiter whose place lapsed is skipped: the next live one is woken.
     node.hset("k\x00e", "aaaa.1", "0")
     acquire(node, "k", "y" * 40, waiter="bbbb.2", ticket=200)
-    node.eval(redlock._FORCE_RELEASE.source, 3, "k", "k\x00q", "k\x00e")
+    node.eval(scripts.FORCE_RELEASE.source, 3, "k", "k\x00q", "k\x00e")
     assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wcccc", b"cccc.3")]
     pubsub.close()
 
@@ -247,7 +248,7 @@ def test_a_place_leaving_the_head_of_a_free_lock_wakes_the_next_waiter(node):
     pubsub = node.pubsub()
     pubsub.psubscribe("k*")
     assert pubsub.get_message(timeout=5.0)["type"] == "psubscribe"
-    leave = redlock._LEAVE.source
+    leave = scripts.LEAVE.source
     # Held: leaving wakes nobody (the holder's release will).
     assert node.eval(leave, 3, "k", "k\x00q", "k\x00e", "cccc.3") == 1
     assert published_until_marker(pubsub, node, "k-marker") == []

@@ -9,7 +9,8 @@ import pytest
 from django.core.management import call_command
 from prometheus_client import REGISTRY
 
-from django_redlock import LockContended, lock_for, metrics
+from django_redlock import LockContended, lock_for
+from django_redlock.core import metrics
 
 
 def sample(name: str, **labels: str) -> float:

@@ -17,8 +17,8 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 
 from django_redlock import LockNotAcquired, get_manager
+from django_redlock.core.operators import status
 from django_redlock.localnodes import LocalCluster
-from django_redlock.operators import status
 
 pytestmark = pytest.mark.slow
 

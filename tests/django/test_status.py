@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import LockManager, get_manager
-from django_redlock.operators import escape_glob, status
+from django_redlock.core.operators import escape_glob, status
 from tests.helpers import node_client
 
 

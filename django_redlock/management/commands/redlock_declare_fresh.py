@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
 from django_redlock.conf import get_manager
-from django_redlock.operators import declare_fresh
+from django_redlock.core.operators import declare_fresh
 
 
 class Command(BaseCommand):

@@ -35,9 +35,9 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_redlock import metrics
 from django_redlock.conf import get_manager
-from django_redlock.operators import list_locks, status
+from django_redlock.core import metrics
+from django_redlock.core.operators import list_locks, status
 
 
 class Command(BaseCommand):

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import secrets
 import select
@@ -32,12 +31,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
-from django_redlock._nodes import NodeAddress
-from django_redlock._process import current_pid
-from django_redlock._resp import Reader, ReplyError, encode_command, encode_parts, make_reader
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.process import current_pid
+from django_redlock.wire.resp import Reader, ReplyError, encode_command, make_reader
+from django_redlock.wire.scripts import Command, Fallback, Script
 
 __all__ = [
     "PENDING",
@@ -87,68 +86,6 @@ class _Pending:
 
 
 PENDING = _Pending()
-
-
-class Script:
-    """A Lua script sent as EVALSHA, with EVAL as the fallback on NOSCRIPT."""
-
-    def __init__(self, source: str) -> None:
-        self.source = source.encode()
-        self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
-        self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
-
-    def evalsha(
-        self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int], trailing: int = 0
-    ) -> bytes:
-        """EVALSHA of ``keys`` and ``args``; ``trailing`` more arguments are counted in the
-        header but left for the sender to append (see ``ConnectionSet.post(identify=True)``)."""
-        parts = (len(keys), *keys, *args)
-        return b"*%d\r\n" % (len(parts) + 2 + trailing) + self._evalsha_head + encode_parts(parts)
-
-    def head(self, keys: int, arguments: int) -> str:
-        """The text that starts ``EVALSHA <sha> <keys>`` for ``keys`` keys and ``arguments``
-        ARGVs, for callers that format the rest themselves (an f-string is several times
-        faster than the generic encoder on the hot path)."""
-        return (
-            f"*{3 + keys + arguments}\r\n$7\r\nEVALSHA\r\n$40\r\n{self.sha.decode()}\r\n"
-            f"$1\r\n{keys}\r\n"
-        )
-
-    def command(
-        self,
-        keys: Sequence[bytes | str],
-        args: Sequence[bytes | str | int],
-        *,
-        fallback_when_over: bool = False,
-    ) -> Command:
-        """EVALSHA, with EVAL as the NOSCRIPT fallback.
-
-        ``fallback_when_over``: send the EVAL even when the operation already has its answer
-        (right for an idempotent clean-up such as a release; wrong for an acquire, whose late
-        EVAL would take a key nobody will release).
-        """
-        return (
-            self.evalsha(keys, args),
-            Fallback(partial(self.eval, keys, args), fallback_when_over),
-        )
-
-    def eval(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
-        return encode_command(b"EVAL", self.source, len(keys), *keys, *args)
-
-
-class Fallback:
-    """How to rebuild a command if the node answers NOSCRIPT (built lazily: the script source
-    is only sent to a node that lacks it), and whether to do so after the operation is over."""
-
-    __slots__ = ("build", "when_over")
-
-    def __init__(self, build: Callable[[], bytes], when_over: bool) -> None:
-        self.build = build
-        self.when_over = when_over
-
-
-# A command for one node: its bytes, and its NOSCRIPT fallback (None for plain commands).
-Command = tuple[bytes, Fallback | None]
 
 
 class _Exchange:

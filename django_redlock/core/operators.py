@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 
-from django_redlock._nodes import NodeAddress
-from django_redlock._transport import persistence_hint, quarantine_of
-from django_redlock.health import client_for
-from django_redlock.redlock import _DECLARE_FRESH, _HOLDER, _NODE_STATE, NODE_KEY
+from django_redlock.wire.clients import client_for
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
+from django_redlock.wire.sync import persistence_hint, quarantine_of
 
 if TYPE_CHECKING:
     from django_redlock.redlock import LockManager
@@ -257,9 +257,9 @@ def _scripts_denied(client: redis.Redis, prefix: str) -> str | None:
     for attempt in ("evalsha", "eval"):
         try:
             if attempt == "evalsha":
-                client.evalsha(_HOLDER.sha.decode(), 1, probe_key)
+                client.evalsha(HOLDER.sha.decode(), 1, probe_key)
             else:
-                client.eval(_HOLDER.source.decode(), 1, probe_key)
+                client.eval(HOLDER.source.decode(), 1, probe_key)
             return None
         except redis.exceptions.NoScriptError:
             continue
@@ -276,7 +276,7 @@ def _node_rule(client: redis.Redis, quarantine_ms: int, persistence: str) -> tup
     """The node's verdict by ``scripts/node_rule.lua``, the rule the acquire script applies:
     ("votes", why, 0) or ("quarantined", the refusal text, seconds until it votes or -1)."""
     verdict, detail, left, _ = _run_script(
-        client, _NODE_STATE, (NODE_KEY,), (quarantine_ms, persistence)
+        client, NODE_STATE, (NODE_KEY,), (quarantine_ms, persistence)
     )
     return verdict.decode(), detail.decode(errors="replace"), int(left) / 1000
 
@@ -454,7 +454,7 @@ def _declare(address: NodeAddress, timeout: float) -> Declaration:
             info = client.info("server")
             run_id = str(info.get("run_id", ""))
             uptime = int(info.get("uptime_in_seconds", 0) or 0)
-            _run_script(client, _DECLARE_FRESH, (NODE_KEY,), (run_id,))
+            _run_script(client, DECLARE_FRESH, (NODE_KEY,), (run_id,))
     except redis.RedisError as exc:
         return Declaration(label, False, detail=f"not declared: {str(exc) or type(exc).__name__}")
     return Declaration(

@@ -20,7 +20,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING
 
-from django_redlock._process import current_pid
+from django_redlock.wire.process import current_pid
 
 if TYPE_CHECKING:
     from django_redlock.redlock import BaseLease

@@ -1,0 +1,34 @@
+"""redis-py clients for everything off the hot path (operator probes, declarations, the
+status page): a client per call that never retries, so a stalled node costs one timeout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from django_redlock.wire.nodes import NodeAddress
+
+__all__ = ["client_for"]
+
+
+def client_for(address: NodeAddress, timeout: float) -> redis.Redis:
+    """A redis-py client for ``address`` that never retries (one try, ``timeout`` seconds).
+
+    redis-py 8's default retry policy turns one stalled node into a multi-second hang.
+    """
+    options: dict[str, Any] = {
+        "db": address.db,
+        "username": address.username,
+        "password": address.password,
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+    }
+    if address.path is not None:
+        return redis.Redis(unix_socket_path=address.path, **options)
+    if address.tls:
+        options.update(ssl=True, **dict(address.ssl_options))
+    return redis.Redis(host=address.host or "localhost", port=address.port or 6379, **options)
