@@ -195,7 +195,8 @@ class Setting:
 
     @property
     def name(self) -> str:
-        return f"REDLOCK[{self.key!r}]"
+        """How messages name it: ``REDLOCK['TTL']``."""
+        return setting_name(self.key)
 
 
 # -- NODES ----------------------------------------------------------------------------------
