@@ -1,3 +1,6 @@
+"""The app's configuration: registers the system checks and wires the settings to the
+signals, without reading a setting or contacting a node."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
@@ -12,8 +15,10 @@ class RedlockConfig(AppConfig):
 
     def ready(self) -> None:
         # Registration only: no settings are read and no node is contacted here.
-        from django_redlock import conf
+        from django_redlock import conf, signals
         from django_redlock.checks import check_settings
 
         checks.register(check_settings)
         setting_changed.connect(conf.reset, dispatch_uid="django_redlock.conf.reset")
+        # The managers get_manager() builds send the lock signals and count the metrics.
+        conf.set_manager_factory(signals.observed_manager)

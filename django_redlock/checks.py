@@ -1,5 +1,8 @@
 """System checks for ``REDLOCK``: ids ``django_redlock.E001``… and ``W001``…, no network I/O.
 
+The problems come from :func:`django_redlock.conf.inspect`, which checks each key with the
+core's own argument checks (the limits below are the ``LockManager``'s).
+
 | id | problem |
 | --- | --- |
 | E001 | REDLOCK is not a dict |
@@ -7,13 +10,13 @@
 | E003 | NODES missing, empty or not a list |
 | E004 | a node is a bad URL, an unknown or non-Redis cache alias, or a malformed dict |
 | E005 | the same node is listed twice |
-| E006 | TTL is not a number of seconds in (0, 86400] |
+| E006 | TTL is not seconds in (0, 86400], or no longer than NODE_TIMEOUT plus the drift |
 | E007 | DRIFT_FACTOR is outside [0, 0.5) |
 | E008 | NODE_TIMEOUT is not positive, or above a tenth of the TTL |
 | E009 | RETRY_DELAY is not positive |
 | E010 | KEY_PREFIX is not a str |
 | E011 | DEFAULT_TIMEOUT is not seconds >= 0 or None |
-| E012 | MAX_TTL is not seconds in [TTL, 86400] or None |
+| E012 | MAX_TTL is neither None nor a valid TTL at least as long as TTL |
 | E013 | METRICS_LABEL is neither "prefix" nor "name" |
 | W001 | an even number of nodes |
 | W002 | a single node (fine for development) |

@@ -3,6 +3,13 @@
 Settings are read lazily (never at import) and the parsed result is dropped whenever Django
 sends ``setting_changed`` for ``REDLOCK`` or ``CACHES``, so ``override_settings`` just works.
 
+Every key is declared once, in :data:`SETTINGS`: its name, type, default, check id, the
+:class:`~django_redlock.LockManager` argument it feeds and its documentation. Its value is
+checked by the very function the core applies to that argument
+(:mod:`django_redlock.core.arguments`), naming the setting instead of the argument, so a
+setting and the matching ``LockManager(...)`` argument are refused with the same words and the
+same limits.
+
 A node is one of::
 
     "redis://host:6379/0"                                   # a URL (also rediss://, unix://)
@@ -16,41 +23,60 @@ URL would be readable there; check ``django_redlock.W003`` says so).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
+from django_redlock.core.arguments import (
+    DEFAULT_MAX_TTL,
+    MAX_DRIFT_FACTOR,
+    MAX_TTL,
+    check_drift_factor,
+    check_key_prefix,
+    check_max_ttl,
+    check_seconds,
+    check_timeout,
+    check_ttl,
+)
 from django_redlock.redlock import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
+    DEFAULT_TIMEOUT,
     DEFAULT_TTL,
-    MAX_TTL,
     LockManager,
 )
 from django_redlock.wire.nodes import NodeAddress, parse_node
 
-__all__ = ["DEFAULTS", "Problem", "RedlockSettings", "get_manager", "get_settings", "inspect"]
-
-DEFAULTS: dict[str, Any] = {
-    "NODES": [],
-    "TTL": DEFAULT_TTL,
-    "NODE_TIMEOUT": DEFAULT_NODE_TIMEOUT,
-    "RETRY_DELAY": DEFAULT_RETRY_DELAY,
-    "DRIFT_FACTOR": DEFAULT_DRIFT_FACTOR,
-    "KEY_PREFIX": "redlock:",
-    "DEFAULT_TIMEOUT": 10.0,
-    "MAX_TTL": None,
-    "METRICS_LABEL": "prefix",
-}
-"""Every ``REDLOCK`` key and its default."""
+__all__ = [
+    "DEFAULTS",
+    "SETTINGS",
+    "ManagerFactory",
+    "Problem",
+    "RedlockSettings",
+    "Setting",
+    "build_manager",
+    "get_async_manager",
+    "get_manager",
+    "get_settings",
+    "inspect",
+    "reset",
+    "set_manager_factory",
+    "setting_name",
+    "settings_reference",
+]
 
 _CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
+_METRICS_LABELS = ("prefix", "name")
+# A node must answer well within the lease: a slow node may cost at most this share of the TTL.
+# A rule of the settings only; the core refuses just a ttl that one attempt could use up.
+_NODE_TIMEOUT_SHARE = 0.1
+# Old key names still read (with check W004) and the key that replaced each.
+_RENAMED = {"TIMEOUT": "DEFAULT_TIMEOUT"}
 
 
 @dataclass(frozen=True)
@@ -73,108 +99,210 @@ class RedlockSettings:
     retry_delay: float
     drift_factor: float
     key_prefix: str
-    timeout: float | None = 10.0
+    timeout: float | None = DEFAULT_TIMEOUT
     max_ttl: float | None = None
     metrics_label: str = "prefix"
     problems: tuple[Problem, ...] = field(default=())
 
+    def manager_options(self) -> dict[str, Any]:
+        """The :class:`~django_redlock.LockManager` arguments these settings give."""
+        return {
+            setting.argument: getattr(self, setting.attribute)
+            for setting in SETTINGS
+            if setting.argument is not None
+        }
 
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return None if math.isnan(number) or math.isinf(number) else number
+
+def setting_name(argument: str) -> str:
+    """How messages name the setting of a ``LockManager`` argument: ``REDLOCK['TTL']``."""
+    return f"REDLOCK[{argument.upper()!r}]"
 
 
 def _hint(check_id: str, text: str) -> str:
     return f"{text} See the README, System checks, {check_id}."
 
 
-def _node(spec: object, caches: Mapping[str, Any]) -> tuple[NodeAddress | None, list[Problem]]:
-    """One node spec to an address, or the problems that stop it."""
-    problems: list[Problem] = []
-    if isinstance(spec, str):
-        try:
+class _Reading:
+    """One reading of a ``REDLOCK`` value: each key checked once, on demand, so a check may ask
+    for another key's value (the TTL's floor depends on NODE_TIMEOUT) in any declared order."""
+
+    def __init__(self, values: Mapping[str, object], caches: Mapping[str, Any]) -> None:
+        self.values = values
+        self.caches = caches
+        self.problems: list[Problem] = []
+        self._checked: dict[str, Any] = {}
+        self._invalid: set[str] = set()
+
+    def report(
+        self, check_id: str, message: str, hint: str, level: Literal["error", "warning"] = "error"
+    ) -> None:
+        self.problems.append(Problem(check_id, level, message, _hint(check_id, hint)))
+
+    def value(self, key: str) -> Any:
+        """The checked value of ``key``; None when it is invalid (its problem is reported)."""
+        if key not in self._checked:
+            setting = _BY_KEY[key]
+            try:
+                self._checked[key] = setting.check(self.values[key], setting.name, self)
+            except (TypeError, ValueError) as exc:
+                self._checked[key] = None
+                self._invalid.add(key)
+                self.report(setting.check_ids[0], str(exc), setting.hint)
+        return self._checked[key]
+
+    def valid(self, key: str) -> bool:
+        self.value(key)
+        return key not in self._invalid
+
+
+Check = Callable[[object, str, _Reading], object]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One ``REDLOCK`` key.
+
+    Attributes:
+        key: its name in the dict.
+        type: its type, as documented.
+        default: its value when absent.
+        check: ``(value, name, reading) -> parsed``; raises ``TypeError``/``ValueError`` with
+            a message naming ``name`` (the core's argument checks, given the setting's name).
+        check_ids: the system check ids it can raise; the first one reports a refused value.
+        hint: what to do when it is refused.
+        doc: its Markdown documentation (the README's settings reference).
+        required: the setting is useless without it (documented as having no default).
+        attribute: the :class:`RedlockSettings` field it fills (default: the key in lower case).
+        argument: the :class:`~django_redlock.LockManager` argument it feeds (default: the key
+            in lower case; None: it feeds none).
+    """
+
+    key: str
+    type: str
+    default: object
+    check: Check
+    check_ids: tuple[str, ...]
+    hint: str
+    doc: str
+    required: bool = False
+    attribute: str = ""
+    argument: str | None = ""
+
+    def __post_init__(self) -> None:
+        for name in ("attribute", "argument"):
+            if getattr(self, name) == "":
+                object.__setattr__(self, name, self.key.lower())
+
+    @property
+    def name(self) -> str:
+        """How messages name it: ``REDLOCK['TTL']``."""
+        return setting_name(self.key)
+
+
+# -- NODES ----------------------------------------------------------------------------------
+
+
+def _check_nodes(value: object, name: str, reading: _Reading) -> tuple[NodeAddress, ...]:
+    """Every usable node; each bad one, duplicate and risky count is reported as it is."""
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise TypeError(f"{name} must be a list of nodes")
+    if not value:
+        raise ValueError(f"{name} is empty: no lock can be taken")
+    addresses: list[NodeAddress] = []
+    seen: set[tuple[object, ...]] = set()
+    for spec in value:
+        address = _node(spec, reading)
+        if address is None:
+            continue
+        if address.identity in seen:
+            reading.report(
+                "django_redlock.E005",
+                f"REDLOCK node {address.label} is listed twice",
+                "Redlock needs independent nodes.",
+            )
+        seen.add(address.identity)
+        addresses.append(address)
+    if len(value) == 1:
+        reading.report(
+            "django_redlock.W002",
+            "REDLOCK has a single node: the lock fails whenever that node does.",
+            "Fine for development; use 3 or 5 independent masters in production.",
+            "warning",
+        )
+    elif len(value) % 2 == 0:
+        reading.report(
+            "django_redlock.W001",
+            f"REDLOCK has {len(value)} nodes: an even count tolerates no more failures than "
+            f"{len(value) - 1} nodes would.",
+            "Use an odd number of nodes (3 or 5).",
+            "warning",
+        )
+    return tuple(addresses)
+
+
+def _node(spec: object, reading: _Reading) -> NodeAddress | None:
+    """One node spec to an address; None (with the problem reported) when it is unusable."""
+    bad = "django_redlock.E004"
+    try:
+        if isinstance(spec, str):
             address = parse_node(spec)
-        except (TypeError, ValueError) as exc:
-            return None, [Problem("django_redlock.E004", "error", str(exc))]
-        if urlsplit(spec).password:
-            problems.append(
-                Problem(
+            if urlsplit(spec).password:
+                reading.report(
                     "django_redlock.W003",
-                    "warning",
                     f"REDLOCK node {address.label} has its password inside the URL; Django's "
                     "DEBUG error page shows such strings unredacted.",
-                    _hint(
-                        "django_redlock.W003",
-                        'Use {"URL": "redis://host:6379/0", "PASSWORD": ...} instead.',
-                    ),
+                    'Use {"URL": "redis://host:6379/0", "PASSWORD": ...} instead.',
+                    "warning",
                 )
+            return address
+        if not isinstance(spec, Mapping):
+            raise TypeError(
+                f"REDLOCK node must be a URL string or a dict, not {type(spec).__name__}"
             )
-        return address, problems
-    if isinstance(spec, Mapping):
         unknown = sorted(set(map(str, spec)) - {"URL", "PASSWORD", "USERNAME", "CACHE"})
         if unknown or ("URL" in spec) == ("CACHE" in spec):
-            return None, [
-                Problem(
-                    "django_redlock.E004",
-                    "error",
-                    f"REDLOCK node {_redacted(spec)!r} must have exactly one of URL or CACHE"
-                    + (f" (unknown keys: {', '.join(unknown)})" if unknown else ""),
-                    _hint(
-                        "django_redlock.E004",
-                        'Write {"URL": "redis://...", "PASSWORD": ...} or {"CACHE": "alias"}.',
-                    ),
-                )
-            ]
-        if "CACHE" in spec:
-            return _cache_node(spec["CACHE"], caches)
-        url = spec["URL"]
-        if not isinstance(url, str):
-            return None, [
-                Problem("django_redlock.E004", "error", "REDLOCK node URL must be a string")
-            ]
-        try:
-            address = parse_node(url)
-        except (TypeError, ValueError) as exc:
-            return None, [Problem("django_redlock.E004", "error", str(exc))]
-        password = spec.get("PASSWORD", address.password)
-        username = spec.get("USERNAME", address.username)
-        return _with_login(address, username, password), problems
-    return None, [
-        Problem(
-            "django_redlock.E004",
-            "error",
-            f"REDLOCK node must be a URL string or a dict, not {type(spec).__name__}",
-        )
-    ]
-
-
-def _cache_node(
-    alias: object, caches: Mapping[str, Any]
-) -> tuple[NodeAddress | None, list[Problem]]:
-    if not isinstance(alias, str) or alias not in caches:
-        return None, [
-            Problem(
-                "django_redlock.E004",
-                "error",
-                f"REDLOCK node names cache {alias!r}, which is not in CACHES",
-                _hint(
-                    "django_redlock.E004", f"Known cache aliases: {', '.join(caches) or 'none'}."
-                ),
+            reading.report(
+                bad,
+                f"REDLOCK node {_redacted(spec)!r} must have exactly one of URL or CACHE"
+                + (f" (unknown keys: {', '.join(unknown)})" if unknown else ""),
+                'Write {"URL": "redis://...", "PASSWORD": ...} or {"CACHE": "alias"}.',
             )
-        ]
-    cache = caches[alias]
+            return None
+        if "CACHE" in spec:
+            return _cache_node(spec["CACHE"], reading)
+        if not isinstance(spec["URL"], str):
+            raise TypeError("REDLOCK node URL must be a string")
+        address = parse_node(spec["URL"])
+        return _with_login(
+            address,
+            spec.get("USERNAME", address.username),
+            spec.get("PASSWORD", address.password),
+        )
+    except (TypeError, ValueError) as exc:
+        reading.report(bad, str(exc), "Write a redis://, rediss:// or unix:// URL.")
+        return None
+
+
+def _cache_node(alias: object, reading: _Reading) -> NodeAddress | None:
+    """The master of a Redis cache in ``CACHES``, with its password."""
+    bad = "django_redlock.E004"
+    if not isinstance(alias, str) or alias not in reading.caches:
+        known = ", ".join(reading.caches) or "none"
+        reading.report(
+            bad,
+            f"REDLOCK node names cache {alias!r}, which is not in CACHES",
+            f"Known cache aliases: {known}.",
+        )
+        return None
+    cache = reading.caches[alias]
     backend = cache.get("BACKEND", "")
     if backend not in _CACHE_BACKENDS:
-        return None, [
-            Problem(
-                "django_redlock.E004",
-                "error",
-                f"REDLOCK node names cache {alias!r}, whose backend {backend!r} is not Redis",
-                _hint("django_redlock.E004", f"Supported backends: {', '.join(_CACHE_BACKENDS)}."),
-            )
-        ]
+        reading.report(
+            bad,
+            f"REDLOCK node names cache {alias!r}, whose backend {backend!r} is not Redis",
+            f"Supported backends: {', '.join(_CACHE_BACKENDS)}.",
+        )
+        return None
     location = cache.get("LOCATION")
     if isinstance(location, list | tuple):
         # django-redis: the first location is the master; the others are read replicas,
@@ -183,22 +311,20 @@ def _cache_node(
     if isinstance(location, str) and "," in location:
         location = location.split(",")[0]
     if not isinstance(location, str):
-        return None, [
-            Problem("django_redlock.E004", "error", f"cache {alias!r} has no LOCATION URL")
-        ]
+        reading.report(bad, f"cache {alias!r} has no LOCATION URL", "Give the cache a LOCATION.")
+        return None
     try:
         address = parse_node(location.strip())
     except (TypeError, ValueError) as exc:
-        return None, [Problem("django_redlock.E004", "error", f"cache {alias!r}: {exc}")]
+        reading.report(bad, f"cache {alias!r}: {exc}", "Fix the cache's LOCATION.")
+        return None
     options = cache.get("OPTIONS") or {}
     password = options.get("PASSWORD", options.get("password", address.password))
     username = options.get("USERNAME", options.get("username", address.username))
-    return _with_login(address, username, password), []
+    return _with_login(address, username, password)
 
 
 def _with_login(address: NodeAddress, username: object, password: object) -> NodeAddress:
-    from dataclasses import replace
-
     return replace(
         address,
         username=None if username is None else str(username),
@@ -212,6 +338,139 @@ def _redacted(spec: Mapping[Any, Any]) -> dict[Any, Any]:
     }
 
 
+# -- the other keys: the core's own argument checks, naming the setting ----------------------
+
+
+def _check_ttl(value: object, name: str, reading: _Reading) -> float:
+    return check_ttl(
+        value,
+        name,
+        node_timeout=reading.value("NODE_TIMEOUT"),
+        drift_factor=reading.value("DRIFT_FACTOR") or 0.0,
+        spell=setting_name,
+    )
+
+
+def _check_max_ttl(value: object, name: str, reading: _Reading) -> float | None:
+    if value is None:  # the core's default, max(TTL, 60), which the manager computes
+        return None
+    return check_max_ttl(
+        value,
+        reading.value("TTL"),
+        name,
+        node_timeout=reading.value("NODE_TIMEOUT"),
+        drift_factor=reading.value("DRIFT_FACTOR") or 0.0,
+        spell=setting_name,
+    )
+
+
+def _check_metrics_label(value: object, name: str, reading: _Reading) -> str:
+    if value not in _METRICS_LABELS:
+        raise ValueError(f"{name} must be 'prefix' or 'name', not {value!r}")
+    return str(value)
+
+
+def _node_timeout_within_ttl(reading: _Reading) -> None:
+    """E008's second half: a slow node may cost only a small part of the lease."""
+    if not (reading.valid("NODE_TIMEOUT") and reading.valid("TTL")):
+        return
+    node_timeout, ttl = reading.value("NODE_TIMEOUT"), reading.value("TTL")
+    if node_timeout > ttl * _NODE_TIMEOUT_SHARE:
+        reading.report(
+            "django_redlock.E008",
+            f"REDLOCK['NODE_TIMEOUT'] ({node_timeout:g} s) must be well below the TTL "
+            f"({ttl:g} s): at most a tenth of it",
+            "A slow node must cost a small part of the lease (the default is 0.05 s).",
+        )
+
+
+def _alone(check: Callable[[object, str], object]) -> Check:
+    """A check of the value alone: one of the core's argument checks, as it is."""
+    return lambda value, name, reading: check(value, name)
+
+
+_NODES_DOC = """\
+The independent Redis/Valkey masters, 3 or 5 of them. Each is one of:
+
+- a URL: `"redis://host:6379/0"`, `"rediss://host:6380/0?ssl_ca_certs=/etc/ca.pem"`,
+  `"unix:///run/redis.sock?db=0"`;
+- `{"URL": "...", "PASSWORD": "...", "USERNAME": "..."}`: the password stays out of the URL.
+  Django's DEBUG error page cleanses dict keys named `PASSWORD` but shows strings inside lists
+  as they are, so a password inside a URL would be readable there (check W003 warns);
+- `{"CACHE": "alias"}`: the server of a cache in `CACHES` whose backend is
+  `django_redis.cache.RedisCache` or `django.core.cache.backends.redis.RedisCache`. Its first
+  `LOCATION` is used (django-redis lists replicas after the master: they never count as nodes)
+  and its `OPTIONS["PASSWORD"]`. Its client options, retries included, are not: the lock uses
+  its own connections with one try per node."""
+_DEFAULT_TIMEOUT_DOC = f"""\
+How long a blocking acquire waits when not told: `get_manager().acquire()` and `.lock()`,
+`lock_for`, and `@locked_command(on_busy="wait")`. Finite by default, so a lock that never comes
+free (or a quorum that is down) surfaces as an error, not as a hung worker; `None` waits
+forever (discouraged), and so does `timeout=None` passed explicitly. The core's
+`LockManager(default_timeout={DEFAULT_TIMEOUT!r})` is the same default outside Django."""
+_MAX_TTL_DOC = f"""\
+The longest lease any acquire may ask for (`None`: `max(TTL, {DEFAULT_MAX_TTL:g})`), and \
+therefore the **restart
+quarantine**: a node that lost its data votes again only this long after it came back (see
+Guarantees)."""
+
+# One row per key: name, type, default, check, check ids; then what to do and the docs.
+# fmt: off
+SETTINGS: tuple[Setting, ...] = (
+    Setting("NODES", "list[str | dict]", [], _check_nodes, (
+                "django_redlock.E003", "django_redlock.E004", "django_redlock.E005",
+                "django_redlock.W001", "django_redlock.W002", "django_redlock.W003",
+            ),
+            required=True,
+            hint="Three or five independent Redis/Valkey masters.",
+            doc=_NODES_DOC),
+    Setting("TTL", "float", DEFAULT_TTL, _check_ttl, ("django_redlock.E006",),
+            hint="Seconds, as a number.",
+            doc=f"Default lease length, `0 < TTL ≤ {MAX_TTL:g}`."),
+    Setting("NODE_TIMEOUT", "float", DEFAULT_NODE_TIMEOUT, _alone(check_seconds),
+            ("django_redlock.E008",),
+            hint="A slow node must cost a small part of the lease (the default is 0.05 s).",
+            doc="Seconds each node has to answer one command. A slower node is a failed vote. "
+            "At most a tenth of\n`TTL`."),
+    Setting("RETRY_DELAY", "float", DEFAULT_RETRY_DELAY, _alone(check_seconds),
+            ("django_redlock.E009",),
+            hint="Seconds between attempts, as a positive number.",
+            # \N{EN DASH}: ruff refuses the literal character as ambiguous.
+            doc="Mean wait between attempts of a blocking acquire; each wait is jittered to "
+            "50\N{EN DASH}150 %."),
+    Setting("DRIFT_FACTOR", "float", DEFAULT_DRIFT_FACTOR, _alone(check_drift_factor),
+            ("django_redlock.E007",),
+            hint="The Redlock spec uses 0.01.",
+            doc="Share of the ttl set aside for clock drift between nodes (the Redlock spec's "
+            f"value), in\n`[0, {MAX_DRIFT_FACTOR:g})`."),
+    Setting("KEY_PREFIX", "str", "redlock:", _alone(check_key_prefix), ("django_redlock.E010",),
+            hint="Any text, possibly empty.",
+            doc="Prepended to every lock name to make its Redis key."),
+    Setting("DEFAULT_TIMEOUT", "float | None", DEFAULT_TIMEOUT, _alone(check_timeout),
+            ("django_redlock.E011", "django_redlock.W004"),
+            attribute="timeout",
+            hint="None makes acquires wait forever (discouraged).",
+            doc=_DEFAULT_TIMEOUT_DOC),
+    Setting("MAX_TTL", "float | None", None, _check_max_ttl, ("django_redlock.E012",),
+            hint="It is the longest lease allowed and the restart quarantine of a node.",
+            doc=_MAX_TTL_DOC),
+    Setting("METRICS_LABEL", "str", "prefix", _check_metrics_label, ("django_redlock.E013",),
+            argument=None,
+            hint="'prefix' keeps the number of series low.",
+            doc='The `lock` label of the Prometheus series: `"prefix"` (the name up to its first '
+            '`:`, so\n`orders:42` counts as `orders`, keeping cardinality low) or `"name"`.'),
+)
+# fmt: on
+"""Every ``REDLOCK`` key, in the order the README documents them."""
+
+_BY_KEY = {setting.key: setting for setting in SETTINGS}
+# Rules across keys, run on valid values only, each reporting under the id of the key it blames.
+_RULES: tuple[Callable[[_Reading], None], ...] = (_node_timeout_within_ttl,)
+
+DEFAULTS: dict[str, Any] = {setting.key: setting.default for setting in SETTINGS}
+"""Every ``REDLOCK`` key and its default."""
+
+
 def inspect(
     raw: object, caches: Mapping[str, Any] | None = None
 ) -> tuple[RedlockSettings | None, list[Problem]]:
@@ -220,226 +479,94 @@ def inspect(
     Does no network I/O. The system checks report the problems; the runtime refuses to start
     on any error-level one.
     """
-    caches = {} if caches is None else caches
-    problems: list[Problem] = []
     if not isinstance(raw, Mapping):
-        return None, [
-            Problem(
-                "django_redlock.E001",
-                "error",
-                f"REDLOCK must be a dict, not {type(raw).__name__}",
-                _hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
-            )
-        ]
-    if "TIMEOUT" in raw:
-        # The setting's name until 0.1: still read, with a warning, unless both are given.
-        raw = dict(raw)
-        old = raw.pop("TIMEOUT")
-        raw.setdefault("DEFAULT_TIMEOUT", old)
-        problems.append(
-            Problem(
-                "django_redlock.W004",
-                "warning",
-                "REDLOCK['TIMEOUT'] is now called REDLOCK['DEFAULT_TIMEOUT'] (it is also the "
-                "default of LockManager.acquire and lock)",
-                _hint("django_redlock.W004", "Rename the key."),
-            )
+        problem = Problem(
+            "django_redlock.E001",
+            "error",
+            f"REDLOCK must be a dict, not {type(raw).__name__}",
+            _hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
         )
-    unknown = sorted(str(key) for key in raw if key not in DEFAULTS)
+        return None, [problem]
+    values = dict(raw)
+    renamed: list[tuple[str, str]] = []
+    for old, new in _RENAMED.items():
+        if old in values:
+            values.setdefault(new, values.pop(old))
+            renamed.append((old, new))
+    reading = _Reading({**DEFAULTS, **values}, {} if caches is None else caches)
+    for old, new in renamed:
+        reading.report(
+            "django_redlock.W004",
+            f"REDLOCK[{old!r}] is now called REDLOCK[{new!r}] (it is also the default of "
+            "LockManager.acquire and lock)",
+            "Rename the key.",
+            "warning",
+        )
+    unknown = sorted(str(key) for key in values if key not in DEFAULTS)
     if unknown:
-        problems.append(
-            Problem(
-                "django_redlock.E002",
-                "error",
-                f"REDLOCK has unknown keys: {', '.join(unknown)}",
-                _hint("django_redlock.E002", f"Known keys: {', '.join(DEFAULTS)}."),
-            )
+        reading.report(
+            "django_redlock.E002",
+            f"REDLOCK has unknown keys: {', '.join(unknown)}",
+            f"Known keys: {', '.join(DEFAULTS)}.",
         )
-    values = {**DEFAULTS, **raw}
-
-    nodes_raw = values["NODES"]
-    addresses: list[NodeAddress] = []
-    if isinstance(nodes_raw, str) or not isinstance(nodes_raw, list | tuple):
-        problems.append(
-            Problem(
-                "django_redlock.E003",
-                "error",
-                "REDLOCK['NODES'] must be a list of nodes",
-                _hint("django_redlock.E003", "Three or five independent Redis/Valkey masters."),
-            )
-        )
-    elif not nodes_raw:
-        problems.append(
-            Problem(
-                "django_redlock.E003",
-                "error",
-                "REDLOCK['NODES'] is empty: no lock can be taken",
-                _hint("django_redlock.E003", "Three or five independent Redis/Valkey masters."),
-            )
-        )
-    else:
-        for spec in nodes_raw:
-            address, node_problems = _node(spec, caches)
-            problems.extend(node_problems)
-            if address is not None:
-                addresses.append(address)
-        seen: set[tuple[object, ...]] = set()
-        for address in addresses:
-            if address.identity in seen:
-                problems.append(
-                    Problem(
-                        "django_redlock.E005",
-                        "error",
-                        f"REDLOCK node {address.label} is listed twice",
-                        _hint("django_redlock.E005", "Redlock needs independent nodes."),
-                    )
-                )
-            seen.add(address.identity)
-        if len(nodes_raw) == 1:
-            problems.append(
-                Problem(
-                    "django_redlock.W002",
-                    "warning",
-                    "REDLOCK has a single node: the lock fails whenever that node does.",
-                    _hint(
-                        "django_redlock.W002",
-                        "Fine for development; use 3 or 5 independent masters in production.",
-                    ),
-                )
-            )
-        elif len(nodes_raw) % 2 == 0:
-            problems.append(
-                Problem(
-                    "django_redlock.W001",
-                    "warning",
-                    f"REDLOCK has {len(nodes_raw)} nodes: an even count tolerates no more "
-                    f"failures than {len(nodes_raw) - 1} nodes would.",
-                    _hint("django_redlock.W001", "Use an odd number of nodes (3 or 5)."),
-                )
-            )
-
-    ttl = _number(values["TTL"])
-    if ttl is None or not 0 < ttl <= MAX_TTL:
-        problems.append(
-            Problem(
-                "django_redlock.E006",
-                "error",
-                f"REDLOCK['TTL'] must be seconds in (0, {MAX_TTL:g}], not {values['TTL']!r}",
-            )
-        )
-    drift = _number(values["DRIFT_FACTOR"])
-    if drift is None or not 0 <= drift < 0.5:
-        problems.append(
-            Problem(
-                "django_redlock.E007",
-                "error",
-                f"REDLOCK['DRIFT_FACTOR'] must be in [0, 0.5), not {values['DRIFT_FACTOR']!r}",
-                _hint("django_redlock.E007", "The Redlock spec uses 0.01."),
-            )
-        )
-    node_timeout = _number(values["NODE_TIMEOUT"])
-    if node_timeout is None or node_timeout <= 0:
-        problems.append(
-            Problem(
-                "django_redlock.E008",
-                "error",
-                f"REDLOCK['NODE_TIMEOUT'] must be positive seconds, not {values['NODE_TIMEOUT']!r}",
-            )
-        )
-    elif ttl is not None and ttl > 0 and node_timeout > ttl / 10:
-        problems.append(
-            Problem(
-                "django_redlock.E008",
-                "error",
-                f"REDLOCK['NODE_TIMEOUT'] ({node_timeout:g} s) must be well below the TTL "
-                f"({ttl:g} s): at most a tenth of it",
-                _hint(
-                    "django_redlock.E008",
-                    "A slow node must cost a small part of the lease (the default is 0.05 s).",
-                ),
-            )
-        )
-    retry_delay = _number(values["RETRY_DELAY"])
-    if retry_delay is None or retry_delay <= 0:
-        problems.append(
-            Problem(
-                "django_redlock.E009",
-                "error",
-                f"REDLOCK['RETRY_DELAY'] must be positive seconds, not {values['RETRY_DELAY']!r}",
-            )
-        )
-    timeout = values["DEFAULT_TIMEOUT"]
-    if timeout is not None and (_number(timeout) is None or timeout < 0):
-        problems.append(
-            Problem(
-                "django_redlock.E011",
-                "error",
-                f"REDLOCK['DEFAULT_TIMEOUT'] must be seconds >= 0 or None, not {timeout!r}",
-                _hint("django_redlock.E011", "None makes acquires wait forever (discouraged)."),
-            )
-        )
-    max_ttl = values["MAX_TTL"]
-    if max_ttl is not None and (
-        _number(max_ttl) is None
-        or not 0 < max_ttl <= MAX_TTL
-        or (ttl is not None and max_ttl < ttl)
-    ):
-        problems.append(
-            Problem(
-                "django_redlock.E012",
-                "error",
-                f"REDLOCK['MAX_TTL'] must be seconds in [TTL, {MAX_TTL:g}] or None, "
-                f"not {max_ttl!r}",
-                _hint(
-                    "django_redlock.E012",
-                    "It is the longest lease allowed and the restart quarantine of a node.",
-                ),
-            )
-        )
-    if values["METRICS_LABEL"] not in ("prefix", "name"):
-        problems.append(
-            Problem(
-                "django_redlock.E013",
-                "error",
-                f"REDLOCK['METRICS_LABEL'] must be 'prefix' or 'name', "
-                f"not {values['METRICS_LABEL']!r}",
-            )
-        )
-    if not isinstance(values["KEY_PREFIX"], str):
-        problems.append(
-            Problem(
-                "django_redlock.E010",
-                "error",
-                f"REDLOCK['KEY_PREFIX'] must be a str, not {type(values['KEY_PREFIX']).__name__}",
-            )
-        )
+    parsed = {setting.attribute: reading.value(setting.key) for setting in SETTINGS}
+    for rule in _RULES:
+        rule(reading)
+    problems = reading.problems
     if any(problem.level == "error" for problem in problems):
         return None, problems
-    assert ttl is not None
-    assert drift is not None
-    assert node_timeout is not None
-    assert retry_delay is not None
-    return (
-        RedlockSettings(
-            nodes=tuple(addresses),
-            ttl=ttl,
-            node_timeout=node_timeout,
-            retry_delay=retry_delay,
-            drift_factor=drift,
-            key_prefix=values["KEY_PREFIX"],
-            timeout=None if timeout is None else float(timeout),
-            max_ttl=None if max_ttl is None else float(max_ttl),
-            metrics_label=values["METRICS_LABEL"],
-            problems=tuple(problems),
-        ),
-        problems,
-    )
+    return RedlockSettings(**parsed, problems=tuple(problems)), problems
+
+
+def settings_reference() -> str:
+    """The README's settings reference (Markdown), one heading per key, from :data:`SETTINGS`."""
+    sections = []
+    for setting in SETTINGS:
+        ids = ", ".join(check_id.rsplit(".", 1)[1] for check_id in setting.check_ids)
+        checks = f"check{'s' if len(setting.check_ids) > 1 else ''} {ids}"
+        if setting.required:
+            heading = f"`{setting.key}: {setting.type}` (no default; {checks})"
+        else:
+            default = (
+                f'"{setting.default}"' if isinstance(setting.default, str) else setting.default
+            )
+            heading = f"`{setting.key}: {setting.type} = {default}` ({checks})"
+        sections.append(f"#### {heading}\n\n{setting.doc}\n")
+    return "\n".join(sections)
 
 
 # -- the process-wide state: built on first use, dropped on setting_changed ------------------
 
+ManagerFactory = Callable[[RedlockSettings], LockManager]
+"""Builds the process-wide manager from the parsed settings (see :func:`set_manager_factory`)."""
+
+
+def build_manager(config: RedlockSettings, **options: Any) -> LockManager:
+    """A :class:`~django_redlock.LockManager` from parsed settings; ``options`` are more of its
+    arguments (its ``observer``, say). The default :data:`ManagerFactory`.
+
+    Raises:
+        TypeError, ValueError: as ``LockManager``.
+    """
+    return LockManager(**config.manager_options(), **options)
+
+
 _settings: RedlockSettings | None = None
 _manager: LockManager | None = None
+_async_manager: Any = None
+_manager_factory: ManagerFactory = build_manager
+
+
+def set_manager_factory(factory: ManagerFactory) -> None:
+    """Set how :func:`get_manager` builds the manager, and drop the current one.
+
+    The one hook between the settings and the rest of the app: ``AppConfig.ready`` installs
+    :func:`django_redlock.signals.observed_manager`, whose managers send the lock signals and
+    count the metrics. Without the app installed, managers are plain (:func:`build_manager`).
+    """
+    global _manager_factory
+    _manager_factory = factory
+    reset()
 
 
 def get_settings() -> RedlockSettings:
@@ -471,30 +598,12 @@ def get_manager() -> LockManager:
     """
     global _manager
     if _manager is None:
-        from django_redlock.signals import SignalObserver
-
         config = get_settings()
-        observer = SignalObserver()
-        observer.label_mode = config.metrics_label
         try:
-            _manager = LockManager(
-                config.nodes,
-                ttl=config.ttl,
-                node_timeout=config.node_timeout,
-                retry_delay=config.retry_delay,
-                default_timeout=config.timeout,
-                drift_factor=config.drift_factor,
-                key_prefix=config.key_prefix,
-                max_ttl=config.max_ttl,
-                observer=observer,
-            )
+            _manager = _manager_factory(config)
         except (TypeError, ValueError) as exc:
             raise ImproperlyConfigured(f"REDLOCK: {exc}") from None
-        observer.manager = _manager
     return _manager
-
-
-_async_manager: Any = None
 
 
 def get_async_manager() -> Any:
@@ -516,13 +625,12 @@ def get_async_manager() -> Any:
 
 
 def reset(**kwargs: object) -> None:
-    """Drop the parsed settings and the manager (a ``setting_changed`` receiver)."""
-    global _settings, _manager
+    """Drop the parsed settings and the managers (a ``setting_changed`` receiver)."""
+    global _settings, _manager, _async_manager
     if kwargs.get("setting", "REDLOCK") not in ("REDLOCK", "CACHES"):
         return
     if _manager is not None:
         _manager.close()
     _settings = None
     _manager = None
-    global _async_manager
     _async_manager = None

@@ -19,14 +19,23 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
+from django_redlock.conf import build_manager
 from django_redlock.core import metrics
 from django_redlock.exceptions import QuorumUnreachable
 
 if TYPE_CHECKING:
+    from django_redlock.conf import RedlockSettings
     from django_redlock.exceptions import LockNotAcquired
-    from django_redlock.redlock import BaseLease
+    from django_redlock.redlock import BaseLease, LockManager
 
-__all__ = ["SignalObserver", "lock_acquired", "lock_busy", "lock_lost", "lock_released"]
+__all__ = [
+    "SignalObserver",
+    "lock_acquired",
+    "lock_busy",
+    "lock_lost",
+    "lock_released",
+    "observed_manager",
+]
 
 logger = logging.getLogger("django_redlock")
 
@@ -42,51 +51,42 @@ def _send(signal: Signal, sender: object, **kwargs: object) -> None:
             logger.error("signal receiver %r raised %r", receiver, result)
 
 
+def _send_for(signal: Signal, lease: BaseLease, **kwargs: object) -> None:
+    """Send ``signal`` about ``lease``: from its manager, with its name and origin."""
+    _send(signal, lease._manager, lease=lease, name=lease.name, origin=lease.origin, **kwargs)
+
+
 class SignalObserver:
     """The :class:`~django_redlock.redlock.LockObserver` the Django layer installs: sends the
-    signals and records the metrics."""
+    signals and records the metrics.
 
-    manager: object = None  # set once the manager exists: the sender of lock_busy
-    label_mode = "prefix"
+    Args:
+        manager: the manager observed, the sender of ``lock_busy`` (leases name their own);
+            may be set after the manager is built, which needs its observer first.
+        label_mode: the ``lock`` label of the metrics, ``REDLOCK["METRICS_LABEL"]``.
+    """
+
+    def __init__(self, manager: object = None, *, label_mode: str = "prefix") -> None:
+        self.manager = manager
+        self.label_mode = label_mode
 
     def _label(self, name: str) -> str:
         return metrics.label_for(name, self.label_mode)
 
     def acquired(self, lease: BaseLease, waited: float) -> None:
         metrics.record("acquired", self._label(lease.name), seconds=waited)
-        _send(
-            lock_acquired,
-            lease._manager,
-            lease=lease,
-            name=lease.name,
-            origin=lease.origin,
-            waited=waited,
-        )
+        _send_for(lock_acquired, lease, waited=waited)
 
     def released(self, lease: BaseLease, held: float) -> None:
         metrics.record("released", self._label(lease.name), seconds=held)
-        _send(
-            lock_released,
-            lease._manager,
-            lease=lease,
-            name=lease.name,
-            origin=lease.origin,
-            held=held,
-        )
+        _send_for(lock_released, lease, held=held)
 
     def extended(self, lease: BaseLease, validity: float) -> None:
         metrics.record("extended", self._label(lease.name))
 
     def lost(self, lease: BaseLease, reason: str) -> None:
         metrics.record("lost", self._label(lease.name))
-        _send(
-            lock_lost,
-            lease._manager,
-            lease=lease,
-            name=lease.name,
-            origin=lease.origin,
-            reason=reason,
-        )
+        _send_for(lock_lost, lease, reason=reason)
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
         outcome = "quorum_unreachable" if isinstance(error, QuorumUnreachable) else "contended"
@@ -101,3 +101,16 @@ class SignalObserver:
             error=error,
             waited=waited,
         )
+
+
+def observed_manager(config: RedlockSettings) -> LockManager:
+    """The manager :func:`~django_redlock.get_manager` serves once the app is ready: built
+    from the settings, its leases send these signals and count the metrics.
+
+    Raises:
+        TypeError, ValueError: as :class:`~django_redlock.LockManager`.
+    """
+    observer = SignalObserver(label_mode=config.metrics_label)
+    manager = build_manager(config, observer=observer)
+    observer.manager = manager
+    return manager

@@ -12,15 +12,36 @@ import math
 import numbers
 import re
 import unicodedata
+from collections.abc import Callable
 
 __all__ = [
+    "DEFAULT_MAX_TTL",
+    "DRIFT_SECONDS",
+    "MAX_DRIFT_FACTOR",
     "MAX_NAME_BYTES",
     "MAX_ORIGIN_BYTES",
+    "MAX_TTL",
+    "check_drift_factor",
+    "check_key_prefix",
+    "check_max_ttl",
     "check_seconds",
+    "check_timeout",
+    "check_ttl",
     "clip_origin",
     "clip_text",
     "validate_name",
 ]
+
+MAX_TTL = 86400.0
+"""Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
+DEFAULT_MAX_TTL = 60.0
+"""``max_ttl`` when none is given, in seconds (raised to the ttl when that is longer): the
+restart quarantine, so short enough that a restarted node soon votes again."""
+MAX_DRIFT_FACTOR = 0.5
+"""``drift_factor`` must stay below this: at 0.5 the drift term eats half of every lease."""
+DRIFT_SECONDS = 0.002
+"""Seconds the Redlock spec adds to the drift term for the resolution of the nodes' expiry
+clocks: validity is ``ttl - elapsed - (ttl * drift_factor + DRIFT_SECONDS)``."""
 
 MAX_NAME_BYTES = 1024
 """Longest lock name accepted, in UTF-8 bytes: huge keys stall a node for everyone."""
@@ -67,6 +88,117 @@ def check_seconds(value: object, argument: str, *, allow_zero: bool = False) -> 
         bound = "zero or more" if allow_zero else "more than zero"
         raise ValueError(f"{argument} must be {bound} seconds, not {value!r}")
     return number
+
+
+def _as_is(argument: str) -> str:
+    return argument
+
+
+def check_ttl(
+    value: object,
+    argument: str = "ttl",
+    *,
+    max_ttl: float = MAX_TTL,
+    node_timeout: float | None = None,
+    drift_factor: float = 0.0,
+    spell: Callable[[str], str] = _as_is,
+) -> float:
+    """A lease length in seconds, or a clear error naming ``argument``.
+
+    Args:
+        value: the lease length asked for.
+        argument: how messages name it (``"ttl"``, or a setting such as ``REDLOCK['TTL']``).
+        max_ttl: the manager's longest lease (at most :data:`MAX_TTL`).
+        node_timeout: seconds one attempt may cost; when given, the lease must outlive it plus
+            the drift, or its validity could never be positive.
+        drift_factor: the manager's share of the ttl set aside for clock drift.
+        spell: how messages name the other arguments they mention (``max_ttl``,
+            ``node_timeout``); the Django settings spell them as settings.
+
+    Raises:
+        TypeError: not a real number, or a bool.
+        ValueError: not positive and finite, above :data:`MAX_TTL` or ``max_ttl``, or too
+            short for ``node_timeout``.
+    """
+    seconds = check_seconds(value, argument)
+    if seconds > MAX_TTL:
+        raise ValueError(f"{argument}={value!r} is above the cap of {MAX_TTL:g} seconds")
+    if seconds > max_ttl:
+        name = spell("max_ttl")
+        raise ValueError(
+            f"{argument}={value!r} is above {name}={max_ttl:g}: raise {name} (the restart "
+            "quarantine) to take longer leases"
+        )
+    if node_timeout is not None:
+        floor = node_timeout + seconds * drift_factor + DRIFT_SECONDS
+        if seconds <= floor:
+            raise ValueError(
+                f"{argument}={value!r} is too short: with {spell('node_timeout')}="
+                f"{node_timeout:g} the lease must be longer than {floor:.3f} seconds"
+            )
+    return seconds
+
+
+def check_max_ttl(
+    value: object,
+    ttl: float | None,
+    argument: str = "max_ttl",
+    *,
+    node_timeout: float | None = None,
+    drift_factor: float = 0.0,
+    spell: Callable[[str], str] = _as_is,
+) -> float:
+    """The longest lease a manager grants (its restart quarantine), in seconds.
+
+    ``None`` means :data:`DEFAULT_MAX_TTL`, or ``ttl`` when that is longer. Otherwise the
+    value is checked as a ttl (:func:`check_ttl`) and must be at least ``ttl`` (the manager's
+    default lease; ``None`` when unknown skips that comparison).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_ttl`, or ``ttl`` is above it.
+    """
+    if value is None:
+        return DEFAULT_MAX_TTL if ttl is None else max(ttl, DEFAULT_MAX_TTL)
+    seconds = check_ttl(
+        value, argument, node_timeout=node_timeout, drift_factor=drift_factor, spell=spell
+    )
+    if ttl is not None and ttl > seconds:
+        raise ValueError(f"{spell('ttl')}={ttl:g} is above {argument}={value!r}")
+    return seconds
+
+
+def check_drift_factor(value: object, argument: str = "drift_factor") -> float:
+    """The share of the ttl set aside for clock drift, in ``[0, MAX_DRIFT_FACTOR)`` (the
+    Redlock spec uses 0.01).
+
+    Raises:
+        TypeError: not a real number, or a bool.
+        ValueError: negative, not finite, or :data:`MAX_DRIFT_FACTOR` or more.
+    """
+    factor = check_seconds(value, argument, allow_zero=True)
+    if factor >= MAX_DRIFT_FACTOR:
+        raise ValueError(f"{argument} must be below {MAX_DRIFT_FACTOR:g}, not {value!r}")
+    return factor
+
+
+def check_timeout(value: object, argument: str = "default_timeout") -> float | None:
+    """How long a blocking acquire waits, in seconds: zero or more, or ``None`` (forever).
+
+    Raises:
+        TypeError, ValueError: as :func:`check_seconds` with zero allowed.
+    """
+    return None if value is None else check_seconds(value, argument, allow_zero=True)
+
+
+def check_key_prefix(value: object, argument: str = "key_prefix") -> str:
+    """The text put before every lock name to form its Redis key (may be empty).
+
+    Raises:
+        TypeError: not a ``str``.
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{argument} must be a str, not {type(value).__name__}")
+    return value
 
 
 def clip_text(text: str, limit: int) -> str:

@@ -7,7 +7,14 @@ import math
 import pytest
 
 from django_redlock import LockManager
-from django_redlock.core.arguments import MAX_NAME_BYTES, validate_name
+from django_redlock.core.arguments import (
+    DEFAULT_MAX_TTL,
+    MAX_NAME_BYTES,
+    MAX_TTL,
+    check_max_ttl,
+    check_ttl,
+    validate_name,
+)
 
 # Nothing listens here: every check below must fail before a connection is tried.
 NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
@@ -128,3 +135,18 @@ def test_passwords_never_appear_in_errors_or_reprs():
     with pytest.raises(ValueError) as bad_scheme:
         LockManager(["http://user:hunter2@a:1/0"])
     assert "hunter2" not in str(bad_scheme.value)
+
+
+def test_the_ttl_check_names_the_other_arguments_as_told():
+    with pytest.raises(ValueError, match=r"^TTL=0\.04 is too short: with NODE_TIMEOUT=0\.05 "):
+        check_ttl(0.04, "TTL", node_timeout=0.05, spell=str.upper)
+    with pytest.raises(ValueError, match=r"^TTL=90 is above MAX_TTL=60: raise MAX_TTL "):
+        check_ttl(90, "TTL", max_ttl=60.0, spell=str.upper)
+    assert check_ttl(MAX_TTL) == MAX_TTL
+
+
+def test_max_ttl_defaults_to_a_minute_or_the_ttl_when_longer():
+    assert check_max_ttl(None, 30.0) == DEFAULT_MAX_TTL == 60.0
+    assert check_max_ttl(None, 90.0) == 90.0
+    with pytest.raises(ValueError, match=r"^ttl=90 is above max_ttl=60$"):
+        check_max_ttl(60, 90.0)

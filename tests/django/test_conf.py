@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
+import math
+import re
 import secrets
 import sys
+from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
-from django_redlock import conf, get_manager
+from django_redlock import LockManager, conf, get_manager
+from django_redlock.signals import SignalObserver, observed_manager
 
 
 def test_the_manager_is_built_from_settings_and_rebuilt_when_they_change(settings, cluster3):
@@ -95,3 +102,117 @@ def test_the_debug_error_page_never_shows_a_node_password(settings, rf: RequestF
     assert "REDLOCK" in page
     assert "redis://127.0.0.1:6390/0" in page
     assert secret not in page
+
+
+# -- one table, the core's own checks ------------------------------------------------------
+
+# Nothing listens here: the settings are only parsed and the manager only built.
+NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
+ARGUMENTS = re.compile(
+    r"\b(ttl|max_ttl|node_timeout|retry_delay|drift_factor|key_prefix|default_timeout)\b"
+)
+
+
+@pytest.mark.parametrize(
+    ("redlock", "check_id"),
+    [
+        ({"TTL": 0}, "django_redlock.E006"),
+        ({"TTL": -1.5}, "django_redlock.E006"),
+        ({"TTL": math.nan}, "django_redlock.E006"),
+        ({"TTL": True}, "django_redlock.E006"),
+        ({"TTL": "30"}, "django_redlock.E006"),
+        ({"TTL": 86400.5}, "django_redlock.E006"),
+        ({"TTL": 0.04}, "django_redlock.E006"),  # no longer than one attempt plus drift
+        ({"TTL": 0.004, "NODE_TIMEOUT": 0.0004, "DRIFT_FACTOR": 0.4}, "django_redlock.E006"),
+        ({"NODE_TIMEOUT": 0}, "django_redlock.E008"),
+        ({"NODE_TIMEOUT": "fast"}, "django_redlock.E008"),
+        ({"RETRY_DELAY": -1}, "django_redlock.E009"),
+        ({"DRIFT_FACTOR": 0.5}, "django_redlock.E007"),
+        ({"DRIFT_FACTOR": -0.1}, "django_redlock.E007"),
+        ({"KEY_PREFIX": b"x"}, "django_redlock.E010"),
+        ({"DEFAULT_TIMEOUT": -1}, "django_redlock.E011"),
+        ({"DEFAULT_TIMEOUT": "1"}, "django_redlock.E011"),
+        ({"MAX_TTL": 86400.5}, "django_redlock.E012"),
+        ({"MAX_TTL": 0.04}, "django_redlock.E012"),  # too short, before being below the TTL
+        ({"TTL": 30, "MAX_TTL": 10}, "django_redlock.E012"),
+    ],
+)
+def test_a_setting_is_refused_in_the_words_of_its_manager_argument(redlock, check_id):
+    options = {key.lower(): value for key, value in redlock.items()}
+    with pytest.raises((TypeError, ValueError)) as refused:
+        LockManager(NODES, **options)
+    _, problems = conf.inspect({"NODES": NODES, **redlock})
+    errors = [problem for problem in problems if problem.level == "error"]
+    spelled = ARGUMENTS.sub(lambda found: conf.setting_name(found[1]), str(refused.value))
+    assert [(error.id, error.message) for error in errors] == [(check_id, spelled)]
+
+
+@pytest.mark.parametrize(
+    "redlock",
+    [
+        {"TTL": 86400, "MAX_TTL": 86400},
+        {"TTL": 0.06, "NODE_TIMEOUT": 0.005, "DRIFT_FACTOR": 0.49},
+        {"TTL": 120},  # above the default MAX_TTL of 60: that default follows the TTL
+        {"DEFAULT_TIMEOUT": None, "KEY_PREFIX": "", "RETRY_DELAY": 0.001, "DRIFT_FACTOR": 0},
+    ],
+)
+def test_a_setting_the_checks_accept_builds_its_manager(redlock):
+    parsed, problems = conf.inspect({"NODES": NODES, **redlock})
+    assert parsed is not None, problems
+    with conf.build_manager(parsed) as manager:
+        for key, value in redlock.items():
+            setting = conf.SETTINGS[[s.key for s in conf.SETTINGS].index(key)]
+            assert setting.argument is not None
+            assert getattr(manager, setting.argument) == value
+
+
+def test_each_setting_fills_one_field_and_feeds_one_manager_argument():
+    filled = [setting.attribute for setting in conf.SETTINGS]
+    fields = {field.name for field in dataclasses.fields(conf.RedlockSettings)} - {"problems"}
+    assert sorted(filled) == sorted(fields)
+    arguments = [setting.argument for setting in conf.SETTINGS if setting.argument is not None]
+    parameters = set(inspect.signature(LockManager).parameters)
+    assert len(arguments) == len(set(arguments))
+    assert set(arguments) <= parameters
+
+
+def test_the_readme_settings_reference_is_the_table():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    assert conf.settings_reference() in readme
+
+
+# -- the observer: wired by the app, not by the settings -------------------------------------
+
+
+def test_the_app_builds_managers_that_send_signals(settings, cluster3):
+    settings.REDLOCK = {"NODES": cluster3.urls, "METRICS_LABEL": "name"}
+    manager = get_manager()
+    assert isinstance(manager.observer, SignalObserver)
+    assert manager.observer.manager is manager
+    assert manager.observer.label_mode == "name"
+
+
+def test_a_manager_factory_decides_how_the_manager_is_built(cluster3):
+    built = []
+
+    def factory(config: conf.RedlockSettings) -> LockManager:
+        built.append(conf.build_manager(config))
+        return built[-1]
+
+    conf.set_manager_factory(factory)
+    try:
+        assert get_manager() is built[0]
+        assert built[0].observer is None
+    finally:
+        conf.set_manager_factory(observed_manager)
+    assert get_manager() is not built[0]
+
+
+def test_the_settings_do_not_reach_into_the_signals():
+    tree = ast.parse(Path(conf.__file__).read_text())
+    imported = [
+        node.module or "" if isinstance(node, ast.ImportFrom) else node.names[0].name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    assert not any(module.endswith("signals") for module in imported), imported
