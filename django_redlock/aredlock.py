@@ -1,21 +1,13 @@
-"""The asyncio twin of :class:`~django_redlock.redlock.LockManager`: no thread hop per call.
+"""The asyncio manager: :class:`AsyncLockManager` hands out :class:`AsyncLease` objects.
 
-Same algorithm, same Lua scripts, same validity arithmetic and errors; the transport is an
-asyncio protocol instead of non-blocking sockets: per event loop, one connection per node,
-shared by every task of that loop. A command is written to every node at once (one round
-trip whatever N); each connection has a FIFO of reply handlers, called in order as replies are
-parsed in ``data_received``, so replies can never be handed to the wrong command, and commands
-of many tasks pipeline on one socket. The outcome is known at a quorum of yes votes, or once a
-quorum is no longer possible; a node that owes too many replies is skipped without sending.
-Waiting tasks are woken by the release through per-loop pub/sub streams (``_AsyncSubscriber``).
-
-Why not ``redis.asyncio``: five ``evalsha`` calls under ``asyncio.gather`` cost 1.2 ms a pair
-or more on this project's benchmark machine, three times this transport or more, and its
-clients retry by default. Node URLs and redis-py clients are accepted all the same.
+The same steps as :class:`~django_redlock.redlock.LockManager` (``django_redlock.core.flow``),
+reported the same way (``django_redlock.core.reporting``), with the same configuration,
+re-entry registry and observer (it wraps a sync manager); only the transport differs: the
+asyncio one (``django_redlock.wire.aio``), per event loop, with no thread hop per call.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
-and the operator calls (``holder``, ``locks``, ``force_release``, ``declare_fresh``) are the
-sync manager's: they are not on any hot path.
+and the operator calls that are on no hot path (``locks``, ``force_release``,
+``declare_fresh``) are the sync manager's; ``locked`` and ``holder`` are coroutines.
 """
 
 from __future__ import annotations
@@ -23,41 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import secrets
 import threading
-import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from types import TracebackType
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Unpack
 
-from django_redlock.core.arguments import clip_origin, validate_name
-from django_redlock.exceptions import (
-    LeaseReleased,
-    LockLost,
-)
-from django_redlock.redlock import (
-    MANAGER_DEFAULT,
-    BaseLease,
-    LockManager,
-    _ManagerDefault,
-    _owner_scope,
-)
+from django_redlock.core import flow
+from django_redlock.core.arguments import validate_name
+from django_redlock.core.lease import BaseLease
+from django_redlock.core.owner import owner_scope
+from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.redlock import AcquireOptions, LockManager, acquire_options
 from django_redlock.wire.aio import LoopConnections
-from django_redlock.wire.scripts import (
-    GRANTED,
-    PING,
-    acquire_command,
-    extend_command,
-    leave_command,
-    owns_command,
-    release_command,
-)
+from django_redlock.wire.scripts import GRANTED, PING
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
 
-logger = logging.getLogger("django_redlock")  # the sync manager's logger: one log, both paths
+logger = logging.getLogger("django_redlock")
 
 
 async def _take(guard: threading.Lock) -> None:
@@ -88,7 +63,7 @@ class AsyncLease(BaseLease):
     """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
     ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
     ``fencing_token`` and ``check()`` as for :class:`~django_redlock.Lease` (see
-    :class:`~django_redlock.redlock.BaseLease`).
+    :class:`~django_redlock.core.lease.BaseLease`).
 
     Its own type, not a :class:`~django_redlock.Lease`: its ``extend``/``release`` are
     coroutines, so it is never where code expects a lease that a plain ``with`` releases.
@@ -99,8 +74,13 @@ class AsyncLease(BaseLease):
     was, held until its current validity runs out (or renewed by auto-extension).
     """
 
-    _async_manager: AsyncLockManager
     _closing: asyncio.Task[None] | None = None
+
+    def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
+        # The sync manager is the lease's host (clock, reporter, the extender's renewals)
+        # and the sender of its signals, as for a sync lease.
+        super().__init__(manager.sync, **fields)
+        self._async_manager = manager
 
     async def owned(self) -> bool:
         """Ask the nodes (one round trip) whether a quorum still holds this lease (see
@@ -121,7 +101,11 @@ class AsyncLease(BaseLease):
         Raises:
             LeaseReleased: the lease was released.
             LockLost: the lease was not renewed in time on a quorum; it is now lost.
+            LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
+        # Before the guard, as Lease.extend: a child forked while the extender renewed the
+        # lease has a copy of the guard that nobody will ever give back.
+        self._refuse_inherited()
         guard = self._guard
         if guard is None:
             self.check()
@@ -144,15 +128,8 @@ class AsyncLease(BaseLease):
             LockLost: the lease had expired, or a quorum no longer held it.
         """
         self._refuse_inherited()
-        if self._released:
-            raise LeaseReleased(self.name)
-        if self._depth > 1:
-            self._depth -= 1  # an inner re-entry ends; the keys stay until the last exit
+        if not self._end_hold():
             return
-        # Released from now on, whatever happens to this task: the extender starts no more
-        # renewals of it, and a second release raises.
-        self._released = True
-        self._manager._forget_owner(self)
         finishing = asyncio.ensure_future(self._finish_release())
         try:
             await asyncio.shield(finishing)
@@ -178,19 +155,17 @@ class AsyncLease(BaseLease):
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        """Release the lease (see :meth:`release`); in a forked child, do nothing (as
+        :meth:`Lease.__exit__ <django_redlock.Lease.__exit__>`)."""
         if self._left_inherited() or self._released:
             return
         lost = self._lost_reason
-        if exc is None:
-            await self.release()  # raises LockLost itself when the nodes say it was lost
-            if lost is not None:
-                raise LockLost(self.name, lost)
-            return
+        release_error = None
         try:
             await self.release()
-        except (LockLost, LeaseReleased) as release_error:
-            # Never hide the block's own exception behind the release's (as Lease does).
-            logger.warning("releasing %r after an error: %s", self.name, release_error)
+        except (LockLost, LeaseReleased) as error:
+            release_error = error
+        self._block_ended(exc, lost, release_error)
 
     def __enter__(self) -> NoReturn:
         # A plain `with` would never release (nothing can await the release there): refuse
@@ -231,7 +206,7 @@ class AsyncLockManager:
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
-        # Configuration and operator calls (ttl, quorum, nodes, holder, locks, ...).
+        # Configuration and operator calls (ttl, quorum, nodes, locks, force_release, ...).
         return getattr(self.sync, name)
 
     def _connections(self) -> LoopConnections:
@@ -250,17 +225,7 @@ class AsyncLockManager:
         """Close this loop's connections."""
         self._connections().close()
 
-    async def acquire(
-        self,
-        name: str,
-        *,
-        ttl: float | None = None,
-        blocking: bool = True,
-        timeout: float | _ManagerDefault | None = MANAGER_DEFAULT,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        origin: str | None = None,
-    ) -> AsyncLease:
+    async def acquire(self, name: str, **options: Unpack[AcquireOptions]) -> AsyncLease:
         """Take lock ``name`` (see :meth:`LockManager.acquire`).
 
         Cancellation: a task cancelled here owns nothing afterwards. A round in flight is
@@ -270,93 +235,64 @@ class AsyncLockManager:
         sync = self.sync
         name = validate_name(name)
         # Checked before re-entry too, so a bad argument is refused the same way every time.
-        seconds, wait, hold = sync._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
+        seconds, blocking, wait, auto_extend, hold, origin = sync._acquire_arguments(
+            *acquire_options(options)
         )
-        scope = _owner_scope()
-        held = sync._held.get((scope, name))
-        if isinstance(held, AsyncLease) and not held.released and not held.lost:
-            held._depth += 1
+        scope = owner_scope()
+        held = sync._reenter(scope, name, AsyncLease)
+        if held is not None:
             return held
-        origin = clip_origin(origin)
-        key = sync.key_prefix + name
-        ttl_ms = math.ceil(seconds * 1000)
-        owner = sync._owner(origin)
-        started = sync._clock()
-        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
         connections = self._connections()
         subscriber = connections.subscriber
         waiter = subscriber.waiter_id() if blocking else ""
-        ticket = time.time_ns() // 1000
-        lifetime_ms = math.ceil(max(1.0, 4 * sync.retry_delay) * 1000)
-        size = len(sync.addresses)
-        attempts = 0
-        listening = False
-        polls = 0  # waits in a row that ended without a wake-up (see _retry_delay)
+        attempt = sync._begin(name, seconds, blocking, wait, origin, waiter)
         if len(sync._quarantine.heard) < sync.quorum:
             # Hear from the nodes before the first acquire (see LockManager._first_contact):
             # the PONGs come after each new connection's hello replies.
-            await connections.run([PING] * size, sync.node_timeout, b"PONG", sync.quorum)
+            await connections.run(
+                [PING] * len(sync.addresses), sync.node_timeout, b"PONG", sync.quorum
+            )
         if waiter:
             subscriber.register(waiter)  # from now on a release naming us is kept
+        listening = False
         try:
             while True:
-                attempts += 1
-                token = secrets.token_hex(20)
-                command = acquire_command(
-                    key, token, ttl_ms, owner, sync._quarantine.ms, waiter, ticket, lifetime_ms
-                )
+                commands = attempt.next_round(sync._quarantine.ms)
                 start = sync._clock()
                 try:
                     results, granted, _ = await connections.run(
-                        [command] * size, sync.node_timeout, GRANTED, sync.quorum, identify=True
+                        commands, sync.node_timeout, GRANTED, sync.quorum, identify=True
                     )
                 except BaseException:
                     # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
-                    # still land on a slow node, and nobody would release them. The releases go
-                    # out now, without awaiting, queued behind the SETs on each connection.
-                    connections.post([release_command(key, token)] * size)
+                    # still land on a slow node. The releases go out now, without awaiting,
+                    # queued behind the SETs on each connection.
+                    connections.post(attempt.interrupted())
                     raise
-                elapsed = sync._clock() - start
-                validity = sync._validity(seconds, elapsed)
-                if granted >= sync.quorum and validity > 0:
-                    sync._log_granted(name, results, granted)
-                    lease = AsyncLease(
-                        sync,
-                        name=name,
-                        key=key,
-                        token=token,
-                        ttl=seconds,
-                        expires_at=start + elapsed + validity,
-                        acquired_at=start + elapsed,
-                        origin=origin,
-                    )
-                    lease._async_manager = self
-                    sync._adopt(lease, scope, waiter, auto_extend, hold, started)
-                    return lease
-                # Failed: unlock wherever our SET may have landed (not where another holder
-                # answered); written now, no await, so a cancellation cannot skip it.
-                release = release_command(key, token)
-                connections.post([None if type(reply) is int else release for reply in results])
-                error = sync._failure(name, results, granted, elapsed, attempts)
-                now = sync._clock()
-                if not blocking or (deadline is not None and now >= deadline):
-                    raise sync._give_up(error, origin, now - started)
-                delay = sync._retry_delay(now, deadline, polls)
-                if not listening and await subscriber.subscribe(key, sync.node_timeout):
+                end = sync._clock()
+                step = attempt.judge(results, granted, start, end)
+                if isinstance(step, flow.Granted):
+                    lease = AsyncLease(self, **sync._lease_fields(attempt, step, origin))
+                    return sync._adopt(lease, attempt, results, granted, scope, auto_extend, hold)
+                # Written now, no await, so a cancellation cannot skip it.
+                connections.post(step.clean_up)
+                error = sync._failed(step, origin)
+                if error is not None:  # the place in line is left below
+                    raise error
+                if not listening and await subscriber.subscribe(attempt.key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
                     # our last try and the subscription (see LockManager.acquire).
                     listening = True
                 else:
                     listening = True
-                    if not await subscriber.wait(waiter, delay):
-                        polls += 1
+                    attempt.waited(await subscriber.wait(waiter, step.delay))
         except BaseException:
-            if waiter:
-                # Gave up, cancelled or interrupted: leave the line now (no await). A place left
-                # behind would get the next release's wake-up, and the waiters behind it would
-                # wait until it lapses.
-                connections.post([leave_command(key, waiter)] * size)
+            leave = attempt.left_line()
+            if leave is not None:
+                # Gave up, cancelled or interrupted: leave the line now (no await). A place
+                # left behind would get the next release's wake-up, and the waiters behind it
+                # would wait until it lapses.
+                connections.post(leave)
             raise
         finally:
             if waiter:
@@ -366,62 +302,72 @@ class AsyncLockManager:
         sync = self.sync
         expired = lease._expires_at <= sync._clock()
         results, deleted, _ = await self._connections().run(
-            [release_command(lease.key, lease.token, lease._waiter)] * len(sync.addresses),
+            flow.release_round(len(sync.addresses), lease.key, lease.token, lease._waiter),
             sync.node_timeout,
             1,
             sync.quorum,
-            capped=False,
+            capped=False,  # queued behind what a node owes, never skipped (LockManager._release)
         )
-        sync._judge_release(lease, results, deleted, expired)
+        lease._settle_release(results, deleted, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
         sync = self.sync
         size = len(sync.addresses)
         start = sync._clock()
         results, extended, refused = await self._connections().run(
-            [extend_command(lease.key, lease.token, math.ceil(lease.ttl * 1000))] * size,
+            flow.extend_round(size, lease.key, lease.token, lease.ttl),
             sync.node_timeout,
             1,
             sync.quorum,
         )
         try:
-            return sync._judge_extend(lease, start, sync._clock(), results, extended, refused)
+            return lease._settle_extend(start, sync._clock(), results, extended, refused)
         except LockLost:
             # Best effort, no await: free the keys we may still hold.
-            self._connections().post([release_command(lease.key, lease.token)] * size)
+            self._connections().post(flow.clean_up_round(lease.key, lease.token, None, size))
             raise
 
     async def _owned(self, lease: AsyncLease) -> bool:
         sync = self.sync
         _, owned, _ = await self._connections().run(
-            [owns_command(lease.key, lease.token)] * len(sync.addresses),
+            flow.owns_round(len(sync.addresses), lease.key, lease.token),
             sync.node_timeout,
             1,
             sync.quorum,
         )
-        return owned >= sync.quorum and lease.validity > 0
+        return flow.owned(sync._nodes, owned, lease.validity)
 
-    def lock(self, name: str, **options: Any) -> _AsyncLockContext:
-        """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit."""
-        return _AsyncLockContext(self, name, options)
+    async def locked(self, name: str) -> bool:
+        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see
+        :meth:`LockManager.locked`).
 
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return flow.is_locked(self.sync._nodes, await self.holder(name))
 
-class _AsyncLockContext:
-    def __init__(self, manager: AsyncLockManager, name: str, options: dict[str, Any]) -> None:
-        self._manager = manager
-        self._name = name
-        self._options = options
-        self._lease: AsyncLease | None = None
+    async def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds lock ``name``, or None (one round trip; see :meth:`LockManager.holder`).
 
-    async def __aenter__(self) -> AsyncLease:
-        self._lease = await self._manager.acquire(self._name, **self._options)
-        return self._lease
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        sync = self.sync
+        size = len(sync.addresses)
+        results, _, _ = await self._connections().run(  # every node's answer is wanted
+            flow.holder_round(size, sync.key(name)), sync.node_timeout, None, size, give_up=size
+        )
+        return flow.holder_of(results)
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._lease is not None
-        await self._lease.__aexit__(exc_type, exc, traceback)
+    def lock(
+        self, name: str, **options: Unpack[AcquireOptions]
+    ) -> contextlib.AbstractAsyncContextManager[AsyncLease]:
+        """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit
+        (the arguments of :meth:`LockManager.acquire`)."""
+        acquire_options(options)  # an unknown argument is refused here, not at enter
+        return self._block(name, options)
+
+    @contextlib.asynccontextmanager
+    async def _block(self, name: str, options: AcquireOptions) -> AsyncIterator[AsyncLease]:
+        async with await self.acquire(name, **options) as lease:
+            yield lease

@@ -1,4 +1,4 @@
-"""The Redlock algorithm: :class:`LockManager` hands out :class:`Lease` objects.
+"""The sync Redlock manager: :class:`LockManager` hands out :class:`Lease` objects.
 
 This module imports no Django (a test proves it), so it can be used from any Python process.
 
@@ -6,11 +6,16 @@ The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock
 
 1. take the current time on a monotonic clock;
 2. try to set the key with a random token on all N nodes, each with a timeout far below the
-   lease, here all at once (one round trip whatever N, see ``_transport``);
+   lease, here all at once (one round trip whatever N);
 3. the lock is acquired when a quorum ``N // 2 + 1`` granted it and the validity
    ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` is still positive;
 4. otherwise unlock every node (the failed ones too: a timed-out SET may still have landed)
    and retry after a random delay.
+
+The steps themselves are plain functions over replies (``django_redlock.core.flow``), shared
+with the asyncio manager (``django_redlock.aredlock``); what is logged and told to the
+observer is said in one place (``django_redlock.core.reporting``). This module moves the
+commands to the nodes through the sync transport (``django_redlock.wire.sync``) and waits.
 
 Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
 overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
@@ -19,66 +24,34 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 
 from __future__ import annotations
 
+import contextlib
 import enum
-import json
-import logging
 import math
-import random
-import secrets
 import socket
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, TypedDict, TypeVar, Unpack
 
-from django_redlock.core import extender
+from django_redlock.core import extender, flow
 from django_redlock.core.arguments import (
     MAX_NAME_BYTES,
     MAX_ORIGIN_BYTES,
     check_seconds,
     clip_origin,
-    clip_text,
     validate_name,
 )
-from django_redlock.exceptions import (
-    LeaseInherited,
-    LeaseReleased,
-    LockContended,
-    LockLost,
-    LockNotAcquired,
-    QuorumUnreachable,
-    RedlockError,
-)
+from django_redlock.core.lease import BaseLease
+from django_redlock.core.operators import LockListing, declare_fresh, list_locks
+from django_redlock.core.owner import MAX_OWNER_BYTES, OwnerRecords, owner_scope
+from django_redlock.core.reporting import LockObserver, Reporter
+from django_redlock.exceptions import LeaseReleased, LockLost, LockNotAcquired, RedlockError
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
-from django_redlock.wire.process import current_pid
-from django_redlock.wire.scripts import (
-    FORCE_RELEASE,
-    GRANTED,
-    HOLDER,
-    HOT_SCRIPTS,
-    LAPSE,
-    LINE,
-    NODE_KEY,
-    PING,
-    Command,
-    acquire_command,
-    extend_command,
-    leave_command,
-    owns_command,
-    release_command,
-)
-from django_redlock.wire.sync import (
-    TIMED_OUT,
-    ConnectionSet,
-    Hello,
-    NodeError,
-    NotSent,
-    ThreadConnections,
-)
+from django_redlock.wire.scripts import GRANTED, HOT_SCRIPTS, NODE_KEY, PING
+from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -92,11 +65,12 @@ __all__ = [
     "MAX_OWNER_BYTES",
     "MAX_TTL",
     "NODE_KEY",
+    "AcquireOptions",
+    "BaseLease",
     "Lease",
     "LockManager",
+    "LockObserver",
 ]
-
-logger = logging.getLogger("django_redlock")
 
 DEFAULT_TTL = 30.0
 """Lease length in seconds when none is given."""
@@ -121,184 +95,51 @@ MANAGER_DEFAULT = _ManagerDefault.TIMEOUT
 """``acquire(timeout=...)``'s default: the manager's ``default_timeout``."""
 MAX_TTL = 86400.0
 """Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
-MAX_OWNER_BYTES = 4096
-"""Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
-names, origin and time. Text fields are cut further when escapes make it longer."""
 
-# Seconds between two "acquired despite node errors" warnings of one manager.
-_WARN_EVERY = 10.0
-# The spec adds 2 ms to the drift term for the resolution of the nodes' expiry clocks.
-_DRIFT_MILLIS = 0.002
-# Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
-_MAX_OWNER_NAME_BYTES = 256
+_L = TypeVar("_L", bound=BaseLease)
 
 
-class BaseLease:
-    """What :class:`Lease` and :class:`~django_redlock.aredlock.AsyncLease` share: the state
-    of a held lock and the checks that need no I/O. Not made directly; the two subclasses add
-    ``extend``/``release`` (plain or coroutines) and ``with`` or ``async with``.
+class AcquireOptions(TypedDict, total=False):
+    """The keyword arguments of ``acquire`` and ``lock``, sync and asyncio alike (see
+    :meth:`LockManager.acquire`); absent ones take their defaults."""
 
-    The lease object is the owner: its token lives here, not in a thread-local, so threads
-    and asyncio tasks can never share or overwrite each other's tokens.
+    ttl: float | None
+    blocking: bool
+    timeout: float | _ManagerDefault | None
+    auto_extend: bool
+    max_hold: float | None
+    origin: str | None
 
-    Attributes:
-        name: the lock name.
-        key: the Redis key on every node.
-        ttl: the lease length in seconds.
-        fencing_token: the database-minted fencing token, or ``None`` when not fenced.
+
+_ACQUIRE_DEFAULTS: dict[str, object] = {
+    "ttl": None,
+    "blocking": True,
+    "timeout": MANAGER_DEFAULT,
+    "auto_extend": False,
+    "max_hold": None,
+    "origin": None,
+}
+
+
+def acquire_options(options: Mapping[str, object]) -> tuple[object, ...]:
+    """``options`` as (ttl, blocking, timeout, auto_extend, max_hold, origin), defaults
+    filled in.
+
+    Raises:
+        TypeError: an argument ``acquire`` does not take.
     """
-
-    def __init__(
-        self,
-        manager: LockManager,
-        *,
-        name: str,
-        key: str,
-        token: str,
-        ttl: float,
-        expires_at: float,
-        acquired_at: float,
-        origin: str | None = None,
-    ) -> None:
-        self._manager = manager
-        self.name = name
-        self.key = key
-        self._token = token
-        self.ttl = ttl
-        self.origin = clip_origin(origin)
-        self.acquired_at = acquired_at
-        self._expires_at = expires_at
-        self.fencing_token: int | None = None
-        self._released = False
-        self._lost_reason: str | None = None
-        # Set for auto-extended leases only: serialises the extender's renewals with the
-        # owner's release, so a renewal never races a release into a false "lost".
-        self._guard: threading.Lock | None = None
-        self._renew_until: float | None = None
-        self._depth = 1
-        self._scope: tuple[object, ...] | None = None
-        self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
-        # The process that took the lease owns it; a forked child has a copy of this object
-        # but not the lease (see _refuse_inherited).
-        self._pid = current_pid()
-
-    @property
-    def token(self) -> str:
-        """The random lease token. A bearer secret: never logged, never shown."""
-        return self._token
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else "lost" if self.lost else "held"
-        if self.inherited:
-            state += f" by process {self._pid} (inherited)"
-        return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
-
-    @property
-    def validity(self) -> float:
-        """Seconds the lease is still known valid by the local monotonic clock (≥ 0)."""
-        return max(0.0, self._expires_at - self._manager._clock())
-
-    def remaining(self) -> float:
-        """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
-        a method. Asks no node; see ``owned()`` for that."""
-        return self.validity
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease may no longer be held (expired, or an extend/release found it
-        gone). A released lease is not lost."""
-        if self._released:
-            return False
-        return self._lost_reason is not None or self._expires_at <= self._manager._clock()
-
-    @property
-    def released(self) -> bool:
-        """True once :meth:`release` was called on this lease."""
-        return self._released
-
-    @property
-    def inherited(self) -> bool:
-        """True in a process forked from the lease's owner: there the lease cannot be
-        released, extended or checked (:class:`LeaseInherited`)."""
-        return self._pid != current_pid()
-
-    def _left_inherited(self) -> bool:
-        """True (with a warning) when a ``with`` block of this lease ends in a forked child,
-        which must leave the parent's keys alone (sync and asyncio alike)."""
-        if self._pid == current_pid():
-            return False
-        logger.warning(
-            "process %d left the with block of lease %r inherited through fork(): the "
-            "lease stays with process %d, nothing was released",
-            current_pid(),
-            self.name,
-            self._pid,
-        )
-        return True
-
-    def _refuse_inherited(self) -> None:
-        """Raise :class:`LeaseInherited` in a forked child.
-
-        Checked before anything else, the guard included: the parent's extender thread may
-        have held the guard at the instant of the fork, and the child's copy of it then stays
-        locked forever.
-        """
-        if self._pid != current_pid():
-            raise LeaseInherited(self.name, self._pid, current_pid())
-
-    @property
-    def auto_extended(self) -> bool:
-        """True while a background thread renews this lease (see ``auto_extend``)."""
-        return self._guard is not None and not self._released and self._lost_reason is None
-
-    def _mark_lost(self, reason: str) -> None:
-        if self._lost_reason is None:
-            self._lost_reason = reason
-            self._manager._notify_lost(self, reason)
-
-    def _renew_once(self) -> float | None:
-        """One renewal by the extender; returns when the next is due, or None to stop."""
-        assert self._guard is not None
-        with self._guard:
-            if self._released or self._lost_reason is not None:
-                return None
-            now = time.monotonic()
-            if self._renew_until is not None and now >= self._renew_until:
-                logger.info("max_hold reached for %r: renewal stops, the lease runs out", self.name)
-                return None
-            try:
-                self._manager._extend(self)
-            except (LockLost, LeaseReleased) as error:
-                logger.warning("auto-extension of %r failed: %s", self.name, error)
-                return None
-        return time.monotonic() + self.ttl / 3
-
-    def check(self) -> None:
-        """Raise unless the lease is still valid.
-
-        Raises:
-            LeaseReleased: the lease was released.
-            LockLost: the lease expired or was found lost.
-            LeaseInherited: called in a forked child (it cannot know its parent's lease).
-        """
-        self._refuse_inherited()
-        if self._released:
-            raise LeaseReleased(self.name)
-        if self._lost_reason is not None:
-            raise LockLost(self.name, self._lost_reason)
-        if self._expires_at <= self._manager._clock():
-            self._mark_lost("the lease expired")
-            raise LockLost(self.name, "the lease expired")
-
-    @property
-    def depth(self) -> int:
-        """How many times the owner holds it (re-entries in the same thread or task)."""
-        return 0 if self._released else self._depth
+    unknown = set(options) - set(_ACQUIRE_DEFAULTS)
+    if unknown:
+        raise TypeError(f"acquire() got an unexpected keyword argument {min(unknown)!r}")
+    return tuple(options.get(name, default) for name, default in _ACQUIRE_DEFAULTS.items())
 
 
 class Lease(BaseLease):
     """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`,
-    or by leaving its ``with`` block (see :class:`BaseLease` for the attributes)."""
+    or by leaving its ``with`` block (see :class:`~django_redlock.core.lease.BaseLease` for
+    the attributes)."""
+
+    _manager: LockManager
 
     def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
@@ -319,7 +160,7 @@ class Lease(BaseLease):
         if guard is None:
             self.check()
             return self._manager._extend(self)
-        with guard:
+        with guard:  # one renewal at a time, the extender's or ours
             self.check()
             return self._manager._extend(self)
 
@@ -337,10 +178,12 @@ class Lease(BaseLease):
         self._refuse_inherited()
         guard = self._guard
         if guard is None:
-            self._release_now()
+            if self._end_hold():
+                self._manager._release(self)
             return
-        with guard:
-            self._release_now()
+        with guard:  # a renewal in flight ends first, and none starts after this
+            if self._end_hold():
+                self._manager._release(self)
 
     def owned(self) -> bool:
         """Ask the nodes (one round trip): True while a quorum still holds this lease's token
@@ -355,16 +198,6 @@ class Lease(BaseLease):
         if self._released or self.validity <= 0:
             return False
         return self._manager._owned(self)
-
-    def _release_now(self) -> None:
-        if self._released:
-            raise LeaseReleased(self.name)
-        if self._depth > 1:
-            self._depth -= 1  # an inner re-entry ends; the keys stay until the last exit
-            return
-        self._released = True
-        self._manager._forget_owner(self)
-        self._manager._release(self)
 
     def __enter__(self) -> Lease:
         return self
@@ -381,44 +214,15 @@ class Lease(BaseLease):
         inherited stack): the lease is the parent's, so the keys stay and nothing is raised,
         which would only turn the child's unrelated exit into a crash. A warning is logged.
         """
-        if self._left_inherited():
+        if self._left_inherited() or self._released:
             return
-        if self._released:
-            return
-        if exc is None:
-            lost = self._lost_reason
-            self.release()  # raises LockLost itself when the nodes say it was lost
-            if lost is not None:
-                # Lost earlier (a failed renewal): the block may have overlapped another
-                # holder, even if our keys happened to be found at release.
-                raise LockLost(self.name, lost)
-            return
+        lost = self._lost_reason
         try:
             self.release()
-        except (LockLost, LeaseReleased) as release_error:
-            # Never hide the block's own exception behind the release's.
-            logger.warning("releasing %r after an error: %s", self.name, release_error)
-
-
-class LockObserver(Protocol):
-    """Hears about every lease of a manager (the Django layer sends signals and keeps metrics
-    through one). Called synchronously in the thread that did the operation; the extender
-    thread reports lost renewals. Must not raise; must be quick."""
-
-    def acquired(self, lease: BaseLease, waited: float) -> None:
-        """A lease was taken after ``waited`` seconds."""
-
-    def released(self, lease: BaseLease, held: float) -> None:
-        """A lease was released after ``held`` seconds (also when release raised LockLost)."""
-
-    def extended(self, lease: BaseLease, validity: float) -> None:
-        """A lease was renewed (by its owner or the extender); ``validity`` seconds left."""
-
-    def lost(self, lease: BaseLease, reason: str) -> None:
-        """A lease was found lost (expired, renewal failed, or gone at release); once each."""
-
-    def gave_up(self, error: LockNotAcquired, waited: float) -> None:
-        """An acquire raised ``error`` after ``waited`` seconds."""
+        except (LockLost, LeaseReleased) as error:
+            self._block_ended(exc, lost, error)
+        else:
+            self._block_ended(exc, lost, None)
 
 
 class _Quarantine:
@@ -443,29 +247,6 @@ class _Quarantine:
             self.ms = max(self.ms, ms)
 
 
-class _LockContext:
-    """What :meth:`LockManager.lock` returns: acquires on enter, releases on exit."""
-
-    def __init__(self, manager: LockManager, name: str, options: dict[str, Any]) -> None:
-        self._manager = manager
-        self._name = name
-        self._options = options
-        self._lease: Lease | None = None
-
-    def __enter__(self) -> Lease:
-        self._lease = self._manager.acquire(self._name, **self._options)
-        return self._lease
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        assert self._lease is not None
-        self._lease.__exit__(exc_type, exc, traceback)
-
-
 class LockManager:
     """Redlock over N independent Redis/Valkey masters.
 
@@ -485,7 +266,10 @@ class LockManager:
             seconds after it came back, when every lease it may have granted has run out.
         clock: monotonic clock in seconds for lease validity and retry budgets (tests
             inject a fake one; per-node network timeouts always use real time).
-        sleep: how to wait between attempts (tests inject a fake one).
+        sleep: how a blocking acquire waits between attempts. ``None`` (the default): until
+            the release that hands it the lock is published to it, or the retry delay
+            passes. A function of seconds (a test's fake clock, ``time.sleep``) sleeps the
+            retry delay instead, and hears no releases.
         observer: told of every acquire, release, loss and give-up (see :class:`LockObserver`).
 
     Raises:
@@ -504,11 +288,10 @@ class LockManager:
         key_prefix: str = "redlock:",
         max_ttl: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] | None = None,
         observer: LockObserver | None = None,
     ) -> None:
         self.addresses: tuple[NodeAddress, ...] = parse_nodes(nodes)
-        self.observer = observer
         self.node_timeout = check_seconds(node_timeout, "node_timeout")
         self.retry_delay = check_seconds(retry_delay, "retry_delay")
         self.default_timeout = (
@@ -536,8 +319,15 @@ class LockManager:
         # What every new connection (sync or asyncio) asks its node first (see Hello).
         self._hello = Hello(NODE_KEY, self._quarantine.report)
         self.quorum = len(self.addresses) // 2 + 1
-        self._host = socket.gethostname()
-        self._owner_cache: dict[tuple[object, ...], str] = {}
+        self._nodes = flow.Nodes(
+            tuple(address.label for address in self.addresses),
+            self.quorum,
+            self.node_timeout,
+            self.drift_factor,
+            self.retry_delay,
+        )
+        self._reporter = Reporter(self._nodes, observer)
+        self._owners = OwnerRecords(socket.gethostname())
         # Leases by (owner scope, name), for re-entry. The scope names the process, thread
         # and asyncio task, so another thread, task or a forked child is never the owner.
         # Weak values: a lease dropped without release must not be kept alive (and renewed
@@ -546,7 +336,6 @@ class LockManager:
         self._held: weakref.WeakValueDictionary[tuple[tuple[object, ...], str], BaseLease] = (
             weakref.WeakValueDictionary()
         )
-        self._last_warning = float("-inf")
         # A partial, not a bound method: the connections must not hold the manager, so that a
         # manager dropped without close() is freed by reference counting (no cycle) and its
         # sockets are closed at once rather than whenever the cycle collector runs.
@@ -566,6 +355,17 @@ class LockManager:
             )
         )
 
+    @property
+    def observer(self) -> LockObserver | None:
+        """Told of every acquire, release, renewal, loss and give-up (or None)."""
+        return self._reporter.observer
+
+    @property
+    def quarantine_ms(self) -> int:
+        """The restart quarantine sent with every acquire, in milliseconds: ``max_ttl``,
+        raised to the longest any node reports (``scripts/node_rule.lua``)."""
+        return self._quarantine.ms
+
     def __repr__(self) -> str:
         nodes = ", ".join(address.label for address in self.addresses)
         return f"<LockManager quorum {self.quorum} of {len(self.addresses)}: {nodes}>"
@@ -573,7 +373,7 @@ class LockManager:
     @property
     def nodes(self) -> tuple[str, ...]:
         """The nodes' labels (URLs without passwords)."""
-        return tuple(address.label for address in self.addresses)
+        return self._nodes.labels
 
     def open_connections(self) -> int:
         """How many node sockets this manager holds open, across all threads."""
@@ -586,12 +386,7 @@ class LockManager:
     def __enter__(self) -> LockManager:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def _validate_ttl(self, ttl: object, argument: str = "ttl") -> float:
@@ -605,7 +400,7 @@ class LockManager:
             )
         # One attempt costs up to one node timeout; the lease must outlive that plus drift,
         # or validity could never be positive.
-        floor = self.node_timeout + seconds * self.drift_factor + _DRIFT_MILLIS
+        floor = self.node_timeout + seconds * self.drift_factor + flow.DRIFT_SECONDS
         if seconds <= floor:
             raise ValueError(
                 f"{argument}={ttl!r} is too short: with node_timeout={self.node_timeout:g} the "
@@ -616,25 +411,6 @@ class LockManager:
     def key(self, name: str) -> str:
         """The Redis key of lock ``name``."""
         return self.key_prefix + validate_name(name)
-
-    def _owner(self, origin: str | None) -> str:
-        """Owner metadata as JSON: host, pid, thread, origin, acquired_at (epoch seconds).
-
-        Built from a per-thread cached prefix: json.dumps on every acquire would cost more
-        than a loopback round trip on a small VM.
-        """
-        thread = threading.current_thread()
-        task = _current_task_name()
-        cache = self._owner_cache
-        origin = clip_origin(origin)  # also bounds the cache's keys
-        key = (current_pid(), thread.ident, thread.name, task, origin)
-        prefix = cache.get(key)
-        if prefix is None:
-            prefix = _owner_prefix(self._host, key[0], thread.name, task, origin)
-            if len(cache) > 1024:
-                cache.clear()
-            cache[key] = prefix
-        return f"{prefix}{time.time():.6f}}}"
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -673,55 +449,55 @@ class LockManager:
         """
         name = validate_name(name)
         # Checked first, so a re-entry refuses bad arguments as a first acquire does.
-        seconds, wait, hold = self._acquire_arguments(
+        seconds, blocking, wait, auto_extend, hold, origin = self._acquire_arguments(
             ttl, blocking, timeout, auto_extend, max_hold, origin
         )
-        scope = _owner_scope()
-        held = self._held.get((scope, name))
-        if isinstance(held, Lease) and not held.released and not held.lost:
-            # Re-entry by the same owner (thread or asyncio task): the same lease, counted.
-            held._depth += 1
+        scope = owner_scope()
+        held = self._reenter(scope, name, Lease)
+        if held is not None:
             return held
-        origin = clip_origin(origin)
-        key = self.key_prefix + name
-        ttl_ms = math.ceil(seconds * 1000)
-        owner = self._owner(origin)
-        started = self._clock()
-        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
-        # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
-        # a single try never queues.
         connections = self._connections.get()
         if len(self._quarantine.heard) < self.quorum:
             self._first_contact(connections)
+        # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
+        # a single try never queues.
         waiter = connections.subscriber.waiter_id() if blocking else ""
-        ticket = time.time_ns() // 1000
-        lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
+        attempt = self._begin(name, seconds, blocking, wait, origin, waiter)
         listening = False
-        polls = 0  # waits in a row that ended without a wake-up
-        attempts = 0
         while True:
-            attempts += 1
-            # A fresh token per attempt: the clean-up release of a failed attempt may
-            # reach a node late (pipelined, or re-sent after NOSCRIPT) and must never hit a
-            # later attempt's key.
-            token = secrets.token_hex(20)
-            command = acquire_command(
-                key, token, ttl_ms, owner, self._quarantine.ms, waiter, ticket, lifetime_ms
-            )
-            lease, error = self._attempt(name, key, token, seconds, command, attempts, origin)
-            if lease is not None:
-                self._adopt(lease, scope, waiter, auto_extend, hold, started)
-                return lease
-            assert error is not None
-            now = self._clock()
-            if not blocking or (deadline is not None and now >= deadline):
-                if waiter:
-                    self._leave_line(connections, key, waiter)
-                raise self._give_up(error, origin, now - started)
-            delay = self._retry_delay(now, deadline, polls)
-            if self._sleep is not time.sleep:
-                self._sleep(delay)  # an injected sleep (tests) replaces the notifications
-            elif not listening and connections.subscriber.subscribe(key, self.node_timeout):
+            commands = attempt.next_round(self._quarantine.ms)
+            start = self._clock()
+            try:
+                exchange = connections.run(
+                    commands,
+                    time.monotonic() + self.node_timeout,
+                    GRANTED,
+                    self.quorum,
+                    identify=True,
+                )
+                end = self._clock()
+            except BaseException:
+                # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
+                # have landed, and nobody else will release them.
+                connections.clean_up(attempt.interrupted())
+                raise
+            step = attempt.judge(exchange.results, exchange.yes, start, end)
+            if isinstance(step, flow.Granted):
+                lease = Lease(self, **self._lease_fields(attempt, step, origin))
+                return self._adopt(
+                    lease, attempt, exchange.results, exchange.yes, scope, auto_extend, hold
+                )
+            # Unlock wherever our SET may have landed; pipelined on the same connections as
+            # the SETs, so a stalled node applies it after the SET when it wakes up.
+            connections.clean_up(step.clean_up)
+            error = self._failed(step, origin)
+            if error is not None:
+                if step.leave is not None:
+                    connections.clean_up(step.leave)
+                raise error
+            if self._sleep is not None:
+                self._sleep(step.delay)
+            elif not listening and connections.subscriber.subscribe(attempt.key, self.node_timeout):
                 # Just subscribed: a release from now on wakes us, and the try right after
                 # subscribing covers a release that came between our try and the subscription.
                 listening = True
@@ -729,8 +505,7 @@ class LockManager:
                 # Listening since before our last try (this thread kept the channel from an
                 # earlier wait): any release since then was published to us.
                 listening = True
-                if not connections.subscriber.wait(delay, waiter):
-                    polls += 1
+                attempt.waited(connections.subscriber.wait(step.delay, waiter))
 
     def _first_contact(self, connections: ConnectionSet) -> None:
         """Hear from the nodes before the first acquire: one round trip (bounded by the node
@@ -745,20 +520,74 @@ class LockManager:
         # Done at a quorum of answers: the rest report as their connections come up.
         connections.run([PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
 
+    # -- what both managers share around the rounds: the asyncio manager calls these too.
+
+    def _reenter(self, scope: tuple[object, ...], name: str, kind: type[_L]) -> _L | None:
+        """The lease of type ``kind`` that ``scope`` already holds on ``name``, counted once
+        more (re-entry by the same thread or asyncio task), or None."""
+        held = self._held.get((scope, name))
+        if isinstance(held, kind) and not held.released and not held.lost:
+            held._depth += 1
+            return held
+        return None
+
+    def _begin(
+        self,
+        name: str,
+        seconds: float,
+        blocking: bool,
+        wait: float | None,
+        origin: str | None,
+        waiter: str,
+    ) -> flow.Acquire:
+        """The flow of a new acquire of ``name`` (arguments checked by the caller)."""
+        owner = self._owners.record(origin)
+        started = self._clock()
+        return flow.Acquire(
+            self._nodes,
+            name,
+            self.key_prefix + name,
+            seconds,
+            owner,
+            blocking,
+            started,
+            None if (blocking and wait is None) else started + (wait or 0.0),
+            waiter,
+            # The place in line: the same number on every node (this first try, in µs).
+            time.time_ns() // 1000,
+            # A place lapses after a few polls without a try (see flow.retry_delay).
+            math.ceil(max(1.0, 4 * self.retry_delay) * 1000),
+        )
+
+    def _lease_fields(
+        self, attempt: flow.Acquire, granted: flow.Granted, origin: str | None
+    ) -> dict[str, Any]:
+        return {
+            "name": attempt.name,
+            "key": attempt.key,
+            "token": granted.token,
+            "ttl": attempt.ttl,
+            "expires_at": granted.expires_at,
+            "acquired_at": granted.acquired_at,
+            "origin": origin,
+        }
+
     def _adopt(
         self,
-        lease: BaseLease,
+        lease: _L,
+        attempt: flow.Acquire,
+        results: Sequence[Any],
+        votes: int,
         scope: tuple[object, ...],
-        waiter: str,
         auto_extend: bool,
         hold: float | None,
-        started: float,
-    ) -> None:
-        """Make a lease just granted its owner's (sync and asyncio alike): registered for
-        re-entry, renewed if asked, reported to the observer."""
+    ) -> _L:
+        """Make a lease just granted its owner's (sync and asyncio alike): reported,
+        registered for re-entry, renewed if asked."""
+        self._reporter.granted(lease.name, results, votes)
         # Our place in line may remain on nodes that did not grant this attempt; the release
         # drops it there (see release.lua), at no extra round trip.
-        lease._waiter = waiter
+        lease._waiter = attempt.waiter
         if auto_extend:
             lease._guard = threading.Lock()
             if hold is not None:
@@ -766,36 +595,20 @@ class LockManager:
             extender.schedule(lease, time.monotonic() + lease.ttl / 3)
         lease._scope = scope
         self._held[(scope, lease.name)] = lease
-        if self.observer is not None:
-            self.observer.acquired(lease, lease.acquired_at - started)
+        self._reporter.acquired(lease, lease.acquired_at - attempt.started)
+        return lease
 
-    def _retry_delay(self, now: float, deadline: float | None, polls: int = 0) -> float:
-        """Seconds until the next try: ``retry_delay`` ± 50 % jitter, never past ``deadline``.
+    def _failed(self, step: flow.Failed, origin: str | None) -> LockNotAcquired | None:
+        """Report a failed attempt (sync and asyncio alike); returns the error to raise when
+        the acquire gives up, else None (it tries again)."""
+        self._reporter.attempt_failed(step.error)
+        if not step.give_up:
+            return None
+        return self._reporter.gave_up(step.error, origin, step.waited)
 
-        ``polls``: how many waits in a row ended with no wake-up. A waiter is woken by the
-        release that makes it the head of the line (pub/sub); its poll only covers a wake-up
-        lost to a node failure, so the poll backs off, doubling each time up to a fifth of
-        the life of a place in line (``max(1 s, 4 * retry_delay)``; never below
-        ``retry_delay``): even with the jitter and a slow try, the place is kept.
-        Without it, hundreds of waiters polling at a short ``retry_delay`` saturate the
-        nodes, and every release and hand-off waits behind their retries (benchmark W5).
-        """
-        base = self.retry_delay
-        if polls:
-            cap = max(base, max(1.0, 4 * base) / 5)
-            base = min(base * 2.0 ** min(polls, 20), cap)
-        delay = base * random.uniform(0.5, 1.5)
-        return delay if deadline is None else min(delay, deadline - now)
-
-    def _validity(self, ttl: float, elapsed: float) -> float:
-        """Seconds a lease of ``ttl`` seconds is good for after a round of ``elapsed`` seconds:
-        the Redlock validity, ``ttl - elapsed - (ttl * drift_factor + 2 ms)``."""
-        return ttl - elapsed - (ttl * self.drift_factor + _DRIFT_MILLIS)
-
-    def _leave_line(self, connections: ConnectionSet, key: str, waiter: str) -> None:
-        """Fire-and-forget: drop out of the wait line so the next waiter need not wait for
-        our place to lapse (behind our last try on each connection, see ``clean_up``)."""
-        connections.clean_up([leave_command(key, waiter)] * len(self.addresses))
+    def _forget_owner(self, lease: BaseLease) -> None:
+        if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
+            del self._held[(lease._scope, lease.name)]
 
     def _acquire_arguments(
         self,
@@ -805,9 +618,10 @@ class LockManager:
         auto_extend: object,
         max_hold: object,
         origin: object,
-    ) -> tuple[float, float | None, float | None]:
-        """Check ``acquire``'s arguments (sync and asyncio alike); returns the lease length,
-        the wait (None: forever) and the hold limit, all in seconds.
+    ) -> tuple[float, bool, float | None, bool, float | None, str | None]:
+        """Check ``acquire``'s arguments (sync and asyncio alike); returns them checked: the
+        lease length, ``blocking``, the wait (None: forever), ``auto_extend``, the hold limit
+        (seconds) and the origin, cut to its budget.
 
         Raises:
             TypeError, ValueError: a bad argument; the message names it.
@@ -828,106 +642,110 @@ class LockManager:
             raise ValueError("max_hold only applies with auto_extend=True")
         if origin is not None and not isinstance(origin, str):
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
-        return seconds, wait, hold
+        return seconds, blocking, wait, auto_extend, hold, clip_origin(origin)
 
-    # -- what both managers report: the asyncio manager calls these too, so one acquire,
-    # extend or give-up logs and notifies the same whichever manager made it.
+    # -- release, extend and the questions a lease asks ------------------------------------
 
-    def _log_granted(self, name: str, results: Sequence[Any], granted: int) -> None:
-        """Log an attempt that won lock ``name`` with ``granted`` votes (sync and asyncio)."""
-        logger.info("acquired %r on %d/%d nodes", name, granted, len(self.addresses))
-        if (
-            any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
-            and self._warn_now()
-        ):
-            logger.warning(
-                "acquired %r despite node errors (at most one such warning per %g s): %s",
-                name,
-                _WARN_EVERY,
-                _summarise(self.addresses, results, self.node_timeout),
-            )
+    def _release(self, lease: BaseLease) -> None:
+        connections = self._connections.get()
+        expired = lease._expires_at <= self._clock()
+        # Queued behind whatever a node still owes, never skipped: a node that owes many
+        # replies (it stalled, or was overloaded while this thread waited) then frees the
+        # lock when it catches up instead of keeping the key for the whole ttl.
+        exchange = connections.run(
+            flow.release_round(len(self.addresses), lease.key, lease.token, lease._waiter),
+            time.monotonic() + self.node_timeout,
+            1,
+            self.quorum,
+            queue_behind=True,
+        )
+        lease._settle_release(exchange.results, exchange.yes, expired)
 
-    def _give_up(
-        self, error: LockNotAcquired, origin: str | None, waited: float
-    ) -> LockNotAcquired:
-        """Report an acquire that gives up after ``waited`` seconds (sync and asyncio alike):
-        logged and told to the observer. Returns ``error``, for the caller to raise."""
-        logger.debug("gave up on %r: %s", error.name, error)
-        error.origin = origin
-        if self.observer is not None:
-            self.observer.gave_up(error, waited)
-        return error
-
-    def _judge_extend(
-        self, lease: BaseLease, start: float, now: float, results: list[Any], yes: int, no: int
-    ) -> float:
-        """Report an extend round of ``lease`` that ran from ``start`` to ``now`` (sync and
-        asyncio alike): ``yes`` nodes renewed it, ``no`` did not. Returns the new validity in
-        seconds.
+    def _extend(self, lease: BaseLease) -> float:
+        """One renewal round of ``lease`` (its owner's, or the extender thread's for sync
+        and asyncio leases alike); the new validity in seconds.
 
         Raises:
-            LockLost: not renewed on a quorum in time; the lease is now marked lost (the
-                caller frees what keys may be left).
+            LockLost: not renewed on a quorum in time (its keys are then freed, best effort).
         """
-        validity = self._validity(lease.ttl, now - start)
-        if yes >= self.quorum and now < lease._expires_at and validity > 0:
-            lease._expires_at = now + validity
-            logger.debug("extended %r on %d/%d nodes", lease.name, yes, len(self.addresses))
-            if self.observer is not None:
-                self.observer.extended(lease, validity)
-            return validity
-        reason = self._not_extended(lease, now, no, results)
-        lease._mark_lost(reason)
-        raise LockLost(lease.name, reason)
-
-    def _failure(
-        self, name: str, results: Sequence[Any], granted: int, elapsed: float, attempts: int
-    ) -> LockNotAcquired:
-        """The error of failed attempt number ``attempts`` (sync and asyncio alike), logged at
-        debug level: contended when the nodes that answered could still have formed a quorum,
-        else quorum unreachable."""
+        connections = self._connections.get()
         size = len(self.addresses)
-        held = [reply for reply in results if type(reply) is int]
-        # When the holder's keys have run out on enough nodes for a quorum (if it does not
-        # renew): besides the nodes that granted this attempt, `need` more must free up, so
-        # the need-th shortest time left among the holders' answers. Keys without expiry
-        # (-1) never run out; nodes not heard from are not counted (a lower bound then).
-        expiring = sorted(reply for reply in held if reply >= 0)
-        need = self.quorum - granted
-        retry_after = expiring[need - 1] / 1000 if 0 < need <= len(expiring) else None
-        errors = {
-            self.addresses[index].label: _error_text(reply, self.node_timeout)
-            for index, reply in enumerate(results)
-            if reply is TIMED_OUT or isinstance(reply, NodeError)
-        }
-        refusing = [node for node, text in errors.items() if text.startswith("QUARANTINED")]
-        if refusing and self._warn_now():
-            # The operator's cue (same text as the error, the status command and the admin):
-            # at most one such warning per _WARN_EVERY, as a refusing node repeats it.
-            for node in refusing:
-                logger.warning("node %s does not vote: %s", node, errors[node])
-        kind: type[LockNotAcquired] = QuorumUnreachable
-        if granted >= self.quorum:
-            errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
-        elif len(errors) <= size - self.quorum:
-            kind = LockContended
-        error = kind(
-            name,
-            votes=granted,
-            quorum=self.quorum,
-            node_errors=errors,
-            retry_after=retry_after,
-            attempts=attempts,
+        start = self._clock()
+        exchange = connections.run(
+            flow.extend_round(size, lease.key, lease.token, lease.ttl),
+            time.monotonic() + self.node_timeout,
+            1,
+            self.quorum,
         )
-        logger.debug("attempt %d on %r failed: %s", attempts, name, error)
-        return error
+        now = self._clock()
+        try:
+            return lease._settle_extend(start, now, exchange.results, exchange.yes, exchange.no)
+        except LockLost:
+            # Best effort: free the keys we may still hold so the next holder need not wait.
+            connections.clean_up(flow.clean_up_round(lease.key, lease.token, None, size))
+            raise
 
-    def locks(self, prefix: str = "", *, limit: int = 1000) -> Any:
+    def _owned(self, lease: BaseLease) -> bool:
+        """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
+        exchange = self._connections.get().run(
+            flow.owns_round(len(self.addresses), lease.key, lease.token),
+            time.monotonic() + self.node_timeout,
+            1,
+            self.quorum,
+        )
+        return flow.owned(self._nodes, exchange.yes, lease.validity)
+
+    def locked(self, name: str) -> bool:
+        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by
+        anyone; see :meth:`holder` for who).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return flow.is_locked(self._nodes, self.holder(name))
+
+    def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds lock ``name``, from the owner metadata stored with it, or None.
+
+        Returns the owner dict (host, pid, thread, task, origin, acquired_at as epoch
+        seconds) as found on most nodes that answered, plus ``nodes`` (how many hold it) and
+        ``ttl`` (the longest remaining seconds among them). Never the token.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        size = len(self.addresses)
+        exchange = self._connections.get().run(  # every node's answer is wanted
+            flow.holder_round(size, self.key(name)),
+            time.monotonic() + self.node_timeout,
+            None,
+            size,
+            give_up=size,
+        )
+        return flow.holder_of(exchange.results)
+
+    def lock(
+        self, name: str, **options: Unpack[AcquireOptions]
+    ) -> contextlib.AbstractContextManager[Lease]:
+        """A context manager: acquire on enter (yielding the :class:`Lease`), release on exit.
+
+        Takes the same arguments as :meth:`acquire` and raises what it raises; leaving the
+        block raises :class:`LockLost` if the lease was lost, unless the block itself raised.
+        """
+        acquire_options(options)  # an unknown argument is refused here, not at enter
+        return self._block(name, options)
+
+    @contextlib.contextmanager
+    def _block(self, name: str, options: AcquireOptions) -> Iterator[Lease]:
+        with self.acquire(name, **options) as lease:
+            yield lease
+
+    # -- operators -------------------------------------------------------------------------
+
+    def locks(self, prefix: str = "", *, limit: int = 1000) -> LockListing:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
         :class:`~django_redlock.core.operators.LockListing` (SCAN, capped at ``limit`` keys per
         node; never the tokens)."""
-        from django_redlock.core.operators import list_locks
-
         return list_locks(self, prefix, limit=limit)
 
     def force_release(self, name: str) -> int:
@@ -938,14 +756,16 @@ class LockManager:
         Raises:
             TypeError, ValueError: a bad name.
         """
-        key = self.key_prefix + validate_name(name)
-        command = FORCE_RELEASE.command((key, key + LINE, key + LAPSE), ())
         size = len(self.addresses)
         exchange = self._connections.get().run(
-            [command] * size, time.monotonic() + self.node_timeout, 1, size, give_up=size
+            flow.force_release_round(size, self.key(name)),
+            time.monotonic() + self.node_timeout,
+            1,
+            size,
+            give_up=size,
         )
         deleted: int = exchange.yes
-        logger.warning("force-released %r on %d/%d nodes", name, deleted, size)
+        self._reporter.force_released(name, deleted)
         return deleted
 
     def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
@@ -962,8 +782,6 @@ class LockManager:
             ValueError: ``nodes`` names a node this manager does not have.
             RedlockError: a node could not be declared (unreachable, refused).
         """
-        from django_redlock.core.operators import declare_fresh
-
         addresses = self.addresses_of(nodes)
         done = declare_fresh(addresses, timeout=max(self.node_timeout, 1.0))
         failed = [item for item in done if not item.declared]
@@ -995,338 +813,3 @@ class LockManager:
                 raise ValueError(f"nodes: {name!r} is not one of this manager's nodes ({known})")
             picked.extend(matches)
         return tuple(picked)
-
-    def locked(self, name: str) -> bool:
-        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by
-        anyone; see :meth:`holder` for who).
-
-        Raises:
-            TypeError, ValueError: a bad name.
-        """
-        owner = self.holder(name)
-        return owner is not None and owner["nodes"] >= self.quorum
-
-    def _owned(self, lease: BaseLease) -> bool:
-        """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
-        size = len(self.addresses)
-        exchange = self._connections.get().run(
-            [owns_command(lease.key, lease.token)] * size,
-            time.monotonic() + self.node_timeout,
-            1,
-            self.quorum,
-        )
-        return exchange.yes >= self.quorum and lease.validity > 0
-
-    def holder(self, name: str) -> dict[str, Any] | None:
-        """Who holds lock ``name``, from the owner metadata stored with it, or None.
-
-        Returns the owner dict (host, pid, thread, task, origin, acquired_at as epoch
-        seconds) as found on most nodes that answered, plus ``nodes`` (how many hold it) and
-        ``ttl`` (the longest remaining seconds among them). Never the token.
-
-        Raises:
-            TypeError, ValueError: a bad name.
-        """
-        key = self.key_prefix + validate_name(name)
-        command = HOLDER.command((key,), ())
-        size = len(self.addresses)
-        exchange = self._connections.get().run(  # every node's answer is wanted
-            [command] * size, time.monotonic() + self.node_timeout, None, size, give_up=size
-        )
-        owners: dict[str, int] = {}
-        ttls: dict[str, float] = {}
-        for reply in exchange.results:
-            if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes):
-                raw = reply[0].decode("utf-8", "replace")
-                owners[raw] = owners.get(raw, 0) + 1
-                ttls[raw] = max(ttls.get(raw, 0.0), reply[1] / 1000)
-        if not owners:
-            return None
-        raw, count = max(owners.items(), key=lambda item: item[1])
-        try:
-            owner = json.loads(raw)
-        except ValueError:
-            owner = {"raw": raw}
-        if not isinstance(owner, dict):
-            owner = {"raw": raw}
-        owner["nodes"] = count
-        owner["ttl"] = ttls[raw]
-        return owner
-
-    def _warn_now(self) -> bool:
-        """Rate limit for warnings that a loaded or degraded cluster would repeat on every
-        acquire (a stalled node): logging them all would cost more than the locks."""
-        now = time.monotonic()
-        if now - self._last_warning < _WARN_EVERY:
-            return False
-        self._last_warning = now
-        return True
-
-    def _forget_owner(self, lease: BaseLease) -> None:
-        if lease._scope is not None and self._held.get((lease._scope, lease.name)) is lease:
-            del self._held[(lease._scope, lease.name)]
-
-    def _notify_lost(self, lease: BaseLease, reason: str) -> None:
-        logger.warning("lease on %r lost: %s", lease.name, reason)
-        if self.observer is not None:
-            self.observer.lost(lease, reason)
-
-    def _attempt(
-        self,
-        name: str,
-        key: str,
-        token: str,
-        ttl: float,
-        command: Command,
-        attempts: int,
-        origin: str | None,
-    ) -> tuple[Lease | None, LockNotAcquired | None]:
-        connections = self._connections.get()
-        size = len(self.addresses)
-        quorum = self.quorum
-        start = self._clock()
-        try:
-            exchange = connections.run(
-                [command] * size,
-                time.monotonic() + self.node_timeout,
-                GRANTED,
-                quorum,
-                identify=True,
-            )
-            elapsed = self._clock() - start
-        except BaseException:
-            # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may have
-            # landed, and nobody will release them.
-            self._forget(connections, key, token, None)
-            raise
-        validity = self._validity(ttl, elapsed)
-        granted = exchange.yes
-        results = exchange.results
-        if granted >= quorum and validity > 0:
-            self._log_granted(name, results, granted)
-            # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
-            # less drift) until start + ttl - drift: that instant is when validity reaches 0.
-            expires_at = start + elapsed + validity
-            lease = Lease(
-                self,
-                name=name,
-                key=key,
-                token=token,
-                ttl=ttl,
-                expires_at=expires_at,
-                acquired_at=start + elapsed,
-                origin=origin,
-            )
-            return lease, None
-
-        # Failed: unlock everywhere our SET may have landed, the failed nodes included.
-        self._forget(connections, key, token, results)
-        return None, self._failure(name, results, granted, elapsed, attempts)
-
-    def _forget(
-        self, connections: ConnectionSet, key: str, token: str, results: list[Any] | None
-    ) -> None:
-        """Fire-and-forget release after a failed attempt (replies are drained later).
-
-        Pipelined on the same per-node connection as the SET, even to a node that owes many
-        replies (``ConnectionSet.clean_up``), so a stalled node applies the release after the
-        SET when it wakes up and no zombie key is left behind.
-        """
-        command = release_command(key, token)
-        # A node that answered with another holder's time left holds no key of ours, and one
-        # the SET never reached (NotSent) has nothing to undo: clean-ups to nodes that owe
-        # many replies are bounded, so none is spent there.
-        commands: list[Command | None] = [
-            None
-            if results is not None
-            and (type(results[index]) is int or type(results[index]) is NotSent)
-            else command
-            for index in range(len(self.addresses))
-        ]
-        connections.clean_up(commands)
-
-    # -- release and extend ----------------------------------------------------------------
-
-    def _release(self, lease: Lease) -> None:
-        connections = self._connections.get()
-        size = len(self.addresses)
-        quorum = self.quorum
-        expired = lease._expires_at <= self._clock()
-        command = release_command(lease.key, lease.token, lease._waiter)
-        # Queued behind whatever a node still owes, never skipped: a node that owes many
-        # replies (it stalled, or was overloaded while this thread waited) then frees the
-        # lock when it catches up instead of keeping the key for the whole ttl.
-        exchange = connections.run(
-            [command] * size, time.monotonic() + self.node_timeout, 1, quorum, queue_behind=True
-        )
-        self._judge_release(lease, exchange.results, exchange.yes, expired)
-
-    def _not_extended(self, lease: BaseLease, now: float, refused: int, results: list[Any]) -> str:
-        """Why an extend round failed (sync and asyncio alike), for ``LockLost``."""
-        if now >= lease._expires_at:
-            return "the lease expired while it was being extended"
-        return (
-            f"not extended on {refused} of {len(self.addresses)} nodes, a quorum needs "
-            f"{self.quorum} "
-            f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
-        )
-
-    def _judge_release(
-        self, lease: BaseLease, results: list[Any], deleted: int, expired: bool
-    ) -> None:
-        """Report a release round (sync and asyncio alike): ``results`` per node, ``deleted``
-        the nodes that held the key, ``expired`` whether the lease had run out before it.
-
-        Raises:
-            LockLost: the lease had expired, or too many nodes no longer held it.
-        """
-        size = len(self.addresses)
-        quorum = self.quorum
-        gone = sum(1 for reply in results if reply == 0)
-        if self.observer is not None:
-            self.observer.released(lease, self._clock() - lease.acquired_at)
-        if expired:
-            lease._mark_lost("the lease expired before it was released")
-            raise LockLost(lease.name, "the lease expired before it was released")
-        if gone > size - quorum:
-            reason = (
-                f"only {deleted} of {size} nodes still held it at release "
-                f"({_summarise(self.addresses, results, self.node_timeout, of_lease=True)})"
-            )
-            lease._mark_lost(reason)
-            raise LockLost(lease.name, reason)
-        if deleted < quorum:
-            logger.warning(
-                "released %r on %d/%d nodes; the rest did not answer (%s) and expire by ttl",
-                lease.name,
-                deleted,
-                size,
-                _summarise(self.addresses, results, self.node_timeout, of_lease=True),
-            )
-        else:
-            logger.info("released %r", lease.name)
-
-    def _extend(self, lease: BaseLease) -> float:
-        connections = self._connections.get()
-        size = len(self.addresses)
-        quorum = self.quorum
-        ttl_ms = math.ceil(lease.ttl * 1000)
-        command = extend_command(lease.key, lease.token, ttl_ms)
-        start = self._clock()
-        exchange = connections.run(
-            [command] * size, time.monotonic() + self.node_timeout, 1, quorum
-        )
-        now = self._clock()
-        try:
-            return self._judge_extend(
-                lease, start, now, exchange.results, exchange.yes, exchange.no
-            )
-        except LockLost:
-            # Best effort: free the keys we may still hold so the next holder need not wait.
-            self._forget(connections, lease.key, lease.token, None)
-            raise
-
-    def lock(
-        self,
-        name: str,
-        *,
-        ttl: float | None = None,
-        blocking: bool = True,
-        timeout: float | _ManagerDefault | None = MANAGER_DEFAULT,
-        auto_extend: bool = False,
-        max_hold: float | None = None,
-        origin: str | None = None,
-    ) -> _LockContext:
-        """A context manager: acquire on enter (yielding the :class:`Lease`), release on exit.
-
-        Takes the same arguments as :meth:`acquire` and raises what it raises; leaving the
-        block raises :class:`LockLost` if the lease was lost, unless the block itself raised.
-        """
-        return _LockContext(
-            self,
-            name,
-            {
-                "ttl": ttl,
-                "blocking": blocking,
-                "timeout": timeout,
-                "auto_extend": auto_extend,
-                "max_hold": max_hold,
-                "origin": origin,
-            },
-        )
-
-
-def _owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:
-    """The owner record's JSON up to its ``acquired_at`` value, at most
-    :data:`MAX_OWNER_BYTES` long once the time is appended.
-
-    The text fields are cut to their budgets; JSON escapes (``\\uXXXX`` for non-ASCII and
-    control characters) can still make the record longer, so the budgets are halved until it
-    fits. ASCII throughout (``ensure_ascii``): the hot-path encoder of the acquire needs it.
-    """
-    names, origin_budget = _MAX_OWNER_NAME_BYTES, MAX_ORIGIN_BYTES
-    while True:
-        body = json.dumps(
-            {
-                "host": clip_text(host, names),
-                "pid": pid,
-                "thread": clip_text(thread, names),
-                "task": None if task is None else clip_text(task, names),
-                "origin": None if origin is None else clip_text(origin, origin_budget),
-            },
-            separators=(",", ":"),
-        )
-        prefix = body[:-1] + ',"acquired_at":'
-        # The time appended is at most 18 characters (10 digits, a point, 6 digits, "}").
-        if len(prefix) + 18 <= MAX_OWNER_BYTES or (names <= 8 and origin_budget <= 8):
-            return prefix
-        names, origin_budget = max(8, names // 2), max(8, origin_budget // 2)
-
-
-def _owner_scope() -> tuple[object, ...]:
-    """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
-    asyncio = sys.modules.get("asyncio")
-    task = None
-    if asyncio is not None and asyncio.events._get_running_loop() is not None:
-        task = asyncio.current_task()
-    # The task object itself (not its id, which a later task may reuse); held only while
-    # the lease is, and dropped on its last release.
-    return (current_pid(), threading.get_ident(), task)
-
-
-def _current_task_name() -> str | None:
-    """The running asyncio task's name, or None outside a task (cheap when no loop runs)."""
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is None or asyncio.events._get_running_loop() is None:
-        return None
-    task = asyncio.current_task()
-    return None if task is None else task.get_name()
-
-
-def _error_text(reply: object, node_timeout: float) -> str:
-    if reply is TIMED_OUT:
-        return f"no answer within {node_timeout * 1000:g} ms"
-    return str(reply)
-
-
-def _summarise(
-    addresses: Iterable[NodeAddress],
-    results: Sequence[Any],
-    node_timeout: float,
-    *,
-    of_lease: bool = False,
-) -> str:
-    """The nodes that did not do their part, for a log line or an error.
-
-    ``of_lease``: the results of a release or extend, where 1 means done and 0 not held;
-    otherwise of an acquire, where an integer is another holder's milliseconds left.
-    """
-    parts = []
-    for address, reply in zip(addresses, results, strict=True):
-        if reply is TIMED_OUT or isinstance(reply, NodeError):
-            parts.append(f"{address.label}: {_error_text(reply, node_timeout)}")
-        elif reply == 0 and type(reply) is int:
-            parts.append(f"{address.label}: not held")
-        elif type(reply) is int and not of_lease:
-            parts.append(f"{address.label}: held by another for {reply} ms")
-    return "; ".join(parts) or "no errors"

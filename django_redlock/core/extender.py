@@ -18,25 +18,29 @@ import os
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from django_redlock.wire.process import current_pid
 
-if TYPE_CHECKING:
-    from django_redlock.redlock import BaseLease
+__all__ = ["Renewable", "schedule"]
 
-__all__ = ["schedule"]
+
+class Renewable(Protocol):
+    """What the extender renews: a lease (``django_redlock.core.lease.BaseLease``)."""
+
+    def renew_once(self) -> float | None:
+        """Renew now; the ``time.monotonic()`` instant of the next renewal, or None to stop."""
 
 
 class _Extender:
     def __init__(self) -> None:
         self.pid = current_pid()
         self.condition = threading.Condition()
-        self.heap: list[tuple[float, int, weakref.ref[BaseLease]]] = []
+        self.heap: list[tuple[float, int, weakref.ref[Renewable]]] = []
         self.counter = itertools.count()
         self.thread: threading.Thread | None = None
 
-    def schedule(self, lease: BaseLease, due: float) -> None:
+    def schedule(self, lease: Renewable, due: float) -> None:
         with self.condition:
             heapq.heappush(self.heap, (due, next(self.counter), weakref.ref(lease)))
             if self.thread is None:
@@ -60,8 +64,8 @@ class _Extender:
             if lease is not None:
                 self._renew(lease)
 
-    def _renew(self, lease: BaseLease) -> None:
-        due = lease._renew_once()
+    def _renew(self, lease: Renewable) -> None:
+        due = lease.renew_once()
         if due is not None:
             self.schedule(lease, due)
 
@@ -83,7 +87,7 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def schedule(lease: BaseLease, due: float) -> None:
+def schedule(lease: Renewable, due: float) -> None:
     """Renew ``lease`` at ``due`` (a ``time.monotonic()`` instant), then as it says."""
     global _extender
     with _lock:

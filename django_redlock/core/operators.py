@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import redis
 
@@ -23,19 +23,38 @@ from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
 from django_redlock.wire.sync import persistence_hint, quarantine_of
 
-if TYPE_CHECKING:
-    from django_redlock.redlock import LockManager
-
 __all__ = [
     "Declaration",
     "LockInfo",
     "LockListing",
+    "LockNodes",
     "NodeStatus",
     "Report",
     "declare_fresh",
     "list_locks",
     "status",
 ]
+
+
+class LockNodes(Protocol):
+    """What the operator queries need to know of a manager's nodes
+    (:class:`~django_redlock.LockManager` is one)."""
+
+    @property
+    def addresses(self) -> tuple[NodeAddress, ...]:
+        """The nodes, in the manager's order."""
+
+    @property
+    def key_prefix(self) -> str:
+        """Prepended to every lock name to form its key."""
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes make a majority."""
+
+    @property
+    def quarantine_ms(self) -> int:
+        """The restart quarantine the manager sends with every acquire, in milliseconds."""
 
 
 _T = TypeVar("_T")
@@ -93,7 +112,7 @@ class LockListing:
 
 
 def list_locks(
-    manager: LockManager,
+    manager: LockNodes,
     prefix: str = "",
     *,
     limit: int = 1000,
@@ -160,7 +179,7 @@ def _scan(
     return keys, replies, truncated
 
 
-def _merge(name: str, found: list[tuple[str | None, int]], manager: LockManager) -> LockInfo:
+def _merge(name: str, found: list[tuple[str | None, int]], manager: LockNodes) -> LockInfo:
     counts: dict[str, int] = {}
     for raw, _ in found:
         if raw is not None:
@@ -319,7 +338,7 @@ class _Seen:
     denied: str | None
 
 
-def _look(address: NodeAddress, manager: LockManager, timeout: float) -> _Seen | str:
+def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | str:
     """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
     could not be read."""
     try:
@@ -401,7 +420,7 @@ def _judge(
     )
 
 
-def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
+def status(manager: LockNodes, *, timeout: float = 0.25) -> Report:
     """Probe every node at once (bounded by ``timeout`` per command) and judge the quorum.
 
     Each node's verdict comes from the rule the acquire script applies, with the longest
@@ -410,7 +429,7 @@ def status(manager: LockManager, *, timeout: float = 0.25) -> Report:
     addresses = manager.addresses
     seen = _each_node(addresses, lambda address: _look(address, manager, timeout))
     quarantine = max(
-        [manager._quarantine.ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
+        [manager.quarantine_ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
     )
     nodes = _each_node(
         list(zip(addresses, seen, strict=True)),

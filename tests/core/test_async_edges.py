@@ -61,7 +61,7 @@ def test_a_huge_async_origin_is_cut(cluster3):
         lease = await manager.acquire("async-owner", ttl=10.0, origin="x" * 100_000)
         assert lease.origin is not None
         assert len(lease.origin.encode()) <= MAX_ORIGIN_BYTES
-        holder = manager.holder("async-owner")
+        holder = await manager.holder("async-owner")
         assert holder is not None
         assert holder["origin"] == lease.origin
         # ... and so is the origin a give-up reports.

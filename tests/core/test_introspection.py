@@ -65,6 +65,6 @@ def test_asyncio_owned_is_a_coroutine_that_asks_the_nodes(cluster3):
         assert 9.0 < lease.remaining() <= 10.0
         LockManager(cluster3.urls).force_release("async-job")
         assert await lease.owned() is False
-        assert manager.locked("async-job") is False
+        assert await manager.locked("async-job") is False
 
     asyncio.run(main())

@@ -1,0 +1,433 @@
+"""The Redlock steps as plain functions over replies: no I/O, no clock, no logging.
+
+Both managers (:class:`~django_redlock.redlock.LockManager` and
+:class:`~django_redlock.aredlock.AsyncLockManager`) run the same steps; each only moves the
+commands built here to the nodes, hands the replies back, and sleeps when told. The steps
+follow the Redis "Distributed Locks with Redis" page (the Redlock section):
+
+1. take the time on a monotonic clock (the caller passes it in);
+2. send the same SET-if-absent to all N nodes at once (:meth:`Acquire.next_round`);
+3. the lock is held when a quorum ``N // 2 + 1`` granted it and the validity
+   ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` is still positive (:func:`validity`);
+4. otherwise unlock every node the SET may have reached and retry after a random delay, or
+   give up (:meth:`Acquire.judge`).
+
+Replies per node are what both transports report: the reply itself, ``None`` (no command
+sent), a :class:`~django_redlock.wire.sync.NodeError` (``NotSent`` when it never left),
+:data:`~django_redlock.wire.sync.TIMED_OUT` or ``PENDING`` (not waited for).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import secrets
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
+from django_redlock.wire.scripts import (
+    FORCE_RELEASE,
+    HOLDER,
+    LAPSE,
+    LINE,
+    Command,
+    acquire_command,
+    extend_command,
+    leave_command,
+    owns_command,
+    release_command,
+)
+from django_redlock.wire.sync import TIMED_OUT, NodeError, NotSent
+
+__all__ = [
+    "DRIFT_SECONDS",
+    "Acquire",
+    "Failed",
+    "Granted",
+    "Nodes",
+    "ReleaseVerdict",
+    "clean_up_round",
+    "error_text",
+    "extend_round",
+    "failure",
+    "force_release_round",
+    "has_node_errors",
+    "holder_of",
+    "holder_round",
+    "is_locked",
+    "judge_extend",
+    "judge_release",
+    "leave_round",
+    "owned",
+    "owns_round",
+    "release_round",
+    "retry_delay",
+    "summarise",
+    "validity",
+]
+
+DRIFT_SECONDS = 0.002
+"""The spec's fixed drift term, for the resolution of the nodes' expiry clocks (2 ms)."""
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """What the steps need to know of a manager's nodes: their labels (URLs without
+    passwords, in order), the quorum, and the timing rules (seconds)."""
+
+    labels: tuple[str, ...]
+    quorum: int
+    node_timeout: float
+    drift_factor: float
+    retry_delay: float
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+
+def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
+    """Seconds a lease of ``ttl`` seconds is good for after a round of ``elapsed`` seconds:
+    ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` (the Redlock spec's step 3)."""
+    return ttl - elapsed - (ttl * drift_factor + DRIFT_SECONDS)
+
+
+def retry_delay(
+    base: float,
+    now: float,
+    deadline: float | None,
+    polls: int = 0,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds until the next try: ``base`` ± 50 % jitter, never past ``deadline``.
+
+    ``polls``: how many waits in a row ended with no wake-up. A waiter is woken by the
+    release that makes it the head of the line (pub/sub); its poll only covers a wake-up
+    lost to a node failure, so the poll backs off, doubling each time up to a fifth of the
+    life of a place in line (``max(1 s, 4 * base)``; never below ``base``): even with the
+    jitter and a slow try, the place is kept. Without it, hundreds of waiters polling at a
+    short ``base`` saturate the nodes, and every hand-off waits behind their retries.
+    """
+    if polls:
+        cap = max(base, max(1.0, 4 * base) / 5)
+        base = min(base * 2.0 ** min(polls, 20), cap)
+    delay = base * uniform(0.5, 1.5)
+    return delay if deadline is None else min(delay, deadline - now)
+
+
+# -- the commands of a round: one per node ------------------------------------------------
+
+
+def release_round(size: int, key: str, token: str, waiter: str = "") -> list[Command]:
+    """Compare-and-delete on every node (``scripts/release.lua``); ``waiter`` drops the
+    holder's place in line where it remains."""
+    return [release_command(key, token, waiter)] * size
+
+
+def extend_round(size: int, key: str, token: str, ttl: float) -> list[Command]:
+    """Renew to ``ttl`` seconds where the key still holds ``token`` (``scripts/extend.lua``)."""
+    return [extend_command(key, token, math.ceil(ttl * 1000))] * size
+
+
+def owns_round(size: int, key: str, token: str) -> list[Command]:
+    return [owns_command(key, token)] * size
+
+
+def leave_round(size: int, key: str, waiter: str) -> list[Command]:
+    """Leave the wait line of ``key`` on every node (``scripts/leave.lua``)."""
+    return [leave_command(key, waiter)] * size
+
+
+def holder_round(size: int, key: str) -> list[Command]:
+    return [HOLDER.command((key,), ())] * size
+
+
+def force_release_round(size: int, key: str) -> list[Command]:
+    return [FORCE_RELEASE.command((key, key + LINE, key + LAPSE), ())] * size
+
+
+def clean_up_round(
+    key: str, token: str, results: Sequence[Any] | None, size: int
+) -> list[Command | None]:
+    """The release after a failed (or interrupted) acquire round: on every node its SET may
+    have reached, the failed ones included, since a timed-out SET may still have landed.
+
+    ``results``: the round's replies, or None when it was interrupted (then every node). A
+    node that answered with another holder's time left holds no key of ours, and one the SET
+    never reached (``NotSent``) has nothing to undo.
+    """
+    command = release_command(key, token)
+    if results is None:
+        return [command] * size
+    return [
+        None if type(reply) is int or isinstance(reply, NotSent) else command for reply in results
+    ]
+
+
+# -- judging rounds -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Granted:
+    """An acquire round won: the lease's token and, on the caller's clock, when it was
+    taken and when its validity runs out."""
+
+    token: str
+    acquired_at: float
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An acquire round lost. ``clean_up``: the releases to send now (see
+    :func:`clean_up_round`). ``give_up``: raise ``error`` (after sending ``leave``, the
+    commands that drop the waiter's place in line, when not None); else wait ``delay``
+    seconds (or until woken) and try again. ``waited``: seconds since the acquire began."""
+
+    error: LockNotAcquired
+    clean_up: list[Command | None]
+    give_up: bool
+    delay: float
+    leave: list[Command] | None
+    waited: float
+
+
+@dataclass
+class Acquire:
+    """One acquire of lock ``name``, from its first round to its outcome.
+
+    Times are on the caller's monotonic clock, in seconds: ``started`` when the acquire
+    began, ``deadline`` when it stops trying (None: never). ``waiter`` is the id of a
+    blocking acquire's place in line ("" for a single try, which never queues), ``ticket``
+    its place (the same number on every node) and ``lifetime_ms`` how long a place lasts
+    without a new try.
+    """
+
+    nodes: Nodes
+    name: str
+    key: str
+    ttl: float
+    owner: str
+    blocking: bool
+    started: float
+    deadline: float | None
+    waiter: str = ""
+    ticket: int = 0
+    lifetime_ms: int = 0
+    uniform: Callable[[float, float], float] = random.uniform
+    attempts: int = 0
+    polls: int = 0  # waits that ended without a wake-up (see retry_delay)
+    token: str = field(default="", repr=False)
+
+    def next_round(self, quarantine_ms: int) -> list[Command]:
+        """The commands of the next attempt, with a fresh token: the clean-up release of a
+        failed attempt may reach a node late (pipelined, or re-sent after NOSCRIPT) and must
+        never hit a later attempt's key."""
+        self.attempts += 1
+        self.token = secrets.token_hex(20)
+        command = acquire_command(
+            self.key,
+            self.token,
+            math.ceil(self.ttl * 1000),
+            self.owner,
+            quarantine_ms,
+            self.waiter,
+            self.ticket,
+            self.lifetime_ms,
+        )
+        return [command] * self.nodes.size
+
+    def judge(
+        self, results: Sequence[Any], granted: int, start: float, end: float
+    ) -> Granted | Failed:
+        """The outcome of the round sent at ``start`` whose ``granted`` yes votes were known
+        at ``end``: a lease, or what to do next."""
+        nodes = self.nodes
+        left = validity(self.ttl, end - start, nodes.drift_factor)
+        if granted >= nodes.quorum and left > 0:
+            # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
+            # less drift) until start + ttl - drift: the instant validity reaches 0.
+            return Granted(self.token, acquired_at=end, expires_at=end + left)
+        error = failure(nodes, self.name, results, granted, end - start, self.attempts)
+        clean_up = clean_up_round(self.key, self.token, results, nodes.size)
+        if not self.blocking or (self.deadline is not None and end >= self.deadline):
+            leave = leave_round(nodes.size, self.key, self.waiter) if self.waiter else None
+            return Failed(error, clean_up, True, 0.0, leave, end - self.started)
+        delay = retry_delay(nodes.retry_delay, end, self.deadline, self.polls, self.uniform)
+        return Failed(error, clean_up, False, delay, None, end - self.started)
+
+    def waited(self, woken: bool) -> None:
+        """A wait between rounds ended, ``woken`` by a release or not (a poll, which makes
+        the next polls less frequent: see :func:`retry_delay`)."""
+        if not woken:
+            self.polls += 1
+
+    def interrupted(self) -> list[Command | None]:
+        """The releases to send when the round in flight is interrupted (cancelled, a signal):
+        some SETs may have landed, or may still land on a slow node."""
+        return clean_up_round(self.key, self.token, None, self.nodes.size)
+
+    def left_line(self) -> list[Command] | None:
+        """The commands that drop the waiter's place in line (None for a single try)."""
+        return leave_round(self.nodes.size, self.key, self.waiter) if self.waiter else None
+
+
+def failure(
+    nodes: Nodes,
+    name: str,
+    results: Sequence[Any],
+    granted: int,
+    elapsed: float,
+    attempts: int,
+) -> LockNotAcquired:
+    """The error of failed attempt number ``attempts``: contended when the nodes that
+    answered could still have formed a quorum, else quorum unreachable. Its ``retry_after``
+    says when the holder's keys run out on enough nodes for a quorum (if not renewed)."""
+    held = [reply for reply in results if type(reply) is int]
+    # Besides the nodes that granted this attempt, `need` more must free up: the need-th
+    # shortest time left among the holders' answers. Keys without expiry (-1) never run out;
+    # nodes not heard from are not counted (a lower bound then).
+    expiring = sorted(reply for reply in held if reply >= 0)
+    need = nodes.quorum - granted
+    retry_after = expiring[need - 1] / 1000 if 0 < need <= len(expiring) else None
+    errors = {
+        label: error_text(reply, nodes.node_timeout)
+        for label, reply in zip(nodes.labels, results, strict=True)
+        if reply is TIMED_OUT or isinstance(reply, NodeError)
+    }
+    kind: type[LockNotAcquired] = QuorumUnreachable
+    if granted >= nodes.quorum:
+        errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
+    elif len(errors) <= nodes.size - nodes.quorum:
+        kind = LockContended
+    return kind(
+        name,
+        votes=granted,
+        quorum=nodes.quorum,
+        node_errors=errors,
+        retry_after=retry_after,
+        attempts=attempts,
+    )
+
+
+def judge_extend(
+    nodes: Nodes,
+    ttl: float,
+    expires_at: float,
+    start: float,
+    now: float,
+    results: Sequence[Any],
+    yes: int,
+    no: int,
+) -> float | str:
+    """An extend round of a lease valid until ``expires_at``, sent at ``start`` and decided
+    at ``now``: the new validity in seconds, or why the lease is lost (text)."""
+    left = validity(ttl, now - start, nodes.drift_factor)
+    if yes >= nodes.quorum and now < expires_at and left > 0:
+        return left
+    if now >= expires_at:
+        return "the lease expired while it was being extended"
+    return (
+        f"not extended on {no} of {nodes.size} nodes, a quorum needs {nodes.quorum} "
+        f"({summarise(nodes, results, of_lease=True)})"
+    )
+
+
+@dataclass(frozen=True)
+class ReleaseVerdict:
+    """A release round judged: ``lost`` says why the lease was lost (None when it was not);
+    ``partial`` names the nodes that did not answer when fewer than a quorum released it."""
+
+    lost: str | None
+    partial: str | None
+
+
+def judge_release(
+    nodes: Nodes, results: Sequence[Any], deleted: int, expired: bool
+) -> ReleaseVerdict:
+    """A release round: ``deleted`` nodes held the key and deleted it; ``expired`` whether
+    the lease had run out before the release. Nodes that did not answer while the lease was
+    still valid are not a loss: their keys expire by themselves."""
+    if expired:
+        return ReleaseVerdict("the lease expired before it was released", None)
+    gone = sum(1 for reply in results if reply == 0)
+    if gone > nodes.size - nodes.quorum:
+        return ReleaseVerdict(
+            f"only {deleted} of {nodes.size} nodes still held it at release "
+            f"({summarise(nodes, results, of_lease=True)})",
+            None,
+        )
+    if deleted < nodes.quorum:
+        return ReleaseVerdict(None, summarise(nodes, results, of_lease=True))
+    return ReleaseVerdict(None, None)
+
+
+def owned(nodes: Nodes, yes: int, left: float) -> bool:
+    """Whether a lease with ``left`` seconds of validity is still held, ``yes`` nodes
+    having said they hold its token."""
+    return yes >= nodes.quorum and left > 0
+
+
+def holder_of(results: Iterable[Any]) -> dict[str, Any] | None:
+    """From a holder round's replies (``[owner JSON, ms left]`` per node holding the lock):
+    the owner record found on most nodes that answered (host, pid, thread, task, origin,
+    acquired_at), plus ``nodes`` (how many hold it) and ``ttl`` (the longest remaining
+    seconds among them); None when no node holds it. Never the token."""
+    owners: dict[str, int] = {}
+    ttls: dict[str, float] = {}
+    for reply in results:
+        if isinstance(reply, list) and len(reply) == 2 and isinstance(reply[0], bytes):
+            raw = reply[0].decode("utf-8", "replace")
+            owners[raw] = owners.get(raw, 0) + 1
+            ttls[raw] = max(ttls.get(raw, 0.0), reply[1] / 1000)
+    if not owners:
+        return None
+    raw, count = max(owners.items(), key=lambda item: item[1])
+    try:
+        owner = json.loads(raw)
+    except ValueError:
+        owner = {"raw": raw}
+    if not isinstance(owner, dict):
+        owner = {"raw": raw}
+    owner["nodes"] = count
+    owner["ttl"] = ttls[raw]
+    return owner
+
+
+def is_locked(nodes: Nodes, owner: dict[str, Any] | None) -> bool:
+    """Whether the holder found by :func:`holder_of` holds the lock on a quorum."""
+    return owner is not None and owner["nodes"] >= nodes.quorum
+
+
+# -- node errors, for logs and errors ------------------------------------------------------
+
+
+def error_text(reply: object, node_timeout: float) -> str:
+    """A failed node's reply as text (a timeout says how long was waited)."""
+    if reply is TIMED_OUT:
+        return f"no answer within {node_timeout * 1000:g} ms"
+    return str(reply)
+
+
+def has_node_errors(results: Iterable[Any]) -> bool:
+    return any(reply is TIMED_OUT or isinstance(reply, NodeError) for reply in results)
+
+
+def summarise(nodes: Nodes, results: Sequence[Any], *, of_lease: bool = False) -> str:
+    """The nodes that did not do their part, for a log line or an error.
+
+    ``of_lease``: the results of a release or extend, where 1 means done and 0 not held;
+    otherwise of an acquire, where an integer is another holder's milliseconds left.
+    """
+    parts = []
+    for label, reply in zip(nodes.labels, results, strict=True):
+        if reply is TIMED_OUT or isinstance(reply, NodeError):
+            parts.append(f"{label}: {error_text(reply, nodes.node_timeout)}")
+        elif reply == 0 and type(reply) is int:
+            parts.append(f"{label}: not held")
+        elif type(reply) is int and not of_lease:
+            parts.append(f"{label}: held by another for {reply} ms")
+    return "; ".join(parts) or "no errors"

@@ -1,0 +1,280 @@
+"""What a held lock is, whichever manager took it: :class:`BaseLease`.
+
+:class:`~django_redlock.redlock.Lease` (sync) and :class:`~django_redlock.aredlock.AsyncLease`
+(coroutines) add the I/O; the state, the checks that need no I/O, and how a release or an
+extend round is judged and reported live here, once.
+
+The lease object is the owner: its token lives here, not in a thread-local, so threads and
+asyncio tasks can never share or overwrite each other's tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from django_redlock.core import flow
+from django_redlock.core.arguments import clip_origin
+from django_redlock.core.reporting import Reporter
+from django_redlock.exceptions import LeaseInherited, LeaseReleased, LockLost
+from django_redlock.wire.process import current_pid
+
+__all__ = ["BaseLease", "LeaseHost"]
+
+
+class LeaseHost(Protocol):
+    """What a lease needs from the (sync) manager that took it: its clock, its reporter and
+    nodes, its re-entry registry, and a sync renewal round (the extender thread's, for
+    asyncio leases too). :class:`~django_redlock.redlock.LockManager` is one."""
+
+    _clock: Callable[[], float]
+    _reporter: Reporter
+    _nodes: flow.Nodes
+
+    def _forget_owner(self, lease: BaseLease) -> None: ...
+
+    def _extend(self, lease: BaseLease) -> float: ...
+
+
+class BaseLease:
+    """What :class:`~django_redlock.redlock.Lease` and
+    :class:`~django_redlock.aredlock.AsyncLease` share: the state of a held lock and the
+    checks that need no I/O. Not made directly; the two subclasses add ``extend``/``release``
+    (plain or coroutines) and ``with`` or ``async with``.
+
+    Attributes:
+        name: the lock name.
+        key: the Redis key on every node.
+        ttl: the lease length in seconds.
+        origin: where it was taken (free text for operators), or None.
+        acquired_at: when it was taken, on the manager's monotonic clock (seconds).
+        fencing_token: the database-minted fencing token, or ``None`` when not fenced.
+    """
+
+    def __init__(
+        self,
+        manager: LeaseHost,
+        *,
+        name: str,
+        key: str,
+        token: str,
+        ttl: float,
+        expires_at: float,
+        acquired_at: float,
+        origin: str | None = None,
+    ) -> None:
+        self._manager = manager
+        self.name = name
+        self.key = key
+        self._token = token
+        self.ttl = ttl
+        self.origin = clip_origin(origin)
+        self.acquired_at = acquired_at
+        self._expires_at = expires_at
+        self.fencing_token: int | None = None
+        self._released = False
+        self._lost_reason: str | None = None
+        # Set for auto-extended leases only: serialises the extender's renewals with the
+        # owner's extend and release, so a renewal never races a release into a false "lost".
+        self._guard: threading.Lock | None = None
+        self._renew_until: float | None = None
+        self._depth = 1
+        self._scope: tuple[object, ...] | None = None
+        self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
+        # The process that took the lease owns it; a forked child has a copy of this object
+        # but not the lease (see _refuse_inherited).
+        self._pid = current_pid()
+
+    @property
+    def token(self) -> str:
+        """The random lease token. A bearer secret: never logged, never shown."""
+        return self._token
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "lost" if self.lost else "held"
+        if self.inherited:
+            state += f" by process {self._pid} (inherited)"
+        return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
+
+    @property
+    def validity(self) -> float:
+        """Seconds the lease is still known valid by the local monotonic clock (≥ 0)."""
+        return max(0.0, self._expires_at - self._manager._clock())
+
+    def remaining(self) -> float:
+        """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
+        a method. Asks no node; see ``owned()`` for that."""
+        return self.validity
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease may no longer be held (expired, or an extend/release found it
+        gone). A released lease is not lost."""
+        if self._released:
+            return False
+        return self._lost_reason is not None or self._expires_at <= self._manager._clock()
+
+    @property
+    def released(self) -> bool:
+        """True once ``release()`` was called on this lease."""
+        return self._released
+
+    @property
+    def inherited(self) -> bool:
+        """True in a process forked from the lease's owner: there the lease cannot be
+        released, extended or checked (:class:`LeaseInherited`)."""
+        return self._pid != current_pid()
+
+    @property
+    def auto_extended(self) -> bool:
+        """True while a background thread renews this lease (see ``auto_extend``)."""
+        return self._guard is not None and not self._released and self._lost_reason is None
+
+    @property
+    def depth(self) -> int:
+        """How many times the owner holds it (re-entries in the same thread or task)."""
+        return 0 if self._released else self._depth
+
+    def check(self) -> None:
+        """Raise unless the lease is still valid.
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease expired or was found lost.
+            LeaseInherited: called in a forked child (it cannot know its parent's lease).
+        """
+        self._refuse_inherited()
+        if self._released:
+            raise LeaseReleased(self.name)
+        if self._lost_reason is not None:
+            raise LockLost(self.name, self._lost_reason)
+        if self._expires_at <= self._manager._clock():
+            self._mark_lost("the lease expired")
+            raise LockLost(self.name, "the lease expired")
+
+    def renew_once(self) -> float | None:
+        """One renewal round by the extender thread (``core/extender.py``), for sync and
+        asyncio leases alike; returns when the next one is due (a ``time.monotonic()``
+        instant), or None to stop renewing (released, lost, or ``max_hold`` reached).
+
+        A failed renewal marks the lease lost (and is logged); it never raises.
+        """
+        guard = self._guard
+        if guard is None:
+            return None
+        with guard:
+            if self._released or self._lost_reason is not None:
+                return None
+            reporter = self._manager._reporter
+            if self._renew_until is not None and time.monotonic() >= self._renew_until:
+                reporter.renewal_stopped(self)
+                return None
+            try:
+                self._manager._extend(self)
+            except (LockLost, LeaseReleased) as error:
+                reporter.renewal_failed(self, error)
+                return None
+        return time.monotonic() + self.ttl / 3
+
+    # -- for the two lease types ----------------------------------------------------------
+
+    def _refuse_inherited(self) -> None:
+        """Raise :class:`LeaseInherited` in a forked child.
+
+        Checked before anything else, the guard included: the parent's extender thread may
+        have held the guard at the instant of the fork, and the child's copy of it then stays
+        locked forever.
+        """
+        if self._pid != current_pid():
+            raise LeaseInherited(self.name, self._pid, current_pid())
+
+    def _left_inherited(self) -> bool:
+        """True (with a warning) when a ``with`` block of this lease ends in a forked child,
+        which must leave the parent's keys alone (sync and asyncio alike)."""
+        if self._pid == current_pid():
+            return False
+        self._manager._reporter.left_inherited(self, current_pid(), self._pid)
+        return True
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is None:
+            self._lost_reason = reason
+            self._manager._reporter.lost(self, reason)
+
+    def _end_hold(self) -> bool:
+        """The owner lets go once: True when the keys must now be released (the last exit),
+        False when an inner re-entry ended (the keys stay until the last exit).
+
+        Raises:
+            LeaseReleased: released already.
+        """
+        if self._released:
+            raise LeaseReleased(self.name)
+        if self._depth > 1:
+            self._depth -= 1
+            return False
+        # Released from now on, whatever happens to the round: the extender starts no more
+        # renewals of it, and a second release raises.
+        self._released = True
+        self._manager._forget_owner(self)
+        return True
+
+    def _settle_release(self, results: Sequence[Any], deleted: int, expired: bool) -> None:
+        """Judge and report a release round: ``deleted`` nodes held the key; ``expired``
+        whether the lease had run out before it.
+
+        Raises:
+            LockLost: the lease had expired, or too many nodes no longer held it.
+        """
+        manager = self._manager
+        verdict = flow.judge_release(manager._nodes, results, deleted, expired)
+        manager._reporter.released(self, manager._clock() - self.acquired_at)
+        if verdict.lost is not None:
+            self._mark_lost(verdict.lost)
+            raise LockLost(self.name, verdict.lost)
+        manager._reporter.released_cleanly(self, deleted, verdict.partial)
+
+    def _settle_extend(
+        self, start: float, now: float, results: Sequence[Any], yes: int, no: int
+    ) -> float:
+        """Judge and report an extend round sent at ``start`` and decided at ``now``;
+        returns the new validity in seconds.
+
+        Raises:
+            LockLost: not renewed on a quorum in time; the lease is now marked lost (the
+                caller frees what keys may be left).
+        """
+        manager = self._manager
+        outcome = flow.judge_extend(
+            manager._nodes, self.ttl, self._expires_at, start, now, results, yes, no
+        )
+        if isinstance(outcome, str):
+            self._mark_lost(outcome)
+            raise LockLost(self.name, outcome)
+        self._expires_at = now + outcome
+        manager._reporter.extended(self, outcome, yes)
+        return outcome
+
+    def _block_ended(
+        self,
+        exc: BaseException | None,
+        lost: str | None,
+        release_error: LockLost | LeaseReleased | None,
+    ) -> None:
+        """After the release that ends a ``with`` block (sync or async): ``exc`` the block's
+        own exception, ``lost`` the lease's loss noticed before the release.
+
+        Raises:
+            LockLost: the block ended normally but the lease was lost (it may have overlapped
+                another holder), found at release or earlier (a failed renewal). The block's
+                own exception is never hidden behind the release's: that is logged.
+        """
+        if release_error is not None:
+            if exc is None:
+                raise release_error
+            self._manager._reporter.release_failed_after_error(self, release_error)
+            return
+        if exc is None and lost is not None:
+            raise LockLost(self.name, lost)

@@ -1,0 +1,100 @@
+"""Who owns a lease: the owner record stored with a lock, and the scope used for re-entry.
+
+The record (JSON: host, pid, thread, task, origin, acquired_at) tells operators where a lock
+was taken; it never holds the token. The scope (pid, thread, asyncio task) says who may
+re-enter a lease it holds: another thread, task or a forked child never can.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from django_redlock.core.arguments import MAX_ORIGIN_BYTES, clip_origin, clip_text
+from django_redlock.wire.process import current_pid
+
+__all__ = ["MAX_OWNER_BYTES", "OwnerRecords", "current_task_name", "owner_scope"]
+
+MAX_OWNER_BYTES = 4096
+"""Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
+names, origin and time. Text fields are cut further when escapes make it longer."""
+
+# Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
+_MAX_NAME_BYTES = 256
+# Prefixes kept per manager before the cache starts afresh (bounds memory, not speed).
+_CACHE_SIZE = 1024
+
+
+class OwnerRecords:
+    """Builds owner records for one manager (host name fixed at creation).
+
+    Each record comes from a cached prefix per (pid, thread, task, origin): ``json.dumps`` on
+    every acquire would cost more than a loopback round trip on a small VM.
+    """
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._cache: dict[tuple[object, ...], str] = {}
+
+    def record(self, origin: str | None) -> str:
+        """The owner record of an acquire made now by this thread (and task) for ``origin``."""
+        thread = threading.current_thread()
+        task = current_task_name()
+        origin = clip_origin(origin)  # also bounds the cache's keys
+        key = (current_pid(), thread.ident, thread.name, task, origin)
+        prefix = self._cache.get(key)
+        if prefix is None:
+            prefix = owner_prefix(self.host, current_pid(), thread.name, task, origin)
+            if len(self._cache) > _CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = prefix
+        return f"{prefix}{time.time():.6f}}}"
+
+
+def owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:
+    """The owner record's JSON up to its ``acquired_at`` value, at most
+    :data:`MAX_OWNER_BYTES` long once the time is appended.
+
+    The text fields are cut to their budgets; JSON escapes (``\\uXXXX`` for non-ASCII and
+    control characters) can still make the record longer, so the budgets are halved until it
+    fits. ASCII throughout (``ensure_ascii``): the hot-path encoder of the acquire needs it.
+    """
+    names, origin_budget = _MAX_NAME_BYTES, MAX_ORIGIN_BYTES
+    while True:
+        body = json.dumps(
+            {
+                "host": clip_text(host, names),
+                "pid": pid,
+                "thread": clip_text(thread, names),
+                "task": None if task is None else clip_text(task, names),
+                "origin": None if origin is None else clip_text(origin, origin_budget),
+            },
+            separators=(",", ":"),
+        )
+        prefix = body[:-1] + ',"acquired_at":'
+        # The time appended is at most 18 characters (10 digits, a point, 6 digits, "}").
+        if len(prefix) + 18 <= MAX_OWNER_BYTES or (names <= 8 and origin_budget <= 8):
+            return prefix
+        names, origin_budget = max(8, names // 2), max(8, origin_budget // 2)
+
+
+def owner_scope() -> tuple[object, ...]:
+    """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
+    asyncio = sys.modules.get("asyncio")
+    task = None
+    if asyncio is not None and asyncio.events._get_running_loop() is not None:
+        task = asyncio.current_task()
+    # The task object itself (not its id, which a later task may reuse); held only while
+    # the lease is, and dropped on its last release.
+    return (current_pid(), threading.get_ident(), task)
+
+
+def current_task_name() -> str | None:
+    """The running asyncio task's name, or None outside a task (cheap when no loop runs)."""
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None or asyncio.events._get_running_loop() is None:
+        return None
+    task = asyncio.current_task()
+    return None if task is None else task.get_name()

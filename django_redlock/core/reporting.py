@@ -1,0 +1,170 @@
+"""What a manager tells the world about its leases: log records and observer calls, in one
+place for the sync and the asyncio manager, so one event reads the same whichever made it.
+
+Log levels: DEBUG for attempts and renewals, INFO for acquired and released, WARNING for what
+an operator should see (a grant or release despite node errors, a node that refuses to vote,
+a lost lease). Warnings that a degraded cluster would repeat on every acquire are rate limited
+per manager. The observer (the Django layer's ``SignalObserver`` sends signals and records
+metrics through it) hears of every acquire, release, renewal, loss and give-up.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from django_redlock.core.flow import Nodes, has_node_errors, summarise
+
+if TYPE_CHECKING:
+    from django_redlock.core.lease import BaseLease
+    from django_redlock.exceptions import LockNotAcquired
+
+__all__ = ["WARN_EVERY", "LockObserver", "Reporter", "logger"]
+
+logger = logging.getLogger("django_redlock")
+
+WARN_EVERY = 10.0
+"""Seconds between two rate-limited warnings of one manager."""
+
+
+class LockObserver(Protocol):
+    """Hears about every lease of a manager (the Django layer sends signals and keeps metrics
+    through one). Called synchronously in the thread that did the operation; the extender
+    thread reports lost renewals. Must not raise; must be quick."""
+
+    def acquired(self, lease: BaseLease, waited: float) -> None:
+        """A lease was taken after ``waited`` seconds."""
+
+    def released(self, lease: BaseLease, held: float) -> None:
+        """A lease was released after ``held`` seconds (also when release raised LockLost)."""
+
+    def extended(self, lease: BaseLease, validity: float) -> None:
+        """A lease was renewed (by its owner or the extender); ``validity`` seconds left."""
+
+    def lost(self, lease: BaseLease, reason: str) -> None:
+        """A lease was found lost (expired, renewal failed, or gone at release); once each."""
+
+    def gave_up(self, error: LockNotAcquired, waited: float) -> None:
+        """An acquire raised ``error`` after ``waited`` seconds."""
+
+
+class Reporter:
+    """Logs and observer calls of one manager (shared by its asyncio twin).
+
+    Args:
+        nodes: the manager's nodes (labels for the messages, the quorum).
+        observer: told of every event, or None.
+        now: the real monotonic clock of the rate limit (warnings are for people, so an
+            injected test clock does not govern them).
+    """
+
+    def __init__(
+        self,
+        nodes: Nodes,
+        observer: LockObserver | None,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.nodes = nodes
+        self.observer = observer
+        self._now = now
+        self._last_warning = float("-inf")
+
+    def _warn_now(self) -> bool:
+        """Rate limit for warnings that a loaded or degraded cluster would repeat on every
+        acquire (a stalled node): logging them all would cost more than the locks."""
+        now = self._now()
+        if now - self._last_warning < WARN_EVERY:
+            return False
+        self._last_warning = now
+        return True
+
+    def granted(self, name: str, results: Sequence[Any], votes: int) -> None:
+        """An attempt won lock ``name`` with ``votes`` yes votes."""
+        logger.info("acquired %r on %d/%d nodes", name, votes, self.nodes.size)
+        if has_node_errors(results) and self._warn_now():
+            logger.warning(
+                "acquired %r despite node errors (at most one such warning per %g s): %s",
+                name,
+                WARN_EVERY,
+                summarise(self.nodes, results),
+            )
+
+    def acquired(self, lease: BaseLease, waited: float) -> None:
+        if self.observer is not None:
+            self.observer.acquired(lease, waited)
+
+    def attempt_failed(self, error: LockNotAcquired) -> None:
+        """An attempt failed (the acquire may still retry)."""
+        refusing = [
+            (node, text)
+            for node, text in error.node_errors.items()
+            if text.startswith("QUARANTINED")
+        ]
+        if refusing and self._warn_now():
+            # The operator's cue (same text as the error, the status command and the admin).
+            for node, text in refusing:
+                logger.warning("node %s does not vote: %s", node, text)
+        logger.debug("attempt %d on %r failed: %s", error.attempts, error.name, error)
+
+    def gave_up(self, error: LockNotAcquired, origin: str | None, waited: float) -> LockNotAcquired:
+        """An acquire gives up after ``waited`` seconds. Returns ``error`` (with its origin),
+        for the caller to raise."""
+        logger.debug("gave up on %r: %s", error.name, error)
+        error.origin = origin
+        if self.observer is not None:
+            self.observer.gave_up(error, waited)
+        return error
+
+    def extended(self, lease: BaseLease, validity: float, votes: int) -> None:
+        logger.debug("extended %r on %d/%d nodes", lease.name, votes, self.nodes.size)
+        if self.observer is not None:
+            self.observer.extended(lease, validity)
+
+    def renewal_failed(self, lease: BaseLease, error: Exception) -> None:
+        logger.warning("auto-extension of %r failed: %s", lease.name, error)
+
+    def renewal_stopped(self, lease: BaseLease) -> None:
+        logger.info("max_hold reached for %r: renewal stops, the lease runs out", lease.name)
+
+    def lost(self, lease: BaseLease, reason: str) -> None:
+        logger.warning("lease on %r lost: %s", lease.name, reason)
+        if self.observer is not None:
+            self.observer.lost(lease, reason)
+
+    def released(self, lease: BaseLease, held: float) -> None:
+        """A release round ended after ``held`` seconds of holding (a lost lease is reported
+        by :meth:`lost` after this, a kept one by :meth:`released_cleanly`)."""
+        if self.observer is not None:
+            self.observer.released(lease, held)
+
+    def released_cleanly(self, lease: BaseLease, deleted: int, partial: str | None) -> None:
+        """Released on ``deleted`` nodes; ``partial`` names the nodes that did not answer
+        when fewer than a quorum released it (their keys expire by ttl)."""
+        if partial is not None:
+            logger.warning(
+                "released %r on %d/%d nodes; the rest did not answer (%s) and expire by ttl",
+                lease.name,
+                deleted,
+                self.nodes.size,
+                partial,
+            )
+        else:
+            logger.info("released %r", lease.name)
+
+    def force_released(self, name: str, deleted: int) -> None:
+        logger.warning("force-released %r on %d/%d nodes", name, deleted, self.nodes.size)
+
+    def left_inherited(self, lease: BaseLease, child: int, owner: int) -> None:
+        logger.warning(
+            "process %d left the with block of lease %r inherited through fork(): the "
+            "lease stays with process %d, nothing was released",
+            child,
+            lease.name,
+            owner,
+        )
+
+    def release_failed_after_error(self, lease: BaseLease, error: Exception) -> None:
+        # Never hide the block's own exception behind the release's.
+        logger.warning("releasing %r after an error: %s", lease.name, error)

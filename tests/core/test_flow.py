@@ -1,0 +1,175 @@
+"""The Redlock steps as plain functions (``django_redlock.core.flow``): no I/O, so they are
+tested directly on made-up replies, with the clock and the jitter passed in."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_redlock.core import flow
+from django_redlock.exceptions import LockContended, QuorumUnreachable
+from django_redlock.wire.scripts import GRANTED
+from django_redlock.wire.sync import PENDING, TIMED_OUT, NodeError, NotSent
+
+NODES = flow.Nodes(("n0", "n1", "n2"), 2, 0.05, 0.01, 0.2)
+
+
+def middle(low: float, high: float) -> float:
+    """A jitter that always picks the middle: delays become exact."""
+    return (low + high) / 2
+
+
+def acquire(**changes: object) -> flow.Acquire:
+    fields: dict[str, object] = {
+        "nodes": NODES,
+        "name": "job",
+        "key": "redlock:job",
+        "ttl": 10.0,
+        "owner": "{}",
+        "blocking": True,
+        "started": 100.0,
+        "deadline": 105.0,
+        "waiter": "listener.nonce",
+        "ticket": 1,
+        "lifetime_ms": 1000,
+        "uniform": middle,
+    }
+    fields.update(changes)
+    return flow.Acquire(**fields)  # type: ignore[arg-type]
+
+
+def test_validity_is_ttl_less_elapsed_less_drift():
+    # The spec's step 3: ttl - elapsed - (ttl * drift + 2 ms).
+    assert flow.validity(10.0, 0.25, 0.01) == pytest.approx(10.0 - 0.25 - 0.102)
+    assert flow.validity(0.6, 0.6, 0.01) < 0
+
+
+def test_a_quorum_in_time_is_a_grant_valid_until_ttl_less_drift_after_the_start():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    step = attempt.judge([GRANTED, GRANTED, 4_000], 2, 100.0, 100.25)
+    assert isinstance(step, flow.Granted)
+    assert step.token == attempt.token
+    assert step.acquired_at == 100.25
+    assert step.expires_at == pytest.approx(100.0 + 10.0 - 0.102)
+
+
+def test_a_quorum_that_came_too_late_is_no_grant_and_is_released_where_it_landed():
+    attempt = acquire(blocking=False, deadline=100.0, waiter="")
+    attempt.next_round(60_000)
+    step = attempt.judge([GRANTED, GRANTED, TIMED_OUT], 2, 100.0, 111.0)
+    assert isinstance(step, flow.Failed)
+    assert isinstance(step.error, QuorumUnreachable)
+    assert "nothing left of the lease" in step.error.node_errors["validity"]
+    assert step.give_up
+    assert step.leave is None
+    assert all(command is not None for command in step.clean_up)  # the timed-out one too
+
+
+def test_a_lost_round_cleans_up_only_where_its_set_may_have_landed():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    step = attempt.judge([GRANTED, 3_000, NotSent("unreachable")], 1, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    assert isinstance(step.error, LockContended)
+    granted, held, not_sent = step.clean_up
+    assert granted is not None
+    assert attempt.token.encode() in granted[0]
+    assert held is None  # another holder's key: nothing of ours there
+    assert not_sent is None  # the SET never left
+
+
+def test_an_interrupted_round_is_released_everywhere():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    assert all(command is not None for command in attempt.interrupted())
+
+
+def test_a_blocking_acquire_retries_after_a_jittered_delay_then_gives_up_and_leaves_the_line():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    step = attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    assert not step.give_up
+    assert step.delay == pytest.approx(0.2)  # the middle of 0.2 ± 50 %
+    attempt.next_round(60_000)
+    late = attempt.judge([3_000, 3_000, 3_000], 0, 104.9, 105.0)
+    assert isinstance(late, flow.Failed)
+    assert late.give_up
+    assert late.leave is not None
+    assert len(late.leave) == 3
+    assert late.waited == pytest.approx(5.0)
+    assert late.error.attempts == 2
+
+
+def test_each_round_has_a_fresh_token():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    first = attempt.token
+    attempt.next_round(60_000)
+    assert attempt.token != first
+    assert len(attempt.token) == 40
+
+
+def test_polls_without_a_wake_up_back_off_up_to_a_fifth_of_a_places_life():
+    delays = [flow.retry_delay(0.05, 0.0, None, polls, middle) for polls in range(6)]
+    assert delays == pytest.approx([0.05, 0.1, 0.2, 0.2, 0.2, 0.2])  # cap: max(1, 0.2) / 5
+    assert flow.retry_delay(0.2, 10.0, 10.05, 0, middle) == pytest.approx(0.05)  # the deadline
+
+
+def test_a_wait_that_was_woken_does_not_back_off():
+    attempt = acquire()
+    attempt.waited(True)
+    assert attempt.polls == 0
+    attempt.waited(False)
+    assert attempt.polls == 1
+
+
+def test_contended_or_unreachable_depends_on_how_many_nodes_failed():
+    error = NodeError("connection refused")
+    contended = flow.failure(NODES, "job", [3_000, error, PENDING], 0, 0.001, 1)
+    assert isinstance(contended, LockContended)
+    assert contended.node_errors == {"n1": "connection refused"}
+    unreachable = flow.failure(NODES, "job", [3_000, error, TIMED_OUT], 0, 0.001, 1)
+    assert isinstance(unreachable, QuorumUnreachable)
+    assert unreachable.node_errors["n2"] == "no answer within 50 ms"
+
+
+def test_an_extend_is_judged_on_a_quorum_in_time():
+    assert flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 1, 0], 2, 1) == (
+        pytest.approx(10.0 - 0.5 - 0.102)
+    )
+    refused = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 0, 0], 1, 2)
+    assert refused == "not extended on 2 of 3 nodes, a quorum needs 2 (n1: not held; n2: not held)"
+    late = flow.judge_extend(NODES, 10.0, 150.2, 150.0, 150.5, [1, 1, 1], 3, 0)
+    assert late == "the lease expired while it was being extended"
+
+
+def test_a_release_is_lost_when_too_many_nodes_no_longer_held_it():
+    assert flow.judge_release(NODES, [1, 1, 1], 3, False) == flow.ReleaseVerdict(None, None)
+    partial = flow.judge_release(NODES, [1, TIMED_OUT, TIMED_OUT], 1, False)
+    assert partial.lost is None
+    assert partial.partial is not None
+    assert "n1: no answer within 50 ms" in partial.partial
+    lost = flow.judge_release(NODES, [1, 0, 0], 1, False)
+    assert lost.lost is not None
+    assert lost.lost.startswith("only 1 of 3 nodes still held it")
+    expired = flow.judge_release(NODES, [1, 1, 1], 3, True)
+    assert expired.lost == "the lease expired before it was released"
+
+
+def test_the_holder_is_the_owner_found_on_most_nodes():
+    mine, other = b'{"host": "a", "pid": 1}', b'{"host": "b", "pid": 2}'
+    found = flow.holder_of([[mine, 5_000], [mine, 7_000], [other, 9_000]])
+    assert found == {"host": "a", "pid": 1, "nodes": 2, "ttl": 7.0}
+    assert flow.is_locked(NODES, found)
+    assert flow.holder_of([None, TIMED_OUT, NodeError("down")]) is None
+    assert flow.holder_of([[b"not json", 1_000]]) == {"raw": "not json", "nodes": 1, "ttl": 1.0}
+
+
+def test_a_summary_names_each_node_that_did_not_do_its_part():
+    results = [GRANTED, 4_000, TIMED_OUT]
+    assert flow.summarise(NODES, results) == (
+        "n1: held by another for 4000 ms; n2: no answer within 50 ms"
+    )
+    assert flow.summarise(NODES, [1, 0, 1], of_lease=True) == "n1: not held"
+    assert flow.summarise(NODES, [1, 1, 1], of_lease=True) == "no errors"
