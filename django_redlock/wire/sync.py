@@ -381,6 +381,9 @@ class ConnectionSet:
         self.by_fd: dict[int, int] = {}
         self.polling: dict[int, int] = {}
         self.last_post = float("-inf")
+        # Whether a connection opened lately may still hold commands until its hello is
+        # answered (see wait): checked only then, not on every round trip.
+        self.settling = False
         self._subscriber: Subscriber | None = None
         # Closes the sockets when the set is dropped without close(). A weakref finalizer
         # runs before the garbage collector finalizes the sockets themselves, even when the
@@ -471,6 +474,7 @@ class ConnectionSet:
                             raise NodeError(reason)
         if conn is None:
             conn = _Connection(self.addresses[index], self.clock, self.preload, self.hello)
+            self.settling = self.hello is not None
             self.connections[index] = conn
             self._rearm(index, conn)
         return conn
@@ -698,10 +702,13 @@ class ConnectionSet:
                 self._poll_once(remaining)
         finally:
             exchange.closed = True
-        if any(conn is not None and conn.held for conn in self.connections):
-            # A new connection holds commands until its hello is answered: take in what has
-            # arrived, so they go out now rather than at this thread's next operation.
-            self._poll_once(0)
+        if self.settling:
+            if any(conn is not None and conn.held for conn in self.connections):
+                # A new connection holds commands until its hello is answered: take in what
+                # has arrived, so they go out now rather than at this thread's next operation.
+                self._poll_once(0)
+            else:
+                self.settling = False
         return exchange
 
     def _poll_once(self, timeout: float) -> None:
