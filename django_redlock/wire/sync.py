@@ -89,8 +89,11 @@ __all__ = [
 _IDLE = 0.005
 # Replies here are tiny; a large read buffer costs an allocation per recv for nothing.
 _READ_SIZE = 8192
-_POLL_IN = select.POLLIN | select.POLLPRI
+# POLLRDHUP: told when a TCP peer closes (a unix socket peer gives POLLHUP).
+_RDHUP = getattr(select, "POLLRDHUP", 0)
+_POLL_IN = select.POLLIN | select.POLLPRI | _RDHUP
 _POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
+_HUNG_UP = select.POLLHUP | _RDHUP
 # Clean-ups and queued releases go behind up to this many times ``max_outstanding`` owed
 # replies: twice the most that ``refusal`` lets a node owe, so a command sent under that bound
 # always finds room for its clean-up behind it.
@@ -495,10 +498,17 @@ class ConnectionSet:
         self.polling[fd] = index
         self.poller.register(fd, conn.events())
 
-    def _read(self, index: int, conn: _Connection) -> None:
+    def _read(self, index: int, conn: _Connection, hung_up: bool = False) -> None:
         """Read what node ``index`` sent and hand each reply to the operation waiting for it
         (a node that fails, or sends bytes that are not RESP, is dropped and its owed replies
-        become errors)."""
+        become errors).
+
+        ``hung_up``: the poll said the node closed the connection. Its last replies and the
+        close often come in one read, which then ends without seeing the close: the
+        connection is dropped here, after those replies, so that the next command (the
+        release right after a node restarted) goes on a new connection instead of failing
+        with "broken pipe" on this one, and the key it should delete staying until its ttl.
+        """
         try:
             conn.receive()
         except NodeError as exc:
@@ -537,6 +547,8 @@ class ConnectionSet:
                 reply = NodeError(str(reply))
             if not exchange.closed:
                 exchange.record(slot_index, reply)
+        if hung_up:
+            self._drop(index, "connection closed by the server")
 
     def _write(self, index: int, conn: _Connection, data: bytes) -> bool:
         """Write ``data`` (no reply expected of its own) on ``conn``; False if that failed
@@ -730,7 +742,7 @@ class ConnectionSet:
                     continue
                 self._rearm(index, conn)
             if event & (_POLL_IN | _POLL_ERR):
-                self._read(index, conn)
+                self._read(index, conn, hung_up=bool(event & _HUNG_UP))
 
     def run(
         self,
