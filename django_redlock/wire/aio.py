@@ -566,6 +566,7 @@ class LoopConnections:
                 and fallback is not None
             ):
                 if over is not None and over[0] and not fallback.when_over:
+                    conn.reload()  # too late to run, not to load
                     return
                 self._expect(conn, index, (fallback.build(), None), record, over)
                 conn.reload()

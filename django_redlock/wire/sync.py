@@ -329,6 +329,11 @@ class _Connection(Handshake):
             self.sock.close()
 
 
+def _noscript(reply: object) -> bool:
+    """The node had no copy of the script (after SCRIPT FLUSH, a restart, a failover)."""
+    return type(reply) is ReplyError and str(reply).startswith("NOSCRIPT")
+
+
 def _close_quietly(connections: list[_Connection | None]) -> None:
     """Close every socket in ``connections`` (in place: the list is emptied of them)."""
     for index, conn in enumerate(connections):
@@ -538,9 +543,13 @@ class ConnectionSet:
                     return
                 continue
             if exchange.closed and (fallback is None or not fallback.when_over):
+                if fallback is not None and _noscript(reply):  # too late to run, not to load
+                    for command, kind in conn.reload_commands():
+                        if not self._write_expecting(index, conn, command, kind):
+                            return
                 continue
             if type(reply) is ReplyError:
-                if fallback is not None and str(reply).startswith("NOSCRIPT"):
+                if fallback is not None and _noscript(reply):
                     if not self._resend(index, conn, fallback, exchange, slot_index):
                         return
                     continue
@@ -560,6 +569,18 @@ class ConnectionSet:
             self._drop(index, str(exc))
             return False
         self._rearm(index, conn)
+        return True
+
+    def _write_expecting(self, index: int, conn: _Connection, command: bytes, kind: int) -> bool:
+        """Send set-up ``command`` (its reply of ``kind`` goes to the handshake); False if
+        the node was dropped."""
+        try:
+            conn.send(command, (None, kind, None, self.clock()))
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        if conn.out:
+            self._rearm(index, conn)
         return True
 
     def _resend(
