@@ -79,7 +79,8 @@ def raw_sockets(urls: list[str]) -> PairRunner:
         else:
             sock = socket.create_connection((address.host, address.port))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.setblocking(False)
+        # Blocking: a send waits for room (it never has to here), and a recv only follows a
+        # poll that said the socket is readable.
         socks.append(sock)
     readers = [hiredis.Reader() for _ in socks]
     owed = [0] * len(socks)  # replies of earlier rounds still to come, per socket
@@ -90,7 +91,7 @@ def raw_sockets(urls: list[str]) -> PairRunner:
 
     def round_trip(commands: list[bytes], yes: object) -> bool:
         for sock, command in zip(socks, commands, strict=True):
-            sock.send(command)
+            sock.sendall(command)
         answered = [False] * len(socks)
         granted = refused = 0
         while granted < quorum and refused <= len(socks) - quorum:
