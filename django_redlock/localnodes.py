@@ -29,9 +29,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
 
+import redis
+
 from django_redlock.core.operators import declare_fresh
+from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import parse_node
-from django_redlock.wire.resp import encode_command
 
 __all__ = ["DURABLE_ARGS", "SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
 
@@ -91,24 +93,13 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _command(
-    address: str | tuple[str, int], timeout: float, *parts: str, password: str | None = None
-) -> bytes | None:
-    """Send one command on a new connection (after AUTH when a password is given); the first
-    bytes of its reply, or None."""
-    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+def _answers_ping(url: str, timeout: float) -> bool:
+    """True if the node at ``url`` answers PING (after its login) within ``timeout`` s."""
     try:
-        with socket.socket(family, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(address)
-            if password is not None:
-                sock.sendall(encode_command("AUTH", password))
-                if not sock.recv(64).startswith(b"+OK"):
-                    return None
-            sock.sendall(encode_command(*parts))
-            return sock.recv(64)
-    except OSError:
-        return None
+        with client_for(parse_node(url), timeout) as client:
+            return bool(client.ping())
+    except redis.RedisError:
+        return False
 
 
 class LocalNode:
@@ -159,9 +150,6 @@ class LocalNode:
     def running(self) -> bool:
         """True while the process started by this object is alive (paused counts)."""
         return self.process is not None and self.process.poll() is None
-
-    def _address(self) -> str | tuple[str, int]:
-        return self.socket_path if self.port is None else ("127.0.0.1", self.port)
 
     def _arguments(self) -> list[str]:
         args = [
@@ -222,8 +210,7 @@ class LocalNode:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
-            reply = _command(self._address(), 0.5, "PING", password=self.password) or b""
-            if reply.startswith(b"+PONG"):
+            if _answers_ping(self.url, 0.5):
                 if fresh:
                     self.declare_fresh()
                 return

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import select
+import socket
+import threading
 from collections.abc import Iterable
 
 import redis
@@ -49,3 +52,92 @@ def queued_on_a_majority(cluster: Iterable[LocalNode], name: str, length: int) -
         with node_client(node) as client:
             counts.append(int(client.zcard(f"redlock:{name}\x00q")))
     return sum(count == length for count in counts) > len(counts) // 2
+
+
+class FaultServer:
+    """A TCP listener on 127.0.0.1 for wire faults a real server cannot produce.
+
+    Each accepted connection is forwarded to the unix socket ``upstream`` (a real node), or,
+    without one, answered with ``reply`` to whatever it sends. :meth:`black_hole` turns every
+    connection open now into one that reads and drops what it gets and never answers, while
+    the socket stays open; connections accepted later are served again. A context manager.
+    """
+
+    def __init__(self, upstream: str | None = None, reply: bytes = b"") -> None:
+        self.upstream = upstream
+        self.reply = reply
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.accepted = 0
+        self._peers: dict[socket.socket, socket.socket | None] = {}
+        self._holes: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def black_hole(self) -> None:
+        with self._lock:
+            self._holes.update(self._peers)
+            self._holes.update(peer for peer in self._peers.values() if peer is not None)
+
+    def _accept(self) -> None:
+        conn, _ = self.listener.accept()
+        self.accepted += 1
+        peer = None
+        if self.upstream is not None:
+            peer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            peer.connect(self.upstream)
+            self._peers[peer] = conn
+        self._peers[conn] = peer
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            with self._lock:
+                watched = [self.listener, *self._peers]
+            readable, _, _ = select.select(watched, [], [], 0.05)
+            for sock in readable:
+                if sock is self.listener:
+                    self._accept()
+                    continue
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    data = b""
+                with self._lock:
+                    if not data:
+                        self._forget(sock)
+                        continue
+                    if sock in self._holes:
+                        continue  # swallowed: never forwarded, never answered
+                    peer = self._peers.get(sock)
+                    try:
+                        if peer is not None:
+                            peer.sendall(data)
+                        elif self.reply:
+                            sock.sendall(self.reply)
+                    except OSError:  # the client went away: so does its connection
+                        self._forget(sock)
+
+    def _forget(self, sock: socket.socket) -> None:
+        peer = self._peers.pop(sock, None)
+        self._holes.discard(sock)
+        sock.close()
+        if peer is not None:
+            self._forget(peer)
+
+    def __enter__(self) -> FaultServer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        with self._lock:
+            for sock in list(self._peers):
+                if sock in self._peers:
+                    self._forget(sock)
+        self.listener.close()

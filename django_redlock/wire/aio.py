@@ -17,59 +17,76 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import socket
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
 from django_redlock.wire.nodes import NodeAddress
-from django_redlock.wire.resp import ReplyError, encode_command, make_reader
-from django_redlock.wire.scripts import HOT_SCRIPTS, Command
-from django_redlock.wire.sync import (
-    HELLO_PERSISTENCE,
-    HELLO_RUN_ID,
-    PENDING,
-    TIMED_OUT,
-    UNIDENTIFIED,
-    Hello,
-    NodeError,
-    hello_quarantine,
-    identity_of,
-    new_waiter_id,
-    quarantine_of,
-    run_id_of,
-    wake_channel,
+from django_redlock.wire.resp import (
+    BAD_REPLY,
+    PROTOCOL_ERRORS,
+    ReplyError,
+    encode_command,
+    make_reader,
 )
+from django_redlock.wire.scripts import HOT_SCRIPTS, Command, Commands
+from django_redlock.wire.setup import (
+    Handshake,
+    Hello,
+    aresolve,
+    login_commands,
+    refusal,
+    tls_context,
+    warm_tls,
+)
+from django_redlock.wire.sync import new_waiter_id, wake_channel
 
 __all__ = ["LoopConnections"]
-
-
-_MAX_OUTSTANDING = 32
 
 
 async def _connect(
     address: NodeAddress, protocol: asyncio.Protocol, timeout: float
 ) -> asyncio.BaseTransport:
-    """Connect ``protocol`` to ``address`` (unix socket, TCP or TLS) within ``timeout`` s.
+    """Connect ``protocol`` to ``address`` (unix socket, TCP or TLS) within ``timeout`` s:
+    every address the host resolves to (``loop.getaddrinfo``: the loop never blocks on DNS)
+    is tried in turn until one connects.
 
     Raises:
-        TimeoutError, OSError, ValueError: the node cannot be reached or the TLS set-up failed.
+        TimeoutError, OSError: the node cannot be reached or the TLS handshake failed.
+        NodeError: the host does not resolve, or the TLS settings are unusable.
     """
     loop = asyncio.get_running_loop()
-    if address.path is not None:
-        opening = loop.create_unix_connection(lambda: protocol, address.path)
-    else:
-        ssl = address.ssl_context() if address.tls else None
-        assert address.host is not None
-        assert address.port is not None
-        opening = loop.create_connection(
-            lambda: protocol,
-            address.host,
-            address.port,
-            ssl=ssl,
-            server_hostname=address.host if ssl else None,
-        )
-    transport, _ = await asyncio.wait_for(opening, timeout)
-    return transport
+    context = tls_context(address) if address.tls else None  # built once, outside the deadline
+    async with asyncio.timeout(timeout):
+        if address.path is not None:
+            transport, _ = await loop.create_unix_connection(lambda: protocol, address.path)
+            return transport
+        error: OSError | None = None
+        for family, target in await aresolve(address):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setblocking(False)
+                await loop.sock_connect(sock, target)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            except BaseException:
+                sock.close()
+                raise
+            transport, _ = await loop.create_connection(
+                lambda: protocol,
+                sock=sock,
+                ssl=context,
+                server_hostname=address.host if context else None,
+            )
+            return transport
+        assert error is not None  # aresolve returns at least one address
+        raise error
 
 
 async def _open_stream(
@@ -89,16 +106,6 @@ async def _open_stream(
     return reader, writer
 
 
-def _auth_commands(address: NodeAddress) -> list[bytes]:
-    """The AUTH command a connection to ``address`` starts with (none without a password)."""
-    if address.password is None:
-        return []
-    parts: tuple[str, ...] = (address.password,)
-    if address.username:
-        parts = (address.username, address.password)
-    return [encode_command(b"AUTH", *parts)]
-
-
 def _settle(future: asyncio.Future[None]) -> None:
     """Resolve ``future`` (a round trip's outcome) unless it is already decided."""
     if not future.done():
@@ -108,30 +115,22 @@ def _settle(future: asyncio.Future[None]) -> None:
 _Callback = Callable[[Any], None]
 
 
-def _ignore(reply: Any) -> None:
-    """The reply handler of fire-and-forget commands."""
-
-
 def _drop_reply(index: int, reply: Any) -> None:
     """The per-node recorder of fire-and-forget commands."""
 
 
-class _AsyncConnection(asyncio.Protocol):
+class _AsyncConnection(Handshake, asyncio.Protocol):
     """One connection to one node: an asyncio protocol with the reply handlers it still owes,
     in order. Replies are parsed in ``data_received`` and handed to their handler right there:
     no reader task, no future per reply, so a round trip costs one wake-up of the waiting task.
+    The set-up (login, scripts, hello) is :class:`~django_redlock.wire.setup.Handshake`'s.
     """
 
     def __init__(self, address: NodeAddress, hello: Hello) -> None:
-        self.address = address
-        self.hello = hello
-        # The run_id and persistence arguments for `identify=True` commands (see Hello), and
-        # the commands held until they are known (None: not holding), as the sync transport.
-        self.identity = UNIDENTIFIED
-        self.run_id = ""
-        self.held: list[bytes] | None = []
+        super().__init__(address, hello, HOT_SCRIPTS)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Callback] = deque()
+        self.asked: deque[float] = deque()  # when each owed reply was asked (monotonic)
         self.parser = make_reader()
         self.broken: str | None = None
         # The task that connects and logs in (set by _LoopConnections.connection), and
@@ -140,13 +139,13 @@ class _AsyncConnection(asyncio.Protocol):
         self.ready = False
 
     async def open(self, timeout: float) -> None:
-        """Connect within ``timeout`` seconds, then queue the login and the script loads.
+        """Connect within ``timeout`` seconds, then queue the set-up commands.
         Never raises for a node that cannot be reached: the connection is marked broken
         instead (and so is it when this task is cancelled, so no one waits on it)."""
-        address = self.address
         try:
-            await _connect(address, self, timeout)
-        except (TimeoutError, OSError, ValueError) as exc:
+            setup = self.setup_commands()
+            await _connect(self.address, self, timeout)
+        except (TimeoutError, OSError, ValueError, NodeError) as exc:
             self._fail(str(exc) or "connect timed out")
             return
         except BaseException:
@@ -155,32 +154,24 @@ class _AsyncConnection(asyncio.Protocol):
         if self.broken is not None:  # closed (aclose) while it was connecting
             self._fail(self.broken)
             return
-        login = _auth_commands(address)
-        if address.db:
-            login.append(encode_command(b"SELECT", address.db))
-        for command in login:  # AUTH/SELECT: a refusal makes the connection useless
-            self._send_raw(command, self._check_login)
-        for script in HOT_SCRIPTS:
-            # May fail harmlessly (an ACL without SCRIPT): EVALSHA then falls back to EVAL.
-            self._send_raw(encode_command(b"SCRIPT", b"LOAD", script.source), _ignore)
-        self._send_raw(HELLO_RUN_ID, self._learn_run_id)
-        self._send_raw(HELLO_PERSISTENCE, self._learn_persistence)
-        self._send_raw(hello_quarantine(self.hello.marker), self._learn_quarantine)
+        for command, kind in setup:
+            self._send_raw(command, partial(self._take, kind))
         self.ready = True
 
-    def _learn_run_id(self, reply: Any) -> None:
-        self.run_id = run_id_of(reply)
+    def _take(self, kind: int, reply: Any) -> None:
+        """A set-up reply: learnt, and what it releases written (see Handshake.learn)."""
+        try:
+            out = self.learn(kind, reply)
+        except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
+            self._fail(str(exc))
+            return
+        if out and self.transport is not None and self.broken is None:
+            self.transport.write(out)
 
-    def _learn_persistence(self, reply: Any) -> None:
-        # The identity is complete (INFO came first): the commands held meanwhile go out now.
-        self.identity = identity_of(self.run_id, reply)
-        held, self.held = self.held or [], None
-        if held and self.transport is not None and self.broken is None:
-            self.transport.write(b"".join(command + self.identity for command in held))
-
-    def _learn_quarantine(self, reply: Any) -> None:
-        if not isinstance(reply, NodeError):
-            self.hello.on_quarantine(self.address.label, quarantine_of(reply))
+    def reload(self) -> None:
+        """Load the scripts again (the node answered NOSCRIPT)."""
+        for command, kind in self.reload_commands():
+            self._send_raw(command, partial(self._take, kind))
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -189,39 +180,43 @@ class _AsyncConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.parser.feed(data)
         pending = self.pending
-        while (reply := self.parser.gets()) is not False:
+        asked = self.asked
+        while True:
+            try:
+                reply = self.parser.gets()
+            except PROTOCOL_ERRORS:
+                self._fail(BAD_REPLY)
+                return
+            if reply is False:
+                return
             if pending:
+                asked.popleft()
                 pending.popleft()(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(str(exc) if exc else "connection closed by the server")
 
-    def _check_login(self, reply: Any) -> None:
-        if isinstance(reply, ReplyError):
-            self._fail(f"login refused: {reply}")
-
     def _send_raw(self, command: bytes, on_reply: _Callback, identify: bool = False) -> None:
         """Write ``command``; ``on_reply`` gets its reply, or a :class:`NodeError`. With
-        ``identify``, the connection's identity completes it (held until it is known; a
-        command that names nothing first sends what is held, unidentified, to keep order)."""
+        ``identify``, the connection's identity completes it (see Handshake.outgoing)."""
         if self.broken is not None or self.transport is None:
             on_reply(NodeError(self.broken or "not connected"))
             return
         self.pending.append(on_reply)
-        if self.held is not None:
-            if identify:
-                self.held.append(command)
-                return
-            if self.held:
-                self.transport.write(b"".join(held + UNIDENTIFIED for held in self.held))
-                self.held.clear()
-        elif identify:
-            command += self.identity
+        self.asked.append(time.monotonic())
+        command = self.outgoing(command, identify)
+        if not command:
+            return  # held until the hello is answered
         self.transport.write(command)
+
+    def age(self, now: float) -> float:
+        """Seconds since the oldest reply still owed was asked (0 when none is owed)."""
+        return now - self.asked[0] if self.asked else 0.0
 
     def _fail(self, reason: str) -> None:
         if self.broken is None:
             self.broken = reason
+        self.asked.clear()
         while self.pending:
             self.pending.popleft()(NodeError(reason))
         if self.transport is not None:
@@ -268,9 +263,13 @@ class _AsyncSubscriber:
     async def _open(self, index: int, timeout: float) -> None:
         try:
             reader, writer = await _open_stream(self.addresses[index], timeout)
-        except (TimeoutError, OSError, ValueError):
+        except (TimeoutError, OSError, ValueError, NodeError):
             return  # this node stays silent: the poll fallback covers it
-        logins = _auth_commands(self.addresses[index])
+        try:
+            logins = login_commands(self.addresses[index])
+        except NodeError:
+            writer.close()
+            return
         for command in logins:
             writer.write(command)
         self.writers[index] = writer
@@ -304,6 +303,8 @@ class _AsyncSubscriber:
                             future.set_result(True)
         except (OSError, asyncio.CancelledError):
             pass
+        except PROTOCOL_ERRORS:
+            pass  # not RESP: this node is lost (the poll fallback covers it)
         finally:
             self._lost(index)
 
@@ -393,11 +394,32 @@ def _usable(conn: _AsyncConnection | None) -> bool:
 
 
 class LoopConnections:
-    """The connections of one event loop, one per node."""
+    """The connections of one event loop, one per node.
 
-    def __init__(self, addresses: Sequence[NodeAddress], hello: Hello) -> None:
+    Args:
+        addresses: the nodes, in the manager's order.
+        hello: what every new connection asks its node after its login.
+        max_outstanding, stall_reset, stall_age: seconds and counts as for the sync
+            :class:`~django_redlock.wire.sync.ConnectionSet`: a node owing ``max_outstanding``
+            replies, the oldest older than ``stall_age``, is skipped; one whose oldest owed
+            reply is older than ``stall_reset`` gets a new connection.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[NodeAddress],
+        hello: Hello,
+        *,
+        max_outstanding: int = 32,
+        stall_reset: float = 1.0,
+        stall_age: float | None = None,
+    ) -> None:
         self.addresses = tuple(addresses)
+        warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.hello = hello
+        self.max_outstanding = max_outstanding
+        self.stall_reset = stall_reset
+        self.stall_age = stall_reset / 20 if stall_age is None else stall_age
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self.subscriber = _AsyncSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
@@ -430,13 +452,14 @@ class LoopConnections:
 
     async def run(
         self,
-        commands: Sequence[Command | None],
+        commands: Commands,
         timeout: float,
         yes_value: object,
         need: int,
-        give_up: int | None = None,
-        identify: bool = False,
+        *,
         capped: bool = True,
+        identify: bool = False,
+        give_up: int | None = None,
     ) -> tuple[list[Any], int, int]:
         """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
         With ``identify``, each command is completed with its connection's identity (see
@@ -465,6 +488,12 @@ class LoopConnections:
             if (counts[0] >= need or counts[1] > give_up) and not decided.done():
                 decided.set_result(None)
 
+        now = time.monotonic()
+        for index, command in enumerate(commands):
+            conn = self.connections[index]
+            if command is not None and conn is not None and conn.age(now) > self.stall_reset:
+                # Open, but its oldest owed reply is long overdue (a black hole): replaced.
+                conn._fail("stalled connection reset")
         missing = [
             index
             for index, command in enumerate(commands)
@@ -482,9 +511,13 @@ class LoopConnections:
             if conn.broken is not None:
                 record(index, NodeError(conn.broken))
                 continue
-            if capped and len(conn.pending) >= _MAX_OUTSTANDING:
-                record(index, NodeError(f"stalled: {len(conn.pending)} replies outstanding"))
-                continue
+            if capped and len(conn.pending) >= self.max_outstanding:
+                reason = refusal(
+                    len(conn.pending), conn.age(now), self.max_outstanding, self.stall_age
+                )
+                if reason is not None:
+                    record(index, NodeError(reason))
+                    continue
             pending += 1
             self._expect(conn, index, command, record, over, identify)
         if pending and not decided.done():
@@ -502,7 +535,7 @@ class LoopConnections:
             outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
         return outcome, counts[0], counts[1]
 
-    def post(self, commands: Sequence[Command | None]) -> None:
+    def post(self, commands: Commands) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
         cancelled); the replies are read and dropped. Nodes not connected are skipped."""
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
@@ -533,8 +566,10 @@ class LoopConnections:
                 and fallback is not None
             ):
                 if over is not None and over[0] and not fallback.when_over:
+                    conn.reload()  # too late to run, not to load
                     return
                 self._expect(conn, index, (fallback.build(), None), record, over)
+                conn.reload()
                 return
             record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
 

@@ -21,12 +21,15 @@ def client_for(address: NodeAddress, timeout: float) -> redis.Redis:
     """
     options: dict[str, Any] = {
         "db": address.db,
-        "username": address.username,
-        "password": address.password,
         "socket_timeout": timeout,
         "socket_connect_timeout": timeout,
         "retry": Retry(NoBackoff(), 0),
     }
+    # redis-py refuses a username or password next to a credential provider.
+    if address.credential_provider is not None:
+        options["credential_provider"] = address.credential_provider
+    else:
+        options.update(username=address.username, password=address.password)
     if address.path is not None:
         return redis.Redis(unix_socket_path=address.path, **options)
     if address.tls:

@@ -7,6 +7,7 @@ person uses :attr:`NodeAddress.label`, which never contains the password.
 
 from __future__ import annotations
 
+import os
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,9 +26,8 @@ _CERT_REQS = {
     "required": ssl.CERT_REQUIRED,
 }
 
-# Connection settings of a redis-py client that we copy; anything else that changes how the
-# client connects (a credential provider, a custom connection class) cannot be honoured by our
-# own sockets, so it is refused rather than silently ignored.
+# Connection settings of a redis-py client that we copy; other TLS settings cannot be honoured
+# by our own sockets, so they are refused rather than silently ignored.
 _SUPPORTED_CLIENT_KWARGS = frozenset(
     {
         "host",
@@ -44,6 +44,7 @@ _SUPPORTED_CLIENT_KWARGS = frozenset(
         "ssl_ca_path",
         "ssl_check_hostname",
         "ssl_password",
+        "credential_provider",
     }
 )
 
@@ -59,6 +60,8 @@ class NodeAddress:
         username, password: ACL login; the password is excluded from ``repr``.
         tls: whether to speak TLS (``rediss://``).
         ssl_options: TLS settings copied from the URL query or the client (``ssl_*`` names).
+        credential_provider: a redis-py ``CredentialProvider`` asked for the login of every
+            new connection (instead of ``username``/``password``); not part of the identity.
     """
 
     host: str | None = None
@@ -69,6 +72,7 @@ class NodeAddress:
     password: str | None = field(default=None, repr=False)
     tls: bool = False
     ssl_options: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
+    credential_provider: Any = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -89,7 +93,8 @@ class NodeAddress:
         asked: ``redlock_status`` finds other duplicates by the servers' run_id)."""
         host = self.host and self.host.lower()
         host = _LOOPBACK.get(host, host) if host else host
-        return (host, self.port, self.path, self.db)
+        path = os.path.normpath(self.path) if self.path else self.path
+        return (host, self.port, path, self.db)
 
     def __str__(self) -> str:
         return self.label
@@ -152,11 +157,19 @@ def _from_url(url: str) -> NodeAddress:
                 f"nodes: node URL {_redact_url(url)!r}: the path must be a database number, "
                 f"not {database!r}"
             )
+    elif not parts.path:
+        raise ValueError(f"nodes: node URL {_redact_url(url)!r} has no socket path")
     try:
         kwargs: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]
     except ValueError as exc:
         raise ValueError(f"nodes: invalid node URL {_redact_url(url)!r}: {exc}") from None
     kwargs.pop("connection_class", None)
+    database = parts.path.lstrip("/") if scheme != "unix" else ""
+    if database and "db" in kwargs and int(database) != kwargs["db"]:
+        raise ValueError(
+            f"nodes: node URL {_redact_url(url)!r} names two databases "
+            f"({database} in the path, {kwargs['db']} in ?db=)"
+        )
     address = _from_kwargs(kwargs, tls=scheme == "rediss", source=_redact_url(url))
     if address.path is None and not address.host:
         raise ValueError(f"nodes: node URL {_redact_url(url)!r} has no host")
@@ -179,6 +192,7 @@ def _from_kwargs(kwargs: dict[str, Any], *, tls: bool, source: str) -> NodeAddre
             db=db,
             username=kwargs.get("username"),
             password=kwargs.get("password"),
+            credential_provider=kwargs.get("credential_provider"),
         )
     return NodeAddress(
         host=str(kwargs.get("host") or "localhost"),
@@ -188,6 +202,7 @@ def _from_kwargs(kwargs: dict[str, Any], *, tls: bool, source: str) -> NodeAddre
         password=kwargs.get("password"),
         tls=tls,
         ssl_options=ssl_options,
+        credential_provider=kwargs.get("credential_provider"),
     )
 
 
@@ -199,7 +214,7 @@ def _from_client(client: Any) -> NodeAddress:
         key
         for key, value in kwargs.items()
         if key not in _SUPPORTED_CLIENT_KWARGS
-        and key.startswith(("ssl_", "credential_provider"))
+        and key.startswith("ssl_")
         and value not in (None, False, [], "required")
         and not (key == "ssl_check_hostname" and value is True)
     )

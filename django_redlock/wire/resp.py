@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-__all__ = ["Reader", "ReplyError", "encode_command", "encode_parts", "make_reader"]
+__all__ = [
+    "BAD_REPLY",
+    "PROTOCOL_ERRORS",
+    "Reader",
+    "ReplyError",
+    "encode_command",
+    "encode_parts",
+    "make_reader",
+]
 
 
 class ReplyError(Exception):
@@ -119,6 +127,16 @@ try:  # pragma: no branch - which branch runs depends on the environment
     import hiredis as _hiredis
 except ImportError:  # pragma: no cover - exercised by the pure-Python reader tests instead
     _hiredis = None
+
+
+PROTOCOL_ERRORS: tuple[type[Exception], ...] = (ValueError,)
+"""What a reader's ``gets()`` raises on bytes that are not RESP (hiredis: ``ProtocolError``;
+the Python reader: ``ValueError``). The transports turn it into a node failure
+(:data:`BAD_REPLY`): such a node is counted against the quorum, and its connection replaced."""
+if _hiredis is not None:  # pragma: no branch
+    PROTOCOL_ERRORS = (ValueError, _hiredis.ProtocolError)
+
+BAD_REPLY = "protocol error: the node's reply is not RESP"
 
 
 def make_reader(*, prefer_hiredis: bool = True) -> Reader:

@@ -34,6 +34,7 @@ __all__ = [
     "PING",
     "RELEASE",
     "Command",
+    "Commands",
     "Fallback",
     "Script",
     "acquire_command",
@@ -107,6 +108,8 @@ class Fallback:
 
 # A command for one node: its bytes, and its NOSCRIPT fallback (None for plain commands).
 Command = tuple[bytes, Fallback | None]
+# One command per node, in the nodes' order; None skips that node.
+Commands = Sequence[Command | None]
 
 
 _INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)

@@ -33,12 +33,38 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.process import current_pid
-from django_redlock.wire.resp import Reader, ReplyError, encode_command, make_reader
+from django_redlock.wire.resp import (
+    BAD_REPLY,
+    PROTOCOL_ERRORS,
+    ReplyError,
+    encode_command,
+    make_reader,
+)
 from django_redlock.wire.scripts import Command, Fallback, Script
+from django_redlock.wire.setup import (
+    HELLO_PERSISTENCE,
+    HELLO_RUN_ID,
+    UNIDENTIFIED,
+    Handshake,
+    Hello,
+    describe,
+    hello_quarantine,
+    identity_of,
+    persistence_hint,
+    quarantine_of,
+    refusal,
+    resolve,
+    run_id_of,
+    tls_context,
+    warm_tls,
+)
 
 __all__ = [
+    "HELLO_PERSISTENCE",
+    "HELLO_RUN_ID",
     "PENDING",
     "TIMED_OUT",
     "UNIDENTIFIED",
@@ -48,44 +74,30 @@ __all__ = [
     "NodeError",
     "NotSent",
     "Script",
+    "Subscriber",
     "ThreadConnections",
+    "hello_quarantine",
+    "identity_of",
+    "new_waiter_id",
+    "persistence_hint",
+    "quarantine_of",
+    "run_id_of",
+    "wake_channel",
 ]
 
 # A connection set unused this long (seconds) looks for closed sockets before sending.
 _IDLE = 0.005
 # Replies here are tiny; a large read buffer costs an allocation per recv for nothing.
 _READ_SIZE = 8192
-_POLL_IN = select.POLLIN | select.POLLPRI
+# POLLRDHUP: told when a TCP peer closes (a unix socket peer gives POLLHUP).
+_RDHUP = getattr(select, "POLLRDHUP", 0)
+_POLL_IN = select.POLLIN | select.POLLPRI | _RDHUP
 _POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
-
-
-class NodeError(Exception):
-    """A node failed: refused, reset, timed out, or answered with an error."""
-
-
-class NotSent(NodeError):
-    """The command was never written to the node (it could not be reached, or owed too many
-    replies): there is nothing on that node for a clean-up to undo."""
-
-
-class _TimedOut:
-    """The marker result of a node that did not answer within the per-node timeout."""
-
-    def __repr__(self) -> str:
-        return "TIMED_OUT"
-
-
-TIMED_OUT = _TimedOut()
-
-
-class _Pending:
-    """The marker result of a node whose reply was not waited for (the outcome was known)."""
-
-    def __repr__(self) -> str:
-        return "PENDING"
-
-
-PENDING = _Pending()
+_HUNG_UP = select.POLLHUP | _RDHUP
+# Clean-ups and queued releases go behind up to this many times ``max_outstanding`` owed
+# replies: twice the most that ``refusal`` lets a node owe, so a command sent under that bound
+# always finds room for its clean-up behind it.
+_ROOM = 8
 
 
 class _Exchange:
@@ -116,90 +128,19 @@ class _Exchange:
             self.no += 1
 
 
-# Slot indexes below zero are the connection's own set-up commands.
-_LOGIN = -1  # AUTH / SELECT: an error reply makes the connection useless
-_PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under ACLs)
-_RUN_ID = -3  # INFO server: which server process this connection reached
-_PERSISTENCE = -4  # CONFIG GET append*: whether that process is durable
-_QUARANTINE = -5  # HGET <marker> q: the longest quarantine the node has seen
+# One reply a connection still expects: (exchange or None for a set-up command, node index
+# or the set-up reply's kind, NOSCRIPT fallback or None, when it was asked by the set's
+# clock). A tuple: this is made for every command on the hot path.
+_Slot = tuple[_Exchange | None, int, Fallback | None, float]
 
 
-def _bulk(text: str) -> bytes:
-    data = text.encode()
-    return b"$%d\r\n%s\r\n" % (len(data), data)
+class _Connection(Handshake):
+    """A non-blocking socket to one node, with its write buffer and expected replies.
 
-
-UNIDENTIFIED = _bulk("") + _bulk("")
-"""The identity of a connection whose process is not known yet: the run_id and persistence
-arguments that a command sent with ``identify=True`` ends with (see ``scripts/acquire.lua``)."""
-
-
-class Hello:
-    """What a new connection asks the node right after its login, pipelined (no round trip).
-
-    Its server process (``INFO server``: run_id) and persistence (``CONFIG GET append*``) make
-    the connection's identity, which ends every command posted with ``identify=True``; the
-    node's longest quarantine (``HGET <marker> q``) goes to ``on_quarantine(node label, ms)``
-    (0 when the node has none).
+    Raises:
+        NodeError: the node cannot be reached at once (no address, refused, no such socket),
+            or its credential provider failed.
     """
-
-    __slots__ = ("marker", "on_quarantine")
-
-    def __init__(self, marker: str, on_quarantine: Callable[[str, int], None]) -> None:
-        self.marker = marker
-        self.on_quarantine = on_quarantine
-
-
-HELLO_RUN_ID = encode_command(b"INFO", b"server")
-HELLO_PERSISTENCE = encode_command(b"CONFIG", b"GET", b"append*")
-
-
-def hello_quarantine(marker: str) -> bytes:
-    """The hello command that reads the node's longest quarantine (``HGET <marker> q``)."""
-    return encode_command(b"HGET", marker, b"q")
-
-
-def run_id_of(info: object) -> str:
-    """The server process's run_id from an ``INFO server`` reply ("" when absent)."""
-    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
-    start = text.find("run_id:")
-    return text[start + 7 : start + 47] if start >= 0 else ""
-
-
-def quarantine_of(reply: object) -> int:
-    """Milliseconds from an ``HGET <marker> q`` reply; 0 when there is none, or when the node
-    refused the read (an ACL without the marker key: it answered all the same)."""
-    return int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
-
-
-def identity_of(run_id: str, config: object) -> bytes:
-    """The two arguments that complete an ``identify=True`` command on a connection to the
-    process ``run_id``, whose ``CONFIG GET append*`` reply was ``config``."""
-    return _bulk(run_id) + _bulk(persistence_hint(config))
-
-
-def persistence_hint(config: object) -> str:
-    """The persistence argument of ``scripts/node_rule.lua`` from a ``CONFIG GET append*``
-    reply (a flat name/value list), or from the error that refused it."""
-    if not isinstance(config, list):
-        return "CONFIG GET refused"
-    values = {
-        bytes(name).decode(errors="replace"): bytes(value).decode(errors="replace")
-        for name, value in zip(config[::2], config[1::2], strict=False)
-    }
-    if values.get("appendonly") != "yes":
-        return "appendonly no"
-    fsync = values.get("appendfsync", "unknown")
-    return "always" if fsync == "always" else f"appendfsync {fsync}"
-
-
-# One reply a connection still expects: (exchange or None, node index or _LOGIN/_PRELOAD,
-# NOSCRIPT fallback or None). A tuple: this is made for every command on the hot path.
-_Slot = tuple[_Exchange | None, int, Fallback | None]
-
-
-class _Connection:
-    """A non-blocking socket to one node, with its write buffer and expected replies."""
 
     def __init__(
         self,
@@ -208,103 +149,64 @@ class _Connection:
         preload: Sequence[Script] = (),
         hello: Hello | None = None,
     ) -> None:
-        self.address = address
-        # The run_id and persistence arguments for `identify=True` commands (see Hello), and
-        # the commands held until they are known (None: not holding).
-        self.identity = UNIDENTIFIED
-        self.run_id = ""
-        self.held: list[bytes] | None = None if hello is None else []
+        super().__init__(address, hello, preload)
         self.tls = address.tls
         self.clock = clock
-        self.created = clock()
         self.out = bytearray()
         self.slots: deque[_Slot] = deque()
-        self.reader: Reader = make_reader()
+        self.reader = make_reader()
         self.tls_handshaking = False
         self.connecting = True
-        self.stalled_since: float | None = None
+        setup = self.setup_commands()  # before the socket: a failing provider leaks nothing
+        self.targets = resolve(address)
         self.sock = self._open()
-        if not self.connecting and address.tls:
+        if not self.connecting and self.tls:
             try:
                 self._start_tls()
             except NodeError:
                 self.sock.close()
                 raise
-        self._queue_login(preload, hello)
+        now = clock()
+        for command, kind in setup:
+            self.out += command
+            self.slots.append((None, kind, None, now))
 
     def _open(self) -> socket.socket:
-        """Start a non-blocking connect; TLS is layered on once TCP is up (see flush).
+        """Start a non-blocking connect to the next address not tried yet; TLS is layered on
+        once TCP is up (see flush). An address that fails at once is passed over.
 
         Raises:
-            NodeError: the connect failed at once (refused, no such socket, bad host).
+            NodeError: every address left failed at once (refused, no such socket).
         """
-        address = self.address
-        try:
-            if address.path is not None:
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                target: Any = address.path
-            else:
-                info = socket.getaddrinfo(address.host, address.port, 0, socket.SOCK_STREAM)
-                family, _, _, _, target = info[0]
+        error = "no address to connect to"
+        while self.targets:
+            family, target = self.targets.pop(0)
+            try:
                 sock = socket.socket(family, socket.SOCK_STREAM)
+            except OSError as exc:
+                error = describe(exc)
+                continue
+            if family != socket.AF_UNIX:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError as exc:
-            raise NodeError(_describe(exc)) from None
-        sock.setblocking(False)
-        code = sock.connect_ex(target)
-        if code == 0:
-            self.connecting = False
-        elif code != errno.EINPROGRESS:
+            sock.setblocking(False)
+            code = sock.connect_ex(target)
+            if code in (0, errno.EINPROGRESS):
+                self.connecting = code != 0
+                return sock
             # EAGAIN on a unix socket means its backlog is full: the connect did not start.
             sock.close()
-            raise NodeError(os.strerror(code).lower())
-        return sock
+            error = os.strerror(code).lower()
+        raise NodeError(error)
 
     def _start_tls(self) -> None:
+        context = tls_context(self.address)  # built once per address, before any deadline
         try:
-            context = self.address.ssl_context()
             self.sock = context.wrap_socket(
                 self.sock, server_hostname=self.address.host, do_handshake_on_connect=False
             )
         except (OSError, ValueError) as exc:
             raise NodeError(f"TLS set-up failed: {exc}") from None
         self.tls_handshaking = True
-
-    def _queue_login(self, preload: Sequence[Script], hello: Hello | None) -> None:
-        address = self.address
-        if address.password is not None:
-            login: tuple[bytes | str, ...] = (address.password,)
-            if address.username:
-                login = (address.username, address.password)
-            self.out += encode_command(b"AUTH", *login)
-            self.slots.append((None, _LOGIN, None))
-        if address.db:
-            self.out += encode_command(b"SELECT", address.db)
-            self.slots.append((None, _LOGIN, None))
-        # Load the scripts first, so EVALSHA does not meet NOSCRIPT in normal operation: a
-        # NOSCRIPT fallback is re-sent behind whatever was pipelined meanwhile, out of order.
-        for script in preload:
-            self.out += encode_command(b"SCRIPT", b"LOAD", script.source)
-            self.slots.append((None, _PRELOAD, None))
-        if hello is not None:
-            self.out += HELLO_RUN_ID
-            self.slots.append((None, _RUN_ID, None))
-            self.out += HELLO_PERSISTENCE
-            self.slots.append((None, _PERSISTENCE, None))
-            self.out += hello_quarantine(hello.marker)
-            self.slots.append((None, _QUARANTINE, None))
-
-    def learn(self, kind: int, reply: object) -> None:
-        """Take in the reply to one of :meth:`_queue_login`'s hello commands."""
-        if kind == _RUN_ID:
-            self.run_id = run_id_of(reply)
-        elif kind == _PERSISTENCE:
-            # The identity is complete (INFO came first on this connection): from now on the
-            # node can take the acquire hot path for this connection. The commands held
-            # meanwhile go out now, in order, after the replies that preceded them.
-            self.identity = identity_of(self.run_id, reply)
-            held, self.held = self.held or [], None
-            self.out += b"".join(command + self.identity for command in held)
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -314,7 +216,7 @@ class _Connection:
             return select.POLLOUT | _POLL_IN
         return _POLL_IN
 
-    def send(self, command: bytes, slot: _Slot, now: float, identify: bool = False) -> None:
+    def send(self, command: bytes, slot: _Slot, identify: bool = False) -> None:
         """Queue ``command`` (expecting one reply for ``slot``) and write what the socket takes;
         with ``identify``, the connection's identity completes it (see :class:`Hello`).
 
@@ -322,21 +224,9 @@ class _Connection:
             NodeError: the connection failed.
         """
         self.slots.append(slot)
-        if self.stalled_since is None:
-            self.stalled_since = now
-        if self.held is not None:
-            # Still learning which process this is: hold a command that names it until the
-            # hello replies are in. A command that names nothing is never held: what is held
-            # goes out first, unidentified, so the node applies everything in order (a failed
-            # acquire's clean-up release must follow its SET).
-            if identify:
-                self.held.append(command)
-                return
-            if self.held:
-                self.out += b"".join(held + UNIDENTIFIED for held in self.held)
-                self.held.clear()
-        elif identify:
-            command += self.identity
+        command = self.outgoing(command, identify)
+        if not command:
+            return  # held until the hello is answered
         if self.out or self.connecting or self.tls_handshaking:
             self.out += command
             self.flush()
@@ -347,12 +237,13 @@ class _Connection:
         except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             sent = 0
         except OSError as exc:
-            raise NodeError(_describe(exc)) from None
+            raise NodeError(describe(exc)) from None
         if sent < len(command):
             self.out += command[sent:]
 
     def flush(self) -> None:
-        """Write as much of the buffer as the socket takes now.
+        """Write as much of the buffer as the socket takes now. A connect that failed moves
+        on to the node's next address, if any (the socket, and its file descriptor, change).
 
         Raises:
             NodeError: the connection failed.
@@ -362,9 +253,14 @@ class _Connection:
             if code == 0 and not self._connected():
                 return
             if code:
-                raise NodeError(os.strerror(code).lower())
+                self.sock.close()
+                if not self.targets:
+                    raise NodeError(os.strerror(code).lower())
+                self.sock = self._open()
+                if self.connecting:
+                    return
             self.connecting = False
-            if self.address.tls:
+            if self.tls:
                 self._start_tls()
         if self.tls_handshaking:
             assert isinstance(self.sock, ssl.SSLSocket)
@@ -375,7 +271,7 @@ class _Connection:
             except ssl.SSLError as exc:
                 raise NodeError(f"TLS handshake failed: {exc.reason or exc}") from None
             except OSError as exc:
-                raise NodeError(_describe(exc)) from None
+                raise NodeError(describe(exc)) from None
             self.tls_handshaking = False
         while self.out:
             try:
@@ -383,7 +279,7 @@ class _Connection:
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return
             except OSError as exc:
-                raise NodeError(_describe(exc)) from None
+                raise NodeError(describe(exc)) from None
             del self.out[:sent]
 
     def _connected(self) -> bool:
@@ -410,16 +306,32 @@ class _Connection:
             except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as exc:
-                raise NodeError(_describe(exc)) from None
+                raise NodeError(describe(exc)) from None
             if not data:
                 raise NodeError("connection closed by the server")
             self.reader.feed(data)
             if len(data) < _READ_SIZE and not (self.tls and sock.pending()):  # type: ignore[attr-defined]
                 return
 
+    def replies(self) -> Any:
+        """The next reply read (``False``: none complete yet).
+
+        Raises:
+            NodeError: the bytes are not RESP (:data:`~django_redlock.wire.resp.BAD_REPLY`).
+        """
+        try:
+            return self.reader.gets()
+        except PROTOCOL_ERRORS:
+            raise NodeError(BAD_REPLY) from None
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.sock.close()
+
+
+def _noscript(reply: object) -> bool:
+    """The node had no copy of the script (after SCRIPT FLUSH, a restart, a failover)."""
+    return type(reply) is ReplyError and str(reply).startswith("NOSCRIPT")
 
 
 def _close_quietly(connections: list[_Connection | None]) -> None:
@@ -428,14 +340,6 @@ def _close_quietly(connections: list[_Connection | None]) -> None:
         if conn is not None:
             conn.close()
             connections[index] = None
-
-
-def _describe(exc: OSError) -> str:
-    if isinstance(exc, ssl.SSLError):
-        return f"TLS error: {exc.reason or exc}"
-    if exc.errno is not None:
-        return os.strerror(exc.errno).lower()
-    return str(exc) or type(exc).__name__
 
 
 class ConnectionSet:
@@ -448,8 +352,12 @@ class ConnectionSet:
     Args:
         addresses: the nodes, in the manager's order.
         clock: monotonic clock in seconds (injected by tests).
-        max_outstanding: replies a node may owe before it is skipped without sending.
+        max_outstanding: replies a node may owe before it is judged by the age of the oldest
+            (see :func:`~django_redlock.wire.setup.refusal`): skipped without sending if
+            that reply is older than ``stall_age``.
         stall_reset: seconds a node may owe a reply before its connection is replaced.
+        stall_age: seconds past which an owed reply is late (default: ``stall_reset / 20``,
+            the manager's node timeout).
         preload: scripts loaded (SCRIPT LOAD) on every new connection.
         hello: what every new connection asks the node after its login (see :class:`Hello`).
     """
@@ -463,13 +371,16 @@ class ConnectionSet:
         stall_reset: float,
         preload: Sequence[Script] = (),
         hello: Hello | None = None,
+        stall_age: float | None = None,
     ) -> None:
         self.addresses = tuple(addresses)
+        warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.preload = tuple(preload)
         self.hello = hello
         self.clock = clock
         self.max_outstanding = max_outstanding
         self.stall_reset = stall_reset
+        self.stall_age = stall_reset / 20 if stall_age is None else stall_age
         self.pid = current_pid()
         self.connections: list[_Connection | None] = [None] * len(self.addresses)
         # One poll object for the set's life: every open socket stays registered, so a wait
@@ -478,6 +389,9 @@ class ConnectionSet:
         self.by_fd: dict[int, int] = {}
         self.polling: dict[int, int] = {}
         self.last_post = float("-inf")
+        # Whether a connection opened lately may still hold commands until its hello is
+        # answered (see wait): checked only then, not on every round trip.
+        self.settling = False
         self._subscriber: Subscriber | None = None
         # Closes the sockets when the set is dropped without close(). A weakref finalizer
         # runs before the garbage collector finalizes the sockets themselves, even when the
@@ -530,7 +444,7 @@ class ConnectionSet:
             self.polling.pop(fd, None)
             self.poller.unregister(fd)
         conn.close()
-        for exchange, index_, _ in conn.slots:
+        for exchange, index_, _, _ in conn.slots:
             if exchange is not None and not exchange.closed:
                 exchange.record(index_, NodeError(reason))
 
@@ -538,93 +452,153 @@ class ConnectionSet:
         """The usable connection to node ``index``, opened if needed.
 
         Replies still owed from earlier operations do not stop a new command: it is pipelined
-        behind them and they are read (and dropped) as they come. Only a connection that
-        looks stalled, owing ``max_outstanding`` replies or making no progress for
-        ``stall_reset`` seconds, is drained first without blocking; if that does not help it
-        is replaced (stalled too long) or the node is skipped (too many owed).
+        behind them and they are read (and dropped) as they come. A node is judged by the age
+        of its oldest owed reply, not by a count alone (see
+        :func:`~django_redlock.wire.setup.refusal`): one that owes many replies, the oldest
+        older than ``stall_age``, is first drained without blocking, then skipped if that
+        did not help; one whose oldest owed reply is older than ``stall_reset`` gets a new
+        connection (a black hole: open, never answering).
 
         Raises:
-            NodeError: the node cannot be reached, or owes too many replies.
+            NodeError: the node cannot be reached, or is stalled.
         """
         conn = self.connections[index]
         if conn is not None and conn.slots:
-            stalled_since = conn.stalled_since
-            if stalled_since is not None and (
-                len(conn.slots) >= self.max_outstanding or now - stalled_since > self.stall_reset
+            age = now - conn.slots[0][3]
+            if age > self.stall_reset or (
+                len(conn.slots) >= self.max_outstanding
+                and refusal(len(conn.slots), age, self.max_outstanding, self.stall_age)
             ):
                 self._read(index, conn)
                 conn = self.connections[index]
-                if conn is not None and conn.stalled_since is not None:
-                    if now - conn.stalled_since > self.stall_reset:
+                if conn is not None and conn.slots:
+                    age = now - conn.slots[0][3]
+                    if age > self.stall_reset:
                         self._drop(index, "stalled connection reset")
                         conn = None
-                    elif len(conn.slots) >= self.max_outstanding:
-                        raise NodeError(f"stalled: {len(conn.slots)} replies outstanding")
+                    else:
+                        reason = refusal(len(conn.slots), age, self.max_outstanding, self.stall_age)
+                        if reason is not None:
+                            raise NodeError(reason)
         if conn is None:
             conn = _Connection(self.addresses[index], self.clock, self.preload, self.hello)
+            self.settling = self.hello is not None
             self.connections[index] = conn
-            fd = conn.fileno()
-            self.by_fd[index] = fd
-            self.polling[fd] = index
-            self.poller.register(fd, conn.events())
+            self._rearm(index, conn)
         return conn
 
-    def _read(self, index: int, conn: _Connection) -> None:
+    def _rearm(self, index: int, conn: _Connection) -> None:
+        """Poll ``conn`` for what it waits on now, under its current file descriptor (a
+        connect that moved on to the node's next address has a new socket)."""
+        fd = conn.fileno()
+        if self.by_fd.get(index) == fd:
+            self.poller.modify(fd, conn.events())
+            return
+        old = self.by_fd.pop(index, None)
+        if old is not None:
+            self.polling.pop(old, None)
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(old)
+        self.by_fd[index] = fd
+        self.polling[fd] = index
+        self.poller.register(fd, conn.events())
+
+    def _read(self, index: int, conn: _Connection, hung_up: bool = False) -> None:
         """Read what node ``index`` sent and hand each reply to the operation waiting for it
-        (a node that fails is dropped and its owed replies become errors)."""
+        (a node that fails, or sends bytes that are not RESP, is dropped and its owed replies
+        become errors).
+
+        ``hung_up``: the poll said the node closed the connection. Its last replies and the
+        close often come in one read, which then ends without seeing the close: the
+        connection is dropped here, after those replies, so that the next command (the
+        release right after a node restarted) goes on a new connection instead of failing
+        with "broken pipe" on this one, and the key it should delete staying until its ttl.
+        """
         try:
             conn.receive()
         except NodeError as exc:
             self._drop(index, str(exc))
             return
+        if conn.connecting:  # may have moved on to the node's next address
+            self._rearm(index, conn)
+            return
         reader = conn.reader
         slots = conn.slots
-        progressed = False
         while slots:
-            reply = reader.gets()
+            try:
+                reply = reader.gets()
+            except PROTOCOL_ERRORS:
+                self._drop(index, BAD_REPLY)
+                return
             if reply is False:
                 break
-            progressed = True
-            exchange, slot_index, fallback = slots.popleft()
+            exchange, slot_index, fallback, _ = slots.popleft()
             if exchange is None:
-                if slot_index == _LOGIN and type(reply) is ReplyError:
-                    # AUTH or SELECT was refused: the connection is useless.
-                    self._drop(index, f"login refused: {reply}")
+                try:
+                    out = conn.learn(slot_index, reply)
+                except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
+                    self._drop(index, str(exc))
                     return
-                if slot_index == _QUARANTINE:
-                    if self.hello is not None:
-                        self.hello.on_quarantine(conn.address.label, quarantine_of(reply))
-                elif slot_index < _PRELOAD:
-                    conn.learn(slot_index, reply)
-                    if conn.out:
-                        try:
-                            conn.flush()
-                        except NodeError as exc:
-                            self._drop(index, str(exc))
-                            return
-                        self.poller.modify(conn.fileno(), conn.events())
+                if out and not self._write(index, conn, out):
+                    return
                 continue
             if exchange.closed and (fallback is None or not fallback.when_over):
+                if fallback is not None and _noscript(reply):  # too late to run, not to load
+                    for command, kind in conn.reload_commands():
+                        if not self._write_expecting(index, conn, command, kind):
+                            return
                 continue
             if type(reply) is ReplyError:
-                if fallback is not None and str(reply).startswith("NOSCRIPT"):
-                    try:
-                        conn.send(fallback.build(), (exchange, slot_index, None), self.clock())
-                    except NodeError as exc:
-                        self._drop(index, str(exc))
+                if fallback is not None and _noscript(reply):
+                    if not self._resend(index, conn, fallback, exchange, slot_index):
                         return
-                    if conn.out:
-                        self.poller.modify(conn.fileno(), conn.events())
                     continue
                 reply = NodeError(str(reply))
             if not exchange.closed:
                 exchange.record(slot_index, reply)
-        # The stall clock restarts only on progress: a read that found nothing (a paused
-        # node) must not make the connection look fresh, or it would never be replaced.
-        if not slots:
-            conn.stalled_since = None
-        elif progressed:
-            conn.stalled_since = self.clock()
+        if hung_up:
+            self._drop(index, "connection closed by the server")
+
+    def _write(self, index: int, conn: _Connection, data: bytes) -> bool:
+        """Write ``data`` (no reply expected of its own) on ``conn``; False if that failed
+        (the node was dropped)."""
+        conn.out += data
+        try:
+            conn.flush()
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        self._rearm(index, conn)
+        return True
+
+    def _write_expecting(self, index: int, conn: _Connection, command: bytes, kind: int) -> bool:
+        """Send set-up ``command`` (its reply of ``kind`` goes to the handshake); False if
+        the node was dropped."""
+        try:
+            conn.send(command, (None, kind, None, self.clock()))
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        if conn.out:
+            self._rearm(index, conn)
+        return True
+
+    def _resend(
+        self, index: int, conn: _Connection, fallback: Fallback, exchange: _Exchange, slot: int
+    ) -> bool:
+        """The node had no copy of a script (NOSCRIPT): send the EVAL fallback for node
+        ``slot`` of ``exchange``, and load the scripts again. False if the node was dropped."""
+        now = self.clock()
+        try:
+            conn.send(fallback.build(), (exchange, slot, None, now))
+            for command, kind in conn.reload_commands():
+                conn.send(command, (None, kind, None, now))
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        if conn.out:
+            self._rearm(index, conn)
+        return True
 
     def post(
         self,
@@ -644,10 +618,10 @@ class ConnectionSet:
         ``yes_value`` is a yes vote, and the outcome is known at ``need`` yes votes or at more
         than ``give_up`` other answers (default ``len(commands) - need``).
 
-        ``queue_behind``: a node that owes ``max_outstanding`` replies still gets the command,
-        queued behind them (up to twice that many), instead of being skipped. For a release:
-        a skipped release leaves the key to its ttl, a queued one frees the lock as soon as
-        the node catches up. A connection past the stall reset is still replaced.
+        ``queue_behind``: a node judged stalled still gets the command, queued behind what it
+        owes (up to eight times ``max_outstanding`` replies), instead of being skipped. For a
+        release: a skipped release leaves the key to its ttl, a queued one frees the lock as
+        soon as the node catches up. A connection past the stall reset is still replaced.
         """
         exchange = _Exchange(len(commands), yes_value, need, give_up)
         now = self.clock()
@@ -678,13 +652,13 @@ class ConnectionSet:
                     continue
             exchange.pending += 1
             try:
-                conn.send(command[0], (exchange, index, command[1]), now, identify)
+                conn.send(command[0], (exchange, index, command[1], now), identify)
             except NodeError as exc:
                 # Records the error for this slot (and any other still owed) on this node.
                 self._drop(index, str(exc))
                 continue
             if conn.out:  # includes a connect or TLS handshake still under way
-                self.poller.modify(conn.fileno(), conn.events())
+                self._rearm(index, conn)
         return exchange
 
     def clean_up(self, commands: Sequence[Command | None]) -> None:
@@ -712,10 +686,9 @@ class ConnectionSet:
                 continue
             conn = self.connections[index]
             if conn is not None and conn.slots:
-                if len(conn.slots) < 2 * self.max_outstanding:
+                if len(conn.slots) < _ROOM * self.max_outstanding:
                     self._send_to(index, conn, command, ignored, now)
-                stalled_since = conn.stalled_since
-                if stalled_since is None or now - stalled_since <= self.stall_reset:
+                if not conn.slots or now - conn.slots[0][3] <= self.stall_reset:
                     continue
                 self._drop(index, "stalled connection reset")
             try:
@@ -725,21 +698,21 @@ class ConnectionSet:
             self._send_to(index, conn, command, ignored, now)
 
     def _can_queue_behind(self, conn: _Connection, now: float) -> bool:
-        stalled_since = conn.stalled_since
-        return len(conn.slots) < 2 * self.max_outstanding and (
-            stalled_since is None or now - stalled_since <= self.stall_reset
+        slots = conn.slots
+        return len(slots) < _ROOM * self.max_outstanding and (
+            not slots or now - slots[0][3] <= self.stall_reset
         )
 
     def _send_to(
         self, index: int, conn: _Connection, command: Command, exchange: _Exchange, now: float
     ) -> None:
         try:
-            conn.send(command[0], (exchange, index, command[1]), now)
+            conn.send(command[0], (exchange, index, command[1], now))
         except NodeError as exc:
             self._drop(index, str(exc))
             return
         if conn.out:
-            self.poller.modify(conn.fileno(), conn.events())
+            self._rearm(index, conn)
 
     def wait(self, exchange: _Exchange, deadline: float) -> _Exchange:
         """Read replies until the outcome is known, every node answered, or ``deadline``.
@@ -762,10 +735,13 @@ class ConnectionSet:
                 self._poll_once(remaining)
         finally:
             exchange.closed = True
-        if any(conn is not None and conn.held for conn in self.connections):
-            # A new connection holds commands until its hello is answered: take in what has
-            # arrived, so they go out now rather than at this thread's next operation.
-            self._poll_once(0)
+        if self.settling:
+            if any(conn is not None and conn.held for conn in self.connections):
+                # A new connection holds commands until its hello is answered: take in what
+                # has arrived, so they go out now rather than at this thread's next operation.
+                self._poll_once(0)
+            else:
+                self.settling = False
         return exchange
 
     def _poll_once(self, timeout: float) -> None:
@@ -785,9 +761,9 @@ class ConnectionSet:
                 except NodeError as exc:
                     self._drop(index, str(exc))
                     continue
-                self.poller.modify(fd, conn.events())
+                self._rearm(index, conn)
             if event & (_POLL_IN | _POLL_ERR):
-                self._read(index, conn)
+                self._read(index, conn, hung_up=bool(event & _HUNG_UP))
 
     def run(
         self,
@@ -1002,11 +978,9 @@ class Subscriber:
                     conn.flush()
                 if event & (_POLL_IN | _POLL_ERR):
                     conn.receive()
-                    while (reply := conn.reader.gets()) is not False:
+                    while (reply := conn.replies()) is not False:
                         if conn.slots:  # the login's own replies come first
-                            conn.slots.popleft()
-                            if isinstance(reply, ReplyError):
-                                raise NodeError(f"login refused: {reply}")
+                            conn.learn(conn.slots.popleft()[1], reply)
                         elif isinstance(reply, list) and len(reply) == 3:
                             payload = reply[2] if isinstance(reply[2], bytes) else b""
                             pushes.append((index, bytes(reply[0]), payload))

@@ -184,3 +184,49 @@ def test_the_asyncio_core_never_falls_back_to_plaintext(pki):
         asyncio.run(main(port))
     assert firsts, "the client never connected"
     assert all(first.startswith(b"\x16\x03") for first in firsts), firsts
+
+
+def slow_ca_bundle(pki: dict[str, Path], folder: Path) -> Path:
+    """Our CA among many others, as a system bundle is: a context takes tens to hundreds of
+    milliseconds to build from it, far above a node timeout of 50 ms."""
+    system = Path(ssl.get_default_verify_paths().cafile or "/etc/ssl/certs/ca-certificates.crt")
+    others = system.read_text() if system.exists() else ""
+    bundle = folder / "bundle.pem"
+    bundle.write_text(others * 10 + pki["ca"].read_text())
+    return bundle
+
+
+def test_the_first_acquire_of_each_thread_on_a_tls_node_succeeds(pki, tls_port, tmp_path):
+    # The TLS context is built once per node address, before any deadline: built inside the
+    # first command's deadline, every new thread's first try timed out.
+    url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={slow_ca_bundle(pki, tmp_path)}"
+    manager = LockManager([url])  # the default node timeout: 50 ms
+    manager.declare_fresh()
+    manager.acquire("tls-warm", ttl=5.0, timeout=5.0).release()
+    outcomes: list[object] = []
+
+    def first_try() -> None:
+        try:
+            manager.acquire("tls-thread", ttl=5.0, blocking=False).release()
+            outcomes.append("ok")
+        except Exception as exc:
+            outcomes.append(exc)
+
+    for _ in range(2):
+        thread = threading.Thread(target=first_try)
+        thread.start()
+        thread.join(10)
+    assert outcomes == ["ok", "ok"]
+    manager.close()
+
+
+def test_the_first_asyncio_acquire_on_a_tls_node_succeeds(pki, tls_port, tmp_path):
+    url = f"rediss://127.0.0.1:{tls_port}/0?ssl_ca_certs={slow_ca_bundle(pki, tmp_path)}"
+
+    async def main() -> None:
+        manager = AsyncLockManager([url])
+        manager.declare_fresh()
+        await (await manager.acquire("tls-first", ttl=5.0, blocking=False)).release()
+        await manager.aclose()
+
+    asyncio.run(main())

@@ -1,0 +1,154 @@
+"""Reference transports for W1: what the same acquire + release costs without this project's
+transport, so the choice of a hand-written one stays measured.
+
+Both send the very commands our manager sends (the same scripts, keys, arguments and
+connection identity, see ``scripts/acquire.lua``), to every node at once:
+
+- ``raw_sockets``: plain sockets, write the acquire to all, then one ``poll()`` loop until a
+  quorum granted; the same for the release. No retries, no timeouts beyond the poll's, no
+  bookkeeping: the floor a Python transport can reach.
+- ``redis_py_connections``: redis-py ``Connection`` objects, ``send_command`` to all, then
+  ``read_response`` from each in turn (redis-py has no way to read whichever answers first).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import select
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import hiredis
+
+from django_redlock.wire.clients import client_for
+from django_redlock.wire.nodes import NodeAddress, parse_node
+from django_redlock.wire.scripts import (
+    ACQUIRE,
+    GRANTED,
+    LAPSE,
+    LINE,
+    NODE_KEY,
+    RELEASE,
+    acquire_command,
+    release_command,
+)
+from django_redlock.wire.setup import persistence_hint
+
+PairRunner = Callable[[str], bool]
+TTL_MS = 10_000
+QUARANTINE_MS = 60_000
+
+
+def _owner() -> str:
+    return (
+        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "thread": "bench"})[:-1]
+        + f', "acquired_at": {time.time():.6f}}}'
+    )
+
+
+def _identity(address: NodeAddress) -> tuple[str, str]:
+    """The run_id and persistence arguments our connections learn in their hello."""
+    with client_for(address, 1.0) as client:
+        for script in (ACQUIRE, RELEASE):
+            client.script_load(script.source)
+        run_id = str(client.info("server")["run_id"])
+        config = client.config_get("append*")
+    flat = [str(part).encode() for item in config.items() for part in item]
+    return run_id, persistence_hint(flat)
+
+
+def _bulk(text: str) -> bytes:
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def raw_sockets(urls: list[str]) -> PairRunner:
+    addresses = [parse_node(url) for url in urls]
+    quorum = len(addresses) // 2 + 1
+    socks, identities = [], []
+    for address in addresses:
+        run_id, persistence = _identity(address)
+        identities.append(_bulk(run_id) + _bulk(persistence))
+        if address.path is not None:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(address.path)
+        else:
+            sock = socket.create_connection((address.host, address.port))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # Blocking: a send waits for room (it never has to here), and a recv only follows a
+        # poll that said the socket is readable.
+        socks.append(sock)
+    readers = [hiredis.Reader() for _ in socks]
+    owed = [0] * len(socks)  # replies of earlier rounds still to come, per socket
+    poller = select.poll()
+    by_fd = {sock.fileno(): index for index, sock in enumerate(socks)}
+    for fd in by_fd:
+        poller.register(fd, select.POLLIN)
+
+    def round_trip(commands: list[bytes], yes: object) -> bool:
+        for sock, command in zip(socks, commands, strict=True):
+            sock.sendall(command)
+        answered = [False] * len(socks)
+        granted = refused = 0
+        while granted < quorum and refused <= len(socks) - quorum:
+            for fd, _ in poller.poll(50):
+                index = by_fd[fd]
+                readers[index].feed(socks[index].recv(8192))
+                while (reply := readers[index].gets()) is not False:
+                    if owed[index]:
+                        owed[index] -= 1
+                    elif not answered[index]:
+                        answered[index] = True
+                        if reply == yes:
+                            granted += 1
+                        else:
+                            refused += 1
+        for index, done in enumerate(answered):
+            if not done:
+                owed[index] += 1
+        return granted >= quorum
+
+    def run(name: str) -> bool:
+        key = f"redlock:{name}"
+        token = secrets.token_hex(20)
+        acquire = acquire_command(key, token, TTL_MS, _owner(), QUARANTINE_MS)[0]
+        if not round_trip([acquire + identity for identity in identities], GRANTED):
+            return False
+        return round_trip([release_command(key, token)[0]] * len(socks), 1)
+
+    return run
+
+
+def redis_py_connections(urls: list[str]) -> PairRunner:
+    addresses = [parse_node(url) for url in urls]
+    quorum = len(addresses) // 2 + 1
+    identities = [_identity(address) for address in addresses]
+    # One connection each, taken from a pool as redis-py's own clients do, and kept.
+    connections: list[Any] = [
+        client_for(address, 1.0).connection_pool.get_connection() for address in addresses
+    ]
+
+    def run(name: str) -> bool:
+        key = f"redlock:{name}"
+        token = secrets.token_hex(20)
+        keys = (key, NODE_KEY, key + LINE, key + LAPSE)
+        owner = _owner()
+        for connection, (run_id, persistence) in zip(connections, identities, strict=True):
+            connection.send_command(
+                "EVALSHA", ACQUIRE.sha, 4, *keys, token, TTL_MS, owner, QUARANTINE_MS,
+                "", 0, 0, run_id, persistence,
+            )  # fmt: skip
+        granted = sum(connection.read_response() == GRANTED for connection in connections)
+        if granted < quorum:
+            return False
+        for connection in connections:
+            connection.send_command("EVALSHA", RELEASE.sha, 3, key, key + LINE, key + LAPSE,
+                                    token, "")  # fmt: skip
+        released: int = sum(connection.read_response() == 1 for connection in connections)
+        return released >= quorum
+
+    return run

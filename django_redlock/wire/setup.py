@@ -1,0 +1,377 @@
+"""Connection set-up, written once for the sync and asyncio transports.
+
+A new connection to a node: resolve every address of its host and try each in turn within the
+connect deadline; speak TLS with a context built once per address (outside any deadline); log
+in (AUTH with a username, a password or a redis-py ``CredentialProvider``), SELECT the
+database, load the hot scripts, and ask the hello (see :class:`Hello`). All of it is pipelined
+behind the connect: no round trip of its own. The transports only move these bytes;
+:class:`Handshake` takes in the replies, the same way for both.
+
+The rule that tells a busy node from a stalled one (:func:`refusal`) lives here too: both
+transports judge a node by the age of its oldest unanswered request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import ssl
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django_redlock.wire.errors import NodeError
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.resp import ReplyError, encode_command
+from django_redlock.wire.scripts import Script
+
+__all__ = [
+    "HELLO_PERSISTENCE",
+    "HELLO_RUN_ID",
+    "LOGIN",
+    "PERSISTENCE",
+    "PRELOAD",
+    "QUARANTINE",
+    "RUN_ID",
+    "UNIDENTIFIED",
+    "Handshake",
+    "Hello",
+    "aresolve",
+    "describe",
+    "hello_quarantine",
+    "identity_of",
+    "login_commands",
+    "persistence_hint",
+    "quarantine_of",
+    "refusal",
+    "resolve",
+    "run_id_of",
+    "tls_context",
+    "warm_tls",
+]
+
+# What a set-up reply is for (reply kinds below zero; zero and up are node indexes).
+LOGIN = -1  # AUTH / SELECT: an error reply makes the connection useless
+PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under ACLs)
+RUN_ID = -3  # INFO server: which server process this connection reached
+PERSISTENCE = -4  # CONFIG GET append*: whether that process is durable
+QUARANTINE = -5  # HGET <marker> q: the longest quarantine the node has seen
+
+
+def _bulk(text: str) -> bytes:
+    data = text.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+UNIDENTIFIED = _bulk("") + _bulk("")
+"""The identity of a connection whose process is not known yet: the run_id and persistence
+arguments that a command sent with ``identify=True`` ends with (see ``scripts/acquire.lua``)."""
+
+
+class Hello:
+    """What a new connection asks the node right after its login, pipelined (no round trip).
+
+    Its server process (``INFO server``: run_id) and persistence (``CONFIG GET append*``) make
+    the connection's identity, which ends every command posted with ``identify=True``; the
+    node's longest quarantine (``HGET <marker> q``) goes to ``on_quarantine(node label, ms)``
+    (0 when the node has none).
+    """
+
+    __slots__ = ("marker", "on_quarantine")
+
+    def __init__(self, marker: str, on_quarantine: Callable[[str, int], None]) -> None:
+        self.marker = marker
+        self.on_quarantine = on_quarantine
+
+
+HELLO_RUN_ID = encode_command(b"INFO", b"server")
+HELLO_PERSISTENCE = encode_command(b"CONFIG", b"GET", b"append*")
+
+
+def hello_quarantine(marker: str) -> bytes:
+    """The hello command that reads the node's longest quarantine (``HGET <marker> q``)."""
+    return encode_command(b"HGET", marker, b"q")
+
+
+def run_id_of(info: object) -> str:
+    """The server process's run_id from an ``INFO server`` reply ("" when absent)."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
+    start = text.find("run_id:")
+    return text[start + 7 : start + 47] if start >= 0 else ""
+
+
+def quarantine_of(reply: object) -> int:
+    """Milliseconds from an ``HGET <marker> q`` reply; 0 when there is none, or when the node
+    refused the read (an ACL without the marker key: it answered all the same)."""
+    return int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
+
+
+def identity_of(run_id: str, config: object) -> bytes:
+    """The two arguments that complete an ``identify=True`` command on a connection to the
+    process ``run_id``, whose ``CONFIG GET append*`` reply was ``config``."""
+    return _bulk(run_id) + _bulk(persistence_hint(config))
+
+
+def persistence_hint(config: object) -> str:
+    """The persistence argument of ``scripts/node_rule.lua`` from a ``CONFIG GET append*``
+    reply (a flat name/value list), or from the error that refused it."""
+    if not isinstance(config, list):
+        return "CONFIG GET refused"
+    values = {
+        bytes(name).decode(errors="replace"): bytes(value).decode(errors="replace")
+        for name, value in zip(config[::2], config[1::2], strict=False)
+    }
+    if values.get("appendonly") != "yes":
+        return "appendonly no"
+    fsync = values.get("appendfsync", "unknown")
+    return "always" if fsync == "always" else f"appendfsync {fsync}"
+
+
+def describe(exc: OSError) -> str:
+    """A short, lower-case reason for a socket error (no host names, no secrets)."""
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS error: {exc.reason or exc}"
+    if exc.errno is not None:
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
+
+
+# -- where to connect -----------------------------------------------------------------------
+
+Target = tuple[int, Any]  # (address family, socket address)
+
+
+def _targets(address: NodeAddress, infos: Sequence[tuple[Any, ...]]) -> list[Target]:
+    seen: list[Target] = []
+    for family, _, _, _, sockaddr in infos:
+        if (family, sockaddr) not in seen:
+            seen.append((family, sockaddr))
+    if not seen:
+        raise NodeError(f"{address.host} resolves to no address")
+    return seen
+
+
+def resolve(address: NodeAddress) -> list[Target]:
+    """Every address to try for ``address``, in the resolver's order (one for a unix socket).
+
+    Raises:
+        NodeError: the host name does not resolve.
+    """
+    if address.path is not None:
+        return [(socket.AF_UNIX, address.path)]
+    try:
+        infos = socket.getaddrinfo(address.host, address.port, 0, socket.SOCK_STREAM)
+    except OSError as exc:
+        raise NodeError(f"cannot resolve {address.host}: {describe(exc)}") from None
+    return _targets(address, infos)
+
+
+async def aresolve(address: NodeAddress) -> list[Target]:
+    """:func:`resolve` without blocking the event loop (``loop.getaddrinfo``).
+
+    Raises:
+        NodeError: the host name does not resolve.
+    """
+    if address.path is not None:
+        return [(socket.AF_UNIX, address.path)]
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(address.host, address.port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise NodeError(f"cannot resolve {address.host}: {describe(exc)}") from None
+    return _targets(address, infos)
+
+
+# -- TLS ------------------------------------------------------------------------------------
+
+# One context per address for the life of the process: building one reads the CA files
+# (tens of milliseconds for a system bundle), which must never count against a node timeout
+# of a few milliseconds. An SSLContext is safe to share between threads and event loops.
+_TLS: dict[NodeAddress, ssl.SSLContext] = {}
+_TLS_LOCK = threading.Lock()
+
+
+def tls_context(address: NodeAddress) -> ssl.SSLContext:
+    """The TLS context for ``address`` (built on first use, then shared).
+
+    Raises:
+        NodeError: the TLS settings are unusable (a missing file, a bad ``ssl_cert_reqs``);
+            not cached, so a file that appears later is read then.
+    """
+    context = _TLS.get(address)
+    if context is not None:
+        return context
+    with _TLS_LOCK:
+        context = _TLS.get(address)
+        if context is None:
+            try:
+                context = address.ssl_context()
+            except (OSError, ValueError) as exc:
+                raise NodeError(f"TLS set-up failed: {exc}") from None
+            _TLS[address] = context
+    return context
+
+
+def warm_tls(addresses: Sequence[NodeAddress]) -> None:
+    """Build the TLS contexts of ``addresses`` now, before any deadline runs. A failure is
+    left for the connection that needs the context to report."""
+    for address in addresses:
+        if address.tls:
+            with contextlib.suppress(NodeError):
+                tls_context(address)
+
+
+# -- what a new connection sends first --------------------------------------------------------
+
+
+def login_commands(address: NodeAddress) -> list[bytes]:
+    """AUTH (when the node wants a login) and SELECT (when the database is not 0).
+
+    The credentials come from ``address.credential_provider`` (redis-py's
+    ``CredentialProvider``: ``(password,)`` or ``(username, password)``) when there is one,
+    asked afresh for every connection (tokens expire), else from the URL.
+
+    Raises:
+        NodeError: the credential provider failed (its message is not repeated: it may
+            hold a secret).
+    """
+    commands = []
+    username, password = address.username, address.password
+    provider = address.credential_provider
+    if provider is not None:
+        try:
+            credentials = tuple(provider.get_credentials())
+        except Exception as exc:
+            raise NodeError(f"credential provider failed: {type(exc).__name__}") from None
+        if len(credentials) == 1:
+            username, password = None, credentials[0]
+        else:
+            username, password = credentials[0], credentials[1]
+    if password is not None:
+        login: tuple[bytes | str, ...] = (password,)
+        if username:
+            login = (username, password)
+        commands.append(encode_command(b"AUTH", *login))
+    if address.db:
+        commands.append(encode_command(b"SELECT", address.db))
+    return commands
+
+
+def refusal(owed: int, age: float, cap: int, stall_age: float) -> str | None:
+    """Why a node that owes ``owed`` replies, the oldest asked ``age`` seconds ago, gets no
+    new command now; None when it may have one.
+
+    A count alone cannot tell a stalled node from a busy one: a node that answers in order
+    but a little behind (a server descheduled for a few milliseconds on a loaded machine)
+    owes many replies while each of them is young. So past ``cap`` owed replies a node is
+    stalled only when its oldest owed reply is older than ``stall_age`` (a node timeout: by
+    then the reply is late by the lock's own measure). At ``4 * cap`` it is skipped whatever
+    the age, a bound on what a client queues for one node.
+    """
+    if owed < cap:
+        return None
+    if owed < 4 * cap and age <= stall_age:
+        return None
+    return f"stalled: {owed} replies outstanding, the oldest for {age * 1000:.0f} ms"
+
+
+class Handshake:
+    """What one connection learns from its set-up replies; a base of both transports'
+    connection classes, so that the set-up is written once.
+
+    Holds the connection's identity (see :class:`Hello`) and, until it is known, the
+    commands that need it. :meth:`setup_commands` lists what to send first;
+    :meth:`learn` takes in each set-up reply; :meth:`outgoing` turns a command into the
+    bytes to write now.
+    """
+
+    def __init__(
+        self, address: NodeAddress, hello: Hello | None, preload: Sequence[Script] = ()
+    ) -> None:
+        self.address = address
+        self.hello = hello
+        self.preload = tuple(preload)
+        # The run_id and persistence arguments for `identify=True` commands (see Hello), and
+        # the commands held until they are known (None: not holding).
+        self.identity = UNIDENTIFIED
+        self.run_id = ""
+        self.held: list[bytes] | None = None if hello is None else []
+        self.loads_owed = 0  # SCRIPT LOAD replies still owed
+
+    def setup_commands(self) -> list[tuple[bytes, int]]:
+        """The commands a new connection starts with, each with the kind of its reply.
+
+        Raises:
+            NodeError: the credential provider failed.
+        """
+        commands = [(command, LOGIN) for command in login_commands(self.address)]
+        # Load the scripts first, so EVALSHA does not meet NOSCRIPT in normal operation: a
+        # NOSCRIPT fallback is re-sent behind whatever was pipelined meanwhile, out of order.
+        commands += self.reload_commands()
+        hello = self.hello
+        if hello is not None:
+            commands.append((HELLO_RUN_ID, RUN_ID))
+            commands.append((HELLO_PERSISTENCE, PERSISTENCE))
+            commands.append((hello_quarantine(hello.marker), QUARANTINE))
+        return commands
+
+    def reload_commands(self) -> list[tuple[bytes, int]]:
+        """SCRIPT LOAD of every preloaded script, unless a load is already on its way.
+
+        Sent again when a node answers NOSCRIPT (after ``SCRIPT FLUSH``, a restart, a
+        failover): the EVAL fallback runs the one script, and the others would each meet
+        NOSCRIPT once more on their next use.
+        """
+        if self.loads_owed:
+            return []
+        self.loads_owed = len(self.preload)
+        return [
+            (encode_command(b"SCRIPT", b"LOAD", script.source), PRELOAD) for script in self.preload
+        ]
+
+    def learn(self, kind: int, reply: object) -> bytes:
+        """Take in the reply to a set-up command of ``kind``; returns the bytes that may go
+        out now (the commands held until the identity was known), often none.
+
+        Raises:
+            NodeError: the login (AUTH or SELECT) was refused: the connection is useless.
+        """
+        if isinstance(reply, NodeError):  # the connection failed: nothing to learn
+            return b""
+        if kind == LOGIN:
+            if isinstance(reply, ReplyError):
+                raise NodeError(f"login refused: {reply}")
+        elif kind == PRELOAD:
+            self.loads_owed = max(0, self.loads_owed - 1)
+        elif kind == RUN_ID:
+            self.run_id = run_id_of(reply)
+        elif kind == PERSISTENCE:
+            # The identity is complete (INFO came first on this connection): from now on the
+            # node can take the acquire hot path for this connection. The commands held
+            # meanwhile go out now, in order, after the replies that preceded them.
+            self.identity = identity_of(self.run_id, reply)
+            held, self.held = self.held or [], None
+            return b"".join(command + self.identity for command in held)
+        elif kind == QUARANTINE and self.hello is not None:
+            self.hello.on_quarantine(self.address.label, quarantine_of(reply))
+        return b""
+
+    def outgoing(self, command: bytes, identify: bool) -> bytes:
+        """The bytes to write for ``command`` now (empty: held until the identity is known).
+
+        With ``identify`` the connection's identity completes the command. A command that
+        names nothing is never held: what is held goes out first, unidentified, so the node
+        applies everything in order (a failed acquire's clean-up release must follow its SET).
+        """
+        held = self.held
+        if held is None:
+            return command + self.identity if identify else command
+        if identify:
+            held.append(command)
+            return b""
+        if held:
+            command = b"".join(item + UNIDENTIFIED for item in held) + command
+            held.clear()
+        return command
