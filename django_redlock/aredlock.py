@@ -29,6 +29,7 @@ from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.redlock import AcquireOptions, LockManager, acquire_options
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.scripts import GRANTED, PING
+from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
 
@@ -195,10 +196,17 @@ class AsyncLockManager:
     """
 
     def __init__(self, nodes: Sequence[object], **options: Any) -> None:
-        self._wrap(LockManager(nodes, **options))
+        self._share(LockManager(nodes, **options))
 
-    def _wrap(self, sync: LockManager) -> None:
-        """Share ``sync``'s configuration, owners and observer (``get_async_manager``)."""
+    @classmethod
+    def sharing(cls, sync: LockManager) -> AsyncLockManager:
+        """An asyncio manager with ``sync``'s nodes, configuration, observer and re-entry
+        registry (one set of owners for both), and its own per-loop connections."""
+        manager = cls.__new__(cls)
+        manager._share(sync)
+        return manager
+
+    def _share(self, sync: LockManager) -> None:
         self.sync = sync
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopConnections] = (
             weakref.WeakKeyDictionary()
@@ -214,7 +222,12 @@ class AsyncLockManager:
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
-                connections = LoopConnections(self.sync.addresses, self.sync._hello)
+                connections = LoopConnections(
+                    self.sync.addresses,
+                    self.sync._hello,
+                    max_outstanding=MAX_OUTSTANDING,
+                    **stall_limits(self.sync.node_timeout),
+                )
                 self._loops[loop] = connections
                 # Closes the connections when the loop's tasks are cancelled at its end
                 # (asyncio.run does that): protocols have no reader task that would.

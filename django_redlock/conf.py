@@ -618,9 +618,7 @@ def get_async_manager() -> Any:
     if _async_manager is None or _async_manager.sync is not manager:
         from django_redlock.aredlock import AsyncLockManager
 
-        wrapper = AsyncLockManager.__new__(AsyncLockManager)
-        AsyncLockManager._wrap(wrapper, manager)
-        _async_manager = wrapper
+        _async_manager = AsyncLockManager.sharing(manager)
     return _async_manager
 
 

@@ -40,7 +40,13 @@ from django_redlock.core import extender, flow
 from django_redlock.core.arguments import (
     MAX_NAME_BYTES,
     MAX_ORIGIN_BYTES,
+    MAX_TTL,
+    check_drift_factor,
+    check_key_prefix,
+    check_max_ttl,
     check_seconds,
+    check_timeout,
+    check_ttl,
     clip_origin,
     validate_name,
 )
@@ -51,6 +57,7 @@ from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.exceptions import LeaseReleased, LockLost, LockNotAcquired, RedlockError
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.scripts import GRANTED, HOT_SCRIPTS, NODE_KEY, PING
+from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
 
 __all__ = [
@@ -93,8 +100,6 @@ class _ManagerDefault(enum.Enum):
 
 MANAGER_DEFAULT = _ManagerDefault.TIMEOUT
 """``acquire(timeout=...)``'s default: the manager's ``default_timeout``."""
-MAX_TTL = 86400.0
-"""Longest lease accepted, in seconds (one day): longer is almost surely a unit mistake."""
 
 _L = TypeVar("_L", bound=BaseLease)
 
@@ -294,27 +299,15 @@ class LockManager:
         self.addresses: tuple[NodeAddress, ...] = parse_nodes(nodes)
         self.node_timeout = check_seconds(node_timeout, "node_timeout")
         self.retry_delay = check_seconds(retry_delay, "retry_delay")
-        self.default_timeout = (
-            None
-            if default_timeout is None
-            else check_seconds(default_timeout, "default_timeout", allow_zero=True)
-        )
-        drift = check_seconds(drift_factor, "drift_factor", allow_zero=True)
-        if drift >= 0.5:
-            raise ValueError(f"drift_factor must be below 0.5, not {drift_factor!r}")
-        self.drift_factor = drift
-        if not isinstance(key_prefix, str):
-            raise TypeError(f"key_prefix must be a str, not {type(key_prefix).__name__}")
-        self.key_prefix = key_prefix
+        self.default_timeout = check_timeout(default_timeout)
+        self.drift_factor = check_drift_factor(drift_factor)
+        self.key_prefix = check_key_prefix(key_prefix)
         self._clock = clock
         self._sleep = sleep
-        self.max_ttl = MAX_TTL
-        self.ttl = self._validate_ttl(ttl)
-        self.max_ttl = self._validate_ttl(
-            max(self.ttl, 60.0) if max_ttl is None else max_ttl, "max_ttl"
+        self.ttl = check_ttl(ttl, node_timeout=self.node_timeout, drift_factor=self.drift_factor)
+        self.max_ttl = check_max_ttl(
+            max_ttl, self.ttl, node_timeout=self.node_timeout, drift_factor=self.drift_factor
         )
-        if self.ttl > self.max_ttl:
-            raise ValueError(f"ttl={ttl!r} is above max_ttl={max_ttl!r}")
         self._quarantine = _Quarantine(math.ceil(self.max_ttl * 1000))
         # What every new connection (sync or asyncio) asks its node first (see Hello).
         self._hello = Hello(NODE_KEY, self._quarantine.report)
@@ -346,10 +339,8 @@ class LockManager:
                 # Network deadlines are real time (poll() waits in real time); the injected
                 # clock governs lease arithmetic and retry budgets only.
                 clock=time.monotonic,
-                max_outstanding=32,
-                # A node that owes replies this long gets a fresh connection (bounded count:
-                # the old one is closed), so a half-open socket cannot block it forever.
-                stall_reset=max(1.0, 20 * self.node_timeout),
+                max_outstanding=MAX_OUTSTANDING,
+                **stall_limits(self.node_timeout),
                 preload=HOT_SCRIPTS,
                 hello=self._hello,
             )
@@ -390,23 +381,14 @@ class LockManager:
         self.close()
 
     def _validate_ttl(self, ttl: object, argument: str = "ttl") -> float:
-        seconds = check_seconds(ttl, argument)
-        if seconds > MAX_TTL:
-            raise ValueError(f"{argument}={ttl!r} is above the cap of {MAX_TTL:g} seconds")
-        if seconds > self.max_ttl:
-            raise ValueError(
-                f"{argument}={ttl!r} is above max_ttl={self.max_ttl:g}: raise max_ttl (the "
-                "restart quarantine) to take longer leases"
-            )
-        # One attempt costs up to one node timeout; the lease must outlive that plus drift,
-        # or validity could never be positive.
-        floor = self.node_timeout + seconds * self.drift_factor + flow.DRIFT_SECONDS
-        if seconds <= floor:
-            raise ValueError(
-                f"{argument}={ttl!r} is too short: with node_timeout={self.node_timeout:g} the "
-                f"lease must be longer than {floor:.3f} seconds"
-            )
-        return seconds
+        """``ttl`` checked against this manager's limits (:func:`check_ttl`)."""
+        return check_ttl(
+            ttl,
+            argument,
+            max_ttl=self.max_ttl,
+            node_timeout=self.node_timeout,
+            drift_factor=self.drift_factor,
+        )
 
     def key(self, name: str) -> str:
         """The Redis key of lock ``name``."""

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from django_redlock.core.arguments import DRIFT_SECONDS
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
 from django_redlock.wire.scripts import (
     FORCE_RELEASE,
@@ -68,9 +69,6 @@ __all__ = [
     "summarise",
     "validity",
 ]
-
-DRIFT_SECONDS = 0.002
-"""The spec's fixed drift term, for the resolution of the nodes' expiry clocks (2 ms)."""
 
 
 @dataclass(frozen=True)

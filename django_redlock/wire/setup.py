@@ -259,6 +259,20 @@ def login_commands(address: NodeAddress) -> list[bytes]:
     return commands
 
 
+MAX_OUTSTANDING = 32
+"""Replies a node may owe before :func:`refusal` looks at how late they are."""
+
+
+def stall_limits(node_timeout: float) -> dict[str, float]:
+    """The transports' stall settings for a manager whose nodes have ``node_timeout``
+    seconds per command, as keyword arguments of ``ConnectionSet`` and ``LoopConnections``:
+    a reply owed longer than the node timeout is late (``stall_age``), and a node that owes
+    one for ``max(1 s, 20 node timeouts)`` gets a fresh connection (``stall_reset``; the old
+    one is closed, so the count stays bounded and a half-open socket cannot block it forever).
+    """
+    return {"stall_reset": max(1.0, 20 * node_timeout), "stall_age": node_timeout}
+
+
 def refusal(owed: int, age: float, cap: int, stall_age: float) -> str | None:
     """Why a node that owes ``owed`` replies, the oldest asked ``age`` seconds ago, gets no
     new command now; None when it may have one.
