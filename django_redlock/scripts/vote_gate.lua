@@ -1,0 +1,26 @@
+-- Included, after node_rule.lua, by every script of wire/primitives.py that grants (semaphore,
+-- read-write lock, multi-lock, hand-off): the very gate acquire.lua applies before it grants.
+--
+-- Hot path: the marker names the process already found fit to vote, and the connection the
+-- command came on named the process it talks to (its run_id, appended by the transport as the
+-- second-to-last ARGV): equal strings, so no INFO call. Otherwise node_rule.lua decides, and a
+-- node that may have forgotten grants it made before a restart refuses with QUARANTINED.
+--
+-- marker      the node's marker hash (NODE_KEY)
+-- quarantine  the caller's quarantine in ms (text)
+-- run         the run_id the connection read ('' when not known yet)
+-- fsync       the node's persistence as the connection read it (node_rule.lua)
+--
+-- Returns nil when the node votes, else the QUARANTINED error text (for redis.error_reply).
+local function vote_gate(marker, quarantine, run, fsync)
+    local q = tonumber(quarantine)
+    local stored = redis.call('HMGET', marker, 'run', 'q')
+    if stored[1] ~= run then
+        return node_rule(marker, q, fsync, true)
+    end
+    if (tonumber(stored[2]) or 0) < q then
+        -- Remember the longest quarantine any client uses (see node_rule.lua).
+        redis.call('HSET', marker, 'q', quarantine)
+    end
+    return nil
+end

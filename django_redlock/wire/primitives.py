@@ -1,0 +1,385 @@
+"""The node side of the primitives beyond a mutex: semaphores, read-write locks, multi-locks
+and hand-off. Script loaders and command builders only: plain functions, no I/O.
+
+Each granting script ends with the connection's identity (run_id, persistence), appended per
+node by the transport when the command is posted with ``identify=True``, exactly as
+``acquire_command``'s (see ``scripts/vote_gate.lua``); their EVAL fallbacks name no process
+(empty strings), so the node then checks itself by ``scripts/node_rule.lua``.
+
+Key shapes on every node (``key`` is the manager's prefix plus the name; the NUL byte keeps
+them apart from every lock key, since names cannot contain control characters):
+
+- semaphore: slot ``i`` is the hash ``key + "\\x00s" + str(i)`` (t = token, o = owner), its
+  line and lapse times ``key + "\\x00s\\x00q"`` / ``key + "\\x00s\\x00e"``; waiters are woken on
+  ``key + "\\x00s" + "\\x00w" + listener``;
+- read-write lock: the writer is the hash ``key`` itself (a writer reads as a lock), the readers
+  ``key + "\\x00r"`` (token -> expiry ms), their owners ``key + "\\x00o"``; the line is the
+  lock's (``key + "\\x00q"``, ``key + "\\x00e"``) with members ``"r|<waiter>"``/``"w|<waiter>"``;
+- multi-lock: the lock keys of its names, the very keys of single locks;
+- hand-off: rewrites the token of existing lock-shaped keys, keeping their expiry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from functools import partial
+from typing import Literal
+
+from django_redlock.wire.scripts import (
+    LAPSE,
+    LINE,
+    NODE_KEY,
+    Command,
+    Fallback,
+    Script,
+    extend_command,
+    load_script,
+    owns_command,
+)
+
+__all__ = [
+    "ACQUIRE_MANY",
+    "EXTEND_MANY",
+    "HANDOFF",
+    "HANDOFF_REFUSED",
+    "MAX_MANY",
+    "MAX_SEMAPHORE_LIMIT",
+    "PRIMITIVE_SCRIPTS",
+    "READERS",
+    "READER_OWNERS",
+    "RELEASE_MANY",
+    "RW_ACQUIRE",
+    "RW_EXTEND",
+    "RW_OWNS",
+    "RW_RELEASE",
+    "SEMAPHORE",
+    "SEMAPHORE_ACQUIRE",
+    "SEMAPHORE_RELEASE",
+    "Kind",
+    "acquire_many_command",
+    "check_kind",
+    "check_limit",
+    "extend_many_command",
+    "handoff_command",
+    "many_keys",
+    "quorum_slot",
+    "release_many_command",
+    "rw_acquire_command",
+    "rw_extend_command",
+    "rw_leave_command",
+    "rw_owns_command",
+    "rw_release_command",
+    "semaphore_acquire_command",
+    "semaphore_base",
+    "semaphore_extend_command",
+    "semaphore_leave_command",
+    "semaphore_owns_command",
+    "semaphore_release_command",
+    "slot_granted",
+    "slot_key",
+    "slot_keys",
+]
+
+SEMAPHORE_ACQUIRE = load_script("semaphore_acquire")
+SEMAPHORE_RELEASE = load_script("semaphore_release")
+RW_ACQUIRE = load_script("rw_acquire")
+RW_RELEASE = load_script("rw_release")
+RW_EXTEND = load_script("rw_extend")
+RW_OWNS = load_script("rw_owns")
+ACQUIRE_MANY = load_script("acquire_many")
+RELEASE_MANY = load_script("release_many")
+EXTEND_MANY = load_script("extend_many")
+HANDOFF = load_script("handoff")
+
+PRIMITIVE_SCRIPTS = (
+    SEMAPHORE_ACQUIRE,
+    SEMAPHORE_RELEASE,
+    RW_ACQUIRE,
+    RW_RELEASE,
+    RW_EXTEND,
+    RW_OWNS,
+    ACQUIRE_MANY,
+    RELEASE_MANY,
+    EXTEND_MANY,
+    HANDOFF,
+)
+"""Every script of this module, for SCRIPT LOAD on a new connection (as ``HOT_SCRIPTS``)."""
+
+SEMAPHORE = "\x00s"
+"""Appended to a semaphore's key: the base of its slots (``base + str(i)``) and its line."""
+READERS = "\x00r"
+"""Appended to a read-write lock's key: its readers (sorted set token -> expiry, ms)."""
+READER_OWNERS = "\x00o"
+"""Appended to a read-write lock's key: its readers' owners (hash token -> owner JSON)."""
+
+MAX_SEMAPHORE_LIMIT = 1024
+"""The largest semaphore ``limit``: every acquire names all its slots (one key each)."""
+MAX_MANY = 1024
+"""The most names one multi-lock may take at once (three keys each per try)."""
+
+HANDOFF_REFUSED = -2
+"""``handoff.lua``'s answer when a node no longer holds the old token."""
+
+Kind = Literal["r", "w"]
+_IDENTITY_UNKNOWN = ("", "")  # the EVAL fallback names no process: the node checks itself
+
+
+def _granting(script: Script, keys: Sequence[str], args: Sequence[str | int]) -> Command:
+    """A command of a granting script: EVALSHA counting the two identity arguments the
+    transport appends (``identify=True``), and an EVAL fallback that is never sent once the
+    operation is over (a late grant would take a key nobody releases)."""
+    fallback = Fallback(partial(script.eval, keys, (*args, *_IDENTITY_UNKNOWN)), False)
+    return (script.evalsha(keys, args, trailing=2), fallback)
+
+
+# -- semaphores --------------------------------------------------------------------------
+
+
+def check_limit(limit: object) -> int:
+    """``limit`` as a semaphore's slot count.
+
+    Raises:
+        TypeError: not an int (a bool is refused too).
+        ValueError: below 1 or above :data:`MAX_SEMAPHORE_LIMIT`.
+    """
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+    if not 1 <= limit <= MAX_SEMAPHORE_LIMIT:
+        raise ValueError(f"limit must be between 1 and {MAX_SEMAPHORE_LIMIT}, not {limit}")
+    return limit
+
+
+def semaphore_base(key: str) -> str:
+    """The base of the semaphore keyed ``key``: its slots and its line hang off it."""
+    return key + SEMAPHORE
+
+
+def slot_key(key: str, slot: int) -> str:
+    """The key of slot ``slot`` (0-based) of the semaphore keyed ``key``."""
+    return f"{key}{SEMAPHORE}{slot}"
+
+
+def slot_keys(key: str, limit: int) -> list[str]:
+    """Every slot key of the semaphore keyed ``key``, in slot order."""
+    return [slot_key(key, slot) for slot in range(check_limit(limit))]
+
+
+def _semaphore_line(key: str) -> tuple[str, str]:
+    base = semaphore_base(key)
+    return base + LINE, base + LAPSE
+
+
+def semaphore_acquire_command(
+    key: str,
+    limit: int,
+    token: str,
+    ttl_ms: int,
+    owner: str,
+    quarantine_ms: int,
+    waiter: str = "",
+    ticket: int = 0,
+    lifetime_ms: int = 0,
+    prefer: int = -1,
+) -> Command:
+    """Take a slot of the semaphore keyed ``key`` with ``limit`` slots
+    (``scripts/semaphore_acquire.lua``); post it with ``identify=True``. The reply is
+    ``[1, slot]`` (granted) or ``[0, ms]`` (refused): see :func:`slot_granted`.
+
+    Raises:
+        TypeError, ValueError: a bad ``limit``.
+    """
+    line, lapse = _semaphore_line(key)
+    keys = (NODE_KEY, line, lapse, *slot_keys(key, limit))
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms, prefer)
+    return _granting(SEMAPHORE_ACQUIRE, keys, args)
+
+
+def semaphore_release_command(key: str, limit: int, token: str, waiter: str = "") -> Command:
+    """Free whichever slot ``token`` holds on a node (the quorum's slot, or a stray grant of
+    another slot) and drop ``waiter``'s place. Idempotent: its EVAL fallback is sent even
+    after the operation is over. Reply: 1 when a slot was freed, else 0."""
+    line, lapse = _semaphore_line(key)
+    return SEMAPHORE_RELEASE.command(
+        (line, lapse, *slot_keys(key, limit)), (token, waiter), fallback_when_over=True
+    )
+
+
+def semaphore_leave_command(key: str, limit: int, waiter: str) -> Command:
+    """Drop ``waiter``'s place in the semaphore's line (a blocking acquire that gave up)."""
+    return semaphore_release_command(key, limit, "", waiter)
+
+
+def semaphore_extend_command(key: str, slot: int, token: str, ttl_ms: int) -> Command:
+    """Extend the lease on slot ``slot``: a slot is a lock, so this is ``extend.lua``."""
+    return extend_command(slot_key(key, slot), token, ttl_ms)
+
+
+def semaphore_owns_command(key: str, slot: int, token: str) -> Command:
+    """Does a node still hold slot ``slot`` for ``token`` (``owns.lua``)."""
+    return owns_command(slot_key(key, slot), token)
+
+
+def slot_granted(reply: object) -> int | None:
+    """The slot a node granted by its ``semaphore_acquire.lua`` reply, or None when it
+    refused (or answered anything else: an error, a timeout)."""
+    if isinstance(reply, list) and len(reply) == 2 and reply[0] == 1:
+        slot = reply[1]
+        return slot if isinstance(slot, int) else None
+    return None
+
+
+def quorum_slot(replies: Iterable[object], quorum: int) -> int | None:
+    """The slot that at least ``quorum`` nodes granted, or None. Nodes whose states differ
+    may grant different slots; only a slot granted by a quorum is held (each slot is a
+    Redlock mutex of its own), and the grants of the other nodes must be released."""
+    counts: dict[int, int] = {}
+    for reply in replies:
+        slot = slot_granted(reply)
+        if slot is not None:
+            counts[slot] = counts.get(slot, 0) + 1
+            if counts[slot] >= quorum:
+                return slot
+    return None
+
+
+# -- read-write locks --------------------------------------------------------------------
+
+
+def check_kind(kind: object) -> Kind:
+    """``kind`` as a lease kind of a read-write lock: ``"r"`` (read) or ``"w"`` (write).
+
+    Raises:
+        TypeError: not a str.
+        ValueError: another string.
+    """
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be 'r' or 'w', not {type(kind).__name__}")
+    if kind == "r":
+        return "r"
+    if kind == "w":
+        return "w"
+    raise ValueError(f"kind must be 'r' or 'w', not {kind!r}")
+
+
+def _rw_keys(key: str) -> tuple[str, str, str, str, str]:
+    return (key, key + READERS, key + READER_OWNERS, key + LINE, key + LAPSE)
+
+
+def rw_acquire_command(
+    key: str,
+    kind: Kind,
+    token: str,
+    ttl_ms: int,
+    owner: str,
+    quarantine_ms: int,
+    waiter: str = "",
+    ticket: int = 0,
+    lifetime_ms: int = 0,
+) -> Command:
+    """Take a read (``"r"``) or write (``"w"``) lease of the read-write lock keyed ``key``
+    (``scripts/rw_acquire.lua``); post it with ``identify=True``. Reply: ``OK`` when
+    granted, else the ms until what blocks it runs out (0: waiters ahead).
+
+    Raises:
+        TypeError, ValueError: a bad ``kind``.
+    """
+    keys = (*_rw_keys(key), NODE_KEY)
+    args = (check_kind(kind), token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
+    return _granting(RW_ACQUIRE, keys, args)
+
+
+def rw_release_command(key: str, kind: Kind, token: str, waiter: str = "") -> Command:
+    """Release a read or write lease and drop ``waiter``'s place; wakes who may now take the
+    lock. Idempotent: its EVAL fallback is sent even after the operation is over."""
+    return RW_RELEASE.command(
+        _rw_keys(key), (check_kind(kind), token, waiter), fallback_when_over=True
+    )
+
+
+def rw_leave_command(key: str, kind: Kind, waiter: str) -> Command:
+    """Drop ``waiter``'s place (of kind ``kind``) in the read-write lock's line."""
+    return rw_release_command(key, kind, "", waiter)
+
+
+def rw_extend_command(key: str, kind: Kind, token: str, ttl_ms: int) -> Command:
+    """Renew a read or write lease to ``ttl_ms`` from now. Reply: 1 renewed, 0 not held."""
+    return RW_EXTEND.command(
+        (key, key + READERS, key + READER_OWNERS), (check_kind(kind), token, ttl_ms)
+    )
+
+
+def rw_owns_command(key: str, kind: Kind, token: str) -> Command:
+    """Does a node still hold this read or write lease. Reply: 1 or 0."""
+    return RW_OWNS.command((key, key + READERS), (check_kind(kind), token))
+
+
+# -- multi-locks -------------------------------------------------------------------------
+
+
+def many_keys(keys: Iterable[str]) -> list[str]:
+    """``keys`` sorted, each once: the one order in which every client names them (the
+    scripts need it for the same answer everywhere; sorting costs nothing and rules out any
+    order-dependent behaviour).
+
+    Raises:
+        TypeError: ``keys`` is a single str, or holds something else than str.
+        ValueError: no key, or more than :data:`MAX_MANY`.
+    """
+    if isinstance(keys, str):
+        raise TypeError("names must be an iterable of names, not a single str")
+    found = set()
+    for key in keys:
+        if not isinstance(key, str):
+            raise TypeError(f"names must be str, not {type(key).__name__}")
+        found.add(key)
+    if not found:
+        raise ValueError("names must name at least one lock")
+    if len(found) > MAX_MANY:
+        raise ValueError(f"names: at most {MAX_MANY} locks at once, not {len(found)}")
+    return sorted(found)
+
+
+def _triplets(keys: Sequence[str]) -> list[str]:
+    return [part for key in keys for part in (key, key + LINE, key + LAPSE)]
+
+
+def acquire_many_command(
+    keys: Iterable[str], token: str, ttl_ms: int, owner: str, quarantine_ms: int
+) -> Command:
+    """Take every key of ``keys`` or none (``scripts/acquire_many.lua``); post it with
+    ``identify=True``. Reply: ``OK`` when all are held, else the ms until they are free here.
+
+    Raises:
+        TypeError, ValueError: see :func:`many_keys`.
+    """
+    names = (NODE_KEY, *_triplets(many_keys(keys)))
+    return _granting(ACQUIRE_MANY, names, (token, ttl_ms, owner, quarantine_ms))
+
+
+def release_many_command(keys: Iterable[str], token: str) -> Command:
+    """Release every key of ``keys`` that holds ``token``; reply: how many. Idempotent: its
+    EVAL fallback is sent even after the operation is over."""
+    return RELEASE_MANY.command(_triplets(many_keys(keys)), (token,), fallback_when_over=True)
+
+
+def extend_many_command(keys: Iterable[str], token: str, ttl_ms: int) -> Command:
+    """Renew every key of ``keys`` or none; reply: 1 renewed, 0 not held here."""
+    return EXTEND_MANY.command(many_keys(keys), (token, ttl_ms))
+
+
+# -- hand-off ----------------------------------------------------------------------------
+
+
+def handoff_command(
+    keys: Iterable[str], old: str, new: str, owner: str, quarantine_ms: int
+) -> Command:
+    """Hand the lease on ``keys`` (a lock, a write lease, a semaphore slot, or every key of a
+    multi-lock) from token ``old`` to ``new``, keeping the expiry (``scripts/handoff.lua``);
+    post it with ``identify=True``. Reply: the ms left, or :data:`HANDOFF_REFUSED`.
+
+    Raises:
+        TypeError, ValueError: see :func:`many_keys`; ``new`` equal to ``old``.
+    """
+    if new == old:
+        raise ValueError("new: the adopter's token must differ from the handle's")
+    return _granting(HANDOFF, (NODE_KEY, *many_keys(keys)), (old, new, owner, quarantine_ms))
