@@ -109,30 +109,32 @@ def _view_origin(view: Callable[..., Any]) -> str:
 def _finish(lease: Lease) -> None:
     """Release after the view; a lease lost meanwhile is logged (and signalled), not raised:
     the response is already made, and turning it into a 500 would hide what was done."""
-    lost = lease._lost_reason
+    lost, error = lease._lost_reason, None
     try:
         lease.release()
-    except LockLost as error:
-        logger.error("lock %r was lost while the view ran: %s", lease.name, error)
-        return
-    except LeaseReleased:
-        return
-    if lost is not None:
-        logger.error("lock %r was lost while the view ran: %s", lease.name, lost)
+    except (LockLost, LeaseReleased) as caught:
+        error = caught
+    _log_finish(lease.name, lost, error)
 
 
 async def _afinish(lease: Any) -> None:
-    """The async twin of :func:`_finish`."""
-    lost = lease._lost_reason
+    """:func:`_finish` for an ``AsyncLease``."""
+    lost, error = lease._lost_reason, None
     try:
         await lease.release()
-    except LockLost as error:
-        logger.error("lock %r was lost while the view ran: %s", lease.name, error)
-        return
-    except LeaseReleased:
-        return
-    if lost is not None:
-        logger.error("lock %r was lost while the view ran: %s", lease.name, lost)
+    except (LockLost, LeaseReleased) as caught:
+        error = caught
+    _log_finish(lease.name, lost, error)
+
+
+def _log_finish(name: str, lost: str | None, error: Exception | None) -> None:
+    """Log a lease that was lost while the view ran: found so by the release (``error`` is a
+    LockLost), or earlier (``lost``, its reason) and released anyway. A lease already released
+    (LeaseReleased) is no news."""
+    if isinstance(error, LockLost):
+        logger.error("lock %r was lost while the view ran: %s", name, error)
+    elif error is None and lost is not None:
+        logger.error("lock %r was lost while the view ran: %s", name, lost)
 
 
 def locked_view(

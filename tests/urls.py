@@ -15,5 +15,7 @@ urlpatterns = [
     path("cbv/<int:pk>/", views.PayView.as_view()),
     path("mixin/<int:pk>/", views.MixinPayView.as_view()),
     path("amixin/<int:pk>/", views.AsyncMixinPayView.as_view()),
+    path("lose/<int:pk>/", views.lose),
+    path("alose/<int:pk>/", views.alose),
     path("admin/", admin.site.urls),
 ]

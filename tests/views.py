@@ -65,3 +65,16 @@ class AsyncMixinPayView(LockedViewMixin, View):
 
     async def post(self, request: HttpRequest, pk: int) -> HttpResponse:
         return JsonResponse({"async": True, "pk": pk})
+
+
+@locked_view("lose:{pk}")
+def lose(request: HttpRequest, pk: int) -> HttpResponse:
+    """An operator force-releases the view's lock while it runs."""
+    get_manager().force_release(f"lose:{pk}")
+    return HttpResponse("done")
+
+
+@locked_view("lose:{pk}")
+async def alose(request: HttpRequest, pk: int) -> HttpResponse:
+    get_manager().force_release(f"lose:{pk}")
+    return HttpResponse("done")

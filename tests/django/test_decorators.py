@@ -188,3 +188,18 @@ def test_retry_after_is_the_holders_time_left_on_the_nodes(client: Client, redlo
     assert response.status_code == 423
     assert response["Retry-After"] == "7"  # rounded up, not the configured 30
     lease.release()
+
+
+@pytest.mark.parametrize("path", ["/lose/3/", "/alose/3/"])
+def test_a_lease_lost_while_the_view_ran_is_logged_and_the_response_kept(
+    client: Client, path, caplog
+):
+    # The view's work is done and its response made: a 500 would hide that. The loss is an
+    # operator's business: logged at ERROR (and signalled), for sync and async views alike.
+    with caplog.at_level("ERROR", logger="django_redlock"):
+        response = client.get(path)
+    assert response.status_code == 200
+    assert response.content == b"done"
+    lost = [r for r in caplog.records if "was lost while the view ran" in r.getMessage()]
+    assert len(lost) == 1
+    assert "'lose:3'" in lost[0].getMessage()
