@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from django_redlock.core.handle import LeaseHandle
 from django_redlock.exceptions import (
     FencingUnavailable,
     LeaseInherited,
@@ -40,6 +41,7 @@ __all__ = [
     "AsyncLockManager",
     "FencingUnavailable",
     "Lease",
+    "LeaseHandle",
     "LeaseInherited",
     "LeaseReleased",
     "LockContended",

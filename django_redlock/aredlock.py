@@ -18,11 +18,13 @@ import logging
 import threading
 import weakref
 from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, Unpack
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import validate_name
+from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease
 from django_redlock.core.owner import owner_scope
 from django_redlock.exceptions import LeaseReleased, LockLost
@@ -310,6 +312,40 @@ class AsyncLockManager:
         finally:
             if waiter:
                 subscriber.unregister(waiter)
+
+    async def adopt(
+        self,
+        handle: LeaseHandle | str,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> AsyncLease:
+        """Take over a lease another process gave away (see :meth:`LockManager.adopt`).
+
+        Cancellation: a task cancelled here owns nothing; the keys the new token may have
+        taken are released (written at once, without awaiting).
+        """
+        sync = self.sync
+        adoption = sync._adoption(handle, auto_extend, max_hold, origin)
+        connections = self._connections()
+        size = len(sync.addresses)
+        if len(sync._quarantine.heard) < sync.quorum:
+            await connections.run([PING] * size, sync.node_timeout, b"PONG", sync.quorum)
+        start = sync._clock()
+        try:
+            results, _, _ = await connections.run(
+                adoption.commands,
+                sync.node_timeout,
+                flow.NEVER_YES,
+                size,
+                identify=True,
+                give_up=size - 1,
+            )
+            return sync._adopted(partial(AsyncLease, self), adoption, results, start)
+        except BaseException:
+            connections.post(adoption.release)
+            raise
 
     async def _release(self, lease: AsyncLease) -> None:
         sync = self.sync

@@ -25,8 +25,10 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import math
+import secrets
 import socket
 import threading
 import time
@@ -50,13 +52,14 @@ from django_redlock.core.arguments import (
     clip_origin,
     validate_name,
 )
+from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.lease import BaseLease
 from django_redlock.core.operators import LockListing, declare_fresh, list_locks
 from django_redlock.core.owner import MAX_OWNER_BYTES, OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.exceptions import LeaseReleased, LockLost, LockNotAcquired, RedlockError
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
-from django_redlock.wire.scripts import GRANTED, HOT_SCRIPTS, NODE_KEY, PING
+from django_redlock.wire.scripts import GRANTED, HOT_SCRIPTS, NODE_KEY, PING, Command
 from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
 
@@ -250,6 +253,21 @@ class _Quarantine:
         with self._lock:
             self.heard.add(node)
             self.ms = max(self.ms, ms)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Adoption:
+    """An adopt in progress: the handle, the new token, its hand-off round and the release
+    that frees the new token's keys if it fails."""
+
+    handle: LeaseHandle
+    token: str
+    commands: list[Command]
+    release: list[Command]
+    scope: tuple[object, ...]
+    auto_extend: bool
+    hold: float | None
+    origin: str | None
 
 
 class LockManager:
@@ -570,6 +588,18 @@ class LockManager:
         # Our place in line may remain on nodes that did not grant this attempt; the release
         # drops it there (see release.lua), at no extra round trip.
         lease._waiter = attempt.waiter
+        return self._own(lease, scope, auto_extend, hold, lease.acquired_at - attempt.started)
+
+    def _own(
+        self,
+        lease: _L,
+        scope: tuple[object, ...],
+        auto_extend: bool,
+        hold: float | None,
+        waited: float,
+    ) -> _L:
+        """Make ``lease`` its owner's (acquired or adopted, sync or asyncio): registered for
+        re-entry, renewed if asked, reported."""
         if auto_extend:
             lease._guard = threading.Lock()
             if hold is not None:
@@ -577,7 +607,7 @@ class LockManager:
             extender.schedule(lease, time.monotonic() + lease.ttl / 3)
         lease._scope = scope
         self._held[(scope, lease.name)] = lease
-        self._reporter.acquired(lease, lease.acquired_at - attempt.started)
+        self._reporter.acquired(lease, waited)
         return lease
 
     def _failed(self, step: flow.Failed, origin: str | None) -> LockNotAcquired | None:
@@ -676,6 +706,105 @@ class LockManager:
             self.quorum,
         )
         return flow.owned(self._nodes, exchange.yes, lease.validity)
+
+    def adopt(
+        self,
+        handle: LeaseHandle | str,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> Lease:
+        """Take over a lease another process gave away with ``lease.handle()`` (one round
+        trip): the keys move to a new token on a quorum, keeping their expiry, and the
+        returned :class:`Lease` extends (to the handle's ttl) and releases like any other.
+        The first process's token is refused from then on.
+
+        Args:
+            handle: a :class:`~django_redlock.core.handle.LeaseHandle` or its ``dumps()`` text.
+            auto_extend, max_hold, origin: as for :meth:`acquire`.
+
+        Raises:
+            LockLost: the lease ran out, was released or adopted elsewhere, or too few nodes
+                answered: there is nothing to take over.
+            TypeError, ValueError: not a handle, or one for another key prefix.
+        """
+        adoption = self._adoption(handle, auto_extend, max_hold, origin)
+        connections = self._connections.get()
+        if len(self._quarantine.heard) < self.quorum:
+            self._first_contact(connections)
+        size = len(self.addresses)
+        start = self._clock()
+        try:
+            exchange = connections.run(
+                adoption.commands,
+                time.monotonic() + self.node_timeout,
+                flow.NEVER_YES,
+                size,
+                size - 1,
+                identify=True,
+            )
+            return self._adopted(partial(Lease, self), adoption, exchange.results, start)
+        except BaseException:
+            # Refused or interrupted: nobody holds the new token, free what it took.
+            connections.clean_up(adoption.release)
+            raise
+
+    def _adoption(
+        self, handle: object, auto_extend: object, max_hold: object, origin: object
+    ) -> _Adoption:
+        """Check an adopt's arguments and build its round (sync and asyncio alike)."""
+        taken = as_handle(handle)
+        if taken.key != self.key_prefix + taken.name:
+            raise ValueError(
+                f"handle is for another manager's key prefix (this one's is {self.key_prefix!r})"
+            )
+        _, _, _, extend, hold, text = self._acquire_arguments(
+            taken.ttl, False, None, auto_extend, max_hold, origin
+        )
+        size = len(self.addresses)
+        token = secrets.token_hex(20)
+        owner = self._owners.record(text)
+        return _Adoption(
+            taken,
+            token,
+            flow.handoff_round(size, taken.key, taken.token, token, owner, self._quarantine.ms),
+            flow.release_round(size, taken.key, token),
+            owner_scope(),
+            extend,
+            hold,
+            text,
+        )
+
+    def _adopted(
+        self,
+        make: Callable[..., _L],
+        adoption: _Adoption,
+        results: Sequence[Any],
+        start: float,
+    ) -> _L:
+        """The lease a hand-off round sent at ``start`` gave (sync and asyncio alike).
+
+        Raises:
+            LockLost: not adopted on a quorum, or nothing left of the lease's validity.
+        """
+        end = self._clock()
+        taken = adoption.handle
+        outcome = flow.judge_adopt(self._nodes, taken.ttl, results, end - start)
+        if isinstance(outcome, str):
+            raise LockLost(taken.name, outcome)
+        lease = make(
+            name=taken.name,
+            key=taken.key,
+            token=adoption.token,
+            ttl=taken.ttl,
+            expires_at=end + outcome,
+            acquired_at=end,
+            origin=adoption.origin,
+        )
+        lease.fencing_token = taken.fencing_token
+        self._reporter.adopted(lease, end - start)
+        return self._own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 
     def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by

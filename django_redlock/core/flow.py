@@ -29,6 +29,7 @@ from typing import Any
 
 from django_redlock.core.arguments import DRIFT_SECONDS
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
+from django_redlock.wire.primitives import handoff_command
 from django_redlock.wire.scripts import (
     FORCE_RELEASE,
     HOLDER,
@@ -45,6 +46,7 @@ from django_redlock.wire.sync import TIMED_OUT, NodeError, NotSent
 
 __all__ = [
     "DRIFT_SECONDS",
+    "NEVER_YES",
     "Acquire",
     "Failed",
     "Granted",
@@ -55,10 +57,12 @@ __all__ = [
     "extend_round",
     "failure",
     "force_release_round",
+    "handoff_round",
     "has_node_errors",
     "holder_of",
     "holder_round",
     "is_locked",
+    "judge_adopt",
     "judge_extend",
     "judge_release",
     "leave_round",
@@ -334,6 +338,40 @@ def judge_extend(
     )
 
 
+NEVER_YES = object()
+"""The ``yes_value`` of a round that must hear every node (no reply equals it): need = N and
+give up after N - 1 others, so the round ends when the last node answered or at the deadline."""
+
+
+def handoff_round(
+    size: int, key: str, old: str, new: str, owner: str, quarantine_ms: int
+) -> list[Command]:
+    """Hand the lease on ``key`` from token ``old`` to ``new`` on every node
+    (``scripts/handoff.lua``; send with ``identify=True``, :data:`NEVER_YES`)."""
+    return [handoff_command((key,), old, new, owner, quarantine_ms)] * size
+
+
+def judge_adopt(nodes: Nodes, ttl: float, results: Sequence[Any], elapsed: float) -> float | str:
+    """A hand-off round that took ``elapsed`` seconds: the adopted lease's validity in
+    seconds, or why it cannot be adopted (text).
+
+    Each node that handed the key over answers the ms its key has left. As for an acquire, a
+    quorum must agree, and the validity is what the quorum-th longest of them leaves after
+    the round's time and the drift term: the adopter never gets more than the old lease had.
+    """
+    left = sorted((r for r in results if type(r) is int and r > 0), reverse=True)
+    if len(left) < nodes.quorum:
+        return (
+            f"the handed-off lease ran out or was taken: adopted on {len(left)} of "
+            f"{nodes.size} nodes, a quorum needs {nodes.quorum} "
+            f"({summarise(nodes, results, of_lease=True)})"
+        )
+    valid = left[nodes.quorum - 1] / 1000 - elapsed - (ttl * nodes.drift_factor + DRIFT_SECONDS)
+    if valid <= 0:
+        return "the handed-off lease ran out before it was adopted"
+    return valid
+
+
 @dataclass(frozen=True)
 class ReleaseVerdict:
     """A release round judged: ``lost`` says why the lease was lost (None when it was not);
@@ -424,7 +462,7 @@ def summarise(nodes: Nodes, results: Sequence[Any], *, of_lease: bool = False) -
     for label, reply in zip(nodes.labels, results, strict=True):
         if reply is TIMED_OUT or isinstance(reply, NodeError):
             parts.append(f"{label}: {error_text(reply, nodes.node_timeout)}")
-        elif reply == 0 and type(reply) is int:
+        elif type(reply) is int and (reply == 0 or (of_lease and reply < 0)):
             parts.append(f"{label}: not held")
         elif type(reply) is int and not of_lease:
             parts.append(f"{label}: held by another for {reply} ms")

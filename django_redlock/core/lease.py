@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import clip_origin
+from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.reporting import Reporter
 from django_redlock.exceptions import LeaseInherited, LeaseReleased, LockLost
 from django_redlock.wire.process import current_pid
@@ -153,6 +154,36 @@ class BaseLease:
         if self._expires_at <= self._manager._clock():
             self._mark_lost("the lease expired")
             raise LockLost(self.name, "the lease expired")
+
+    def handle(self) -> LeaseHandle:
+        """Give this lease to another process: returns a :class:`LeaseHandle` (picklable;
+        ``.dumps()`` for text) that ``m.adopt(handle)`` there turns into a lease of its own.
+
+        This process lets go at once, with no I/O: the lease counts as released here
+        (auto-extension stops, ``check()`` raises ``LeaseReleased``, leaving its ``with``
+        block releases nothing), and once adopted its token is refused on the nodes, so a
+        late release from here can never delete the adopter's keys. If nobody adopts it, the
+        keys run out within the lease's validity.
+
+        Raises:
+            LeaseReleased: released (or handed off) already.
+            LockLost: the lease expired or was found lost: nothing to hand over.
+            LeaseInherited: called in a forked child.
+        """
+        self.check()
+        handle = LeaseHandle(
+            name=self.name,
+            key=self.key,
+            token=self._token,
+            ttl=self.ttl,
+            fencing_token=self.fencing_token,
+        )
+        # No guard: a renewal in flight may still extend the old token's keys, which only
+        # gives the adopter more time; the extender starts no renewal of a released lease.
+        self._released = True
+        self._manager._forget_owner(self)
+        self._manager._reporter.handed_off(self, self._manager._clock() - self.acquired_at)
+        return handle
 
     def renew_once(self) -> float | None:
         """One renewal round by the extender thread (``core/extender.py``), for sync and

@@ -139,6 +139,18 @@ class Reporter:
         if self.observer is not None:
             self.observer.released(lease, held)
 
+    def handed_off(self, lease: BaseLease, held: float) -> None:
+        """This process gave the lease away (``lease.handle()``) after holding it ``held``
+        seconds: its hold here ended as a release would end it (the observer hears
+        ``released``)."""
+        logger.info("handed off %r for another process to adopt", lease.name)
+        if self.observer is not None:
+            self.observer.released(lease, held)
+
+    def adopted(self, lease: BaseLease, waited: float) -> None:
+        """A handed-off lease was adopted here after a round of ``waited`` seconds."""
+        logger.info("adopted %r (handed off by another process)", lease.name)
+
     def released_cleanly(self, lease: BaseLease, deleted: int, partial: str | None) -> None:
         """Released on ``deleted`` nodes; ``partial`` names the nodes that did not answer
         when fewer than a quorum released it (their keys expire by ttl)."""

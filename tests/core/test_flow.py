@@ -173,3 +173,19 @@ def test_a_summary_names_each_node_that_did_not_do_its_part():
     )
     assert flow.summarise(NODES, [1, 0, 1], of_lease=True) == "n1: not held"
     assert flow.summarise(NODES, [1, 1, 1], of_lease=True) == "no errors"
+
+
+def test_an_adopted_lease_gets_what_the_quorum_th_longest_key_has_left():
+    # 9 s, 5 s and 2 s left on the three nodes: a quorum of 2 guarantees 5 s, minus the
+    # round's time and the drift term (ttl 10 s: 0.1 s + 2 ms).
+    left = flow.judge_adopt(NODES, 10.0, [9000, 2000, 5000], elapsed=0.5)
+    assert left == pytest.approx(5.0 - 0.5 - 0.102)
+
+
+def test_an_adopt_refused_or_unanswered_on_a_majority_is_not_a_lease():
+    verdict = flow.judge_adopt(NODES, 10.0, [9000, -2, TIMED_OUT], elapsed=0.01)
+    assert isinstance(verdict, str)
+    assert "adopted on 1 of 3 nodes" in verdict
+    assert "n1: not held" in verdict
+    assert "n2: " in verdict
+    assert isinstance(flow.judge_adopt(NODES, 10.0, [50, 60, -2], elapsed=0.01), str)

@@ -1,0 +1,185 @@
+"""Hand-off: ``lease.handle()`` in one process, ``m.adopt(handle)`` in another (real nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from django_redlock import (
+    AsyncLockManager,
+    LeaseReleased,
+    LockContended,
+    LockLost,
+    LockManager,
+)
+from django_redlock.core.handle import LeaseHandle
+from django_redlock.wire.scripts import RELEASE
+from tests.helpers import node_client
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _holds(cluster, key: str, token: str) -> int:
+    """How many nodes hold ``key`` with ``token``."""
+    count = 0
+    for node in cluster:
+        with node_client(node) as client:
+            count += client.hget(key, "t") == token.encode()
+    return count
+
+
+def test_the_adopter_holds_the_lock_and_the_giver_lets_go(cluster3, caplog):
+    giver, adopter = LockManager(cluster3.urls), LockManager(cluster3.urls)
+    caplog.set_level(logging.DEBUG, logger="django_redlock")
+    with giver.lock("invoice:7", ttl=10.0) as lease:
+        handle = lease.handle()
+        # This process let go: no I/O, the with block releases nothing.
+        assert lease.released is True
+        with pytest.raises(LeaseReleased):
+            lease.check()
+        adopted = adopter.adopt(handle.dumps())
+    assert adopted.name == "invoice:7"
+    assert adopted.token != lease.token
+    assert _holds(cluster3, adopted.key, adopted.token) == 3
+    assert 0 < adopted.validity <= 10.0
+    with pytest.raises(LockContended):
+        LockManager(cluster3.urls).acquire("invoice:7", blocking=False)
+    assert adopted.extend() > 9.0  # extends to the handle's ttl
+    # The giver's token is refused on every node: a late release cannot free the lock.
+    for node in cluster3:
+        with node_client(node) as client:
+            keys = (adopted.key, adopted.key + "\x00q", adopted.key + "\x00e")
+            assert client.eval(RELEASE.source, 3, *keys, lease.token, "") == 0
+    assert _holds(cluster3, adopted.key, adopted.token) == 3
+    adopted.release()
+    assert LockManager(cluster3.urls).locked("invoice:7") is False
+    # The token is a bearer secret: not in the handle's repr or str, nor in any log record.
+    for text in (
+        repr(handle),
+        str(handle),
+        repr(adopted),
+        *(r.getMessage() for r in caplog.records),
+    ):
+        assert lease.token not in text
+        assert adopted.token not in text
+    assert "handed off 'invoice:7'" in caplog.text
+    assert "adopted 'invoice:7'" in caplog.text
+
+
+def test_a_handle_is_adopted_once(cluster3):
+    lease = LockManager(cluster3.urls).acquire("once", ttl=10.0)
+    handle = pickle.loads(pickle.dumps(lease.handle()))  # noqa: S301 (our own bytes)
+    first = LockManager(cluster3.urls).adopt(handle)
+    with pytest.raises(LockLost, match="ran out or was taken"):
+        LockManager(cluster3.urls).adopt(handle)
+    assert _holds(cluster3, first.key, first.token) == 3  # the failed adopt freed nothing
+    first.release()
+
+
+def test_a_lease_released_or_expired_on_the_nodes_cannot_be_adopted(cluster3):
+    manager = LockManager(cluster3.urls)
+    handle = manager.acquire("gone", ttl=10.0).handle()
+    manager.force_release("gone")  # an operator; or the keys expired
+    with pytest.raises(LockLost):
+        manager.adopt(handle)
+    assert manager.locked("gone") is False
+    # And once handed off, the lease itself can be handed off no more.
+    lease = manager.acquire("twice", ttl=10.0)
+    lease.handle()
+    with pytest.raises(LeaseReleased):
+        lease.handle()
+
+
+def test_adopt_works_with_a_paused_minority_and_keeps_the_fencing_token(cluster3):
+    manager = LockManager(cluster3.urls, node_timeout=0.2)
+    lease = manager.acquire("paused", ttl=10.0)
+    lease.fencing_token = 41
+    handle = lease.handle()
+    cluster3[2].pause()
+    try:
+        adopted = LockManager(cluster3.urls, node_timeout=0.2).adopt(handle)
+        assert adopted.fencing_token == 41
+        assert _holds(cluster3.nodes[:2], adopted.key, adopted.token) == 2
+    finally:
+        cluster3[2].resume()
+    adopted.release()
+
+
+def test_a_quorum_of_refusals_is_lock_lost_and_frees_the_new_token(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("split", ttl=10.0)
+    handle = lease.handle()
+    for node in cluster3.nodes[:2]:  # the lock is gone on two nodes: no quorum to adopt
+        with node_client(node) as client:
+            client.delete(lease.key)
+    with pytest.raises(LockLost, match="adopted on 1 of 3 nodes"):
+        manager.adopt(handle)
+    # The node that handed over its key got it freed again: the lock is free everywhere.
+    with node_client(cluster3[2]) as client:
+        assert client.exists(lease.key) == 0
+
+
+def test_bad_handles_are_refused_naming_the_argument(cluster3):
+    manager = LockManager(cluster3.urls)
+    with pytest.raises(TypeError, match="handle must be"):
+        manager.adopt(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="handle is not a lease handle"):
+        manager.adopt("rlh1.not-base64!")
+    with pytest.raises(ValueError, match="handle is not a lease handle"):
+        manager.adopt("hello")
+    handle = manager.acquire("prefixed", ttl=10.0).handle()
+    with pytest.raises(ValueError, match="key prefix"):
+        LockManager(cluster3.urls, key_prefix="other:").adopt(handle)
+    forged = LeaseHandle(name="prefixed", key=handle.key, token="x" * 3, ttl=10.0)
+    with pytest.raises(ValueError, match="no valid lease token"):
+        manager.adopt(forged)
+    assert LeaseHandle.loads(handle.dumps()) == handle
+
+
+def test_the_asyncio_manager_adopts_too(cluster3):
+    lease = LockManager(cluster3.urls).acquire("async", ttl=10.0)
+    text = lease.handle().dumps()
+
+    async def main() -> tuple[str, bool]:
+        manager = AsyncLockManager(cluster3.urls)
+        async with await manager.adopt(text) as adopted:
+            held = await adopted.owned()
+            token = adopted.token
+        await manager.aclose()
+        return token, held
+
+    token, held = asyncio.run(main())
+    assert held is True
+    assert _holds(cluster3, lease.key, token) == 0  # released by the async with
+    assert LockManager(cluster3.urls).locked("async") is False
+
+
+def test_a_view_acquires_and_another_process_finishes_the_work(cluster3):
+    # The story: one process takes the lock and hands it over; a worker process adopts it,
+    # works, and releases; the first process's late release is refused, not a double one.
+    lease = LockManager(cluster3.urls).acquire("report:9", ttl=10.0)
+    text = lease.handle().dumps()
+    script = textwrap.dedent(
+        f"""
+        from django_redlock import LockManager
+        manager = LockManager({cluster3.urls!r})
+        with manager.adopt({text!r}) as lease:
+            assert manager.holder("report:9") is not None
+            print("adopted", lease.owned())
+        print("free", not manager.locked("report:9"))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["adopted", "True", "free", "True"]
+    with pytest.raises(LeaseReleased):
+        lease.release()
