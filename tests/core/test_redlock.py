@@ -61,7 +61,9 @@ def test_a_held_lock_is_contended_for_a_second_client(cluster3):
     with pytest.raises(LockContended) as info:
         second.acquire("report", blocking=False)
     error = info.value
-    assert error.votes == 0
+    # The first acquire returns at a quorum: its SET may reach the third node after the
+    # second client's, which that node then grants (and the failed attempt releases).
+    assert error.votes <= 1
     assert error.quorum == 2
     assert error.node_errors == {}
     assert error.retry_after is not None
