@@ -803,7 +803,7 @@ class LockManager:
             origin=adoption.origin,
         )
         lease.fencing_token = taken.fencing_token
-        self._reporter.adopted(lease, end - start)
+        self._reporter.adopted(lease)
         return self._own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 
     def locked(self, name: str) -> bool:

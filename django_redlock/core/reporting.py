@@ -147,8 +147,8 @@ class Reporter:
         if self.observer is not None:
             self.observer.released(lease, held)
 
-    def adopted(self, lease: BaseLease, waited: float) -> None:
-        """A handed-off lease was adopted here after a round of ``waited`` seconds."""
+    def adopted(self, lease: BaseLease) -> None:
+        """A handed-off lease was adopted here (the observer hears ``acquired`` next)."""
         logger.info("adopted %r (handed off by another process)", lease.name)
 
     def released_cleanly(self, lease: BaseLease, deleted: int, partial: str | None) -> None:

@@ -574,14 +574,7 @@ class ConnectionSet:
     def _write_expecting(self, index: int, conn: _Connection, command: bytes, kind: int) -> bool:
         """Send set-up ``command`` (its reply of ``kind`` goes to the handshake); False if
         the node was dropped."""
-        try:
-            conn.send(command, (None, kind, None, self.clock()))
-        except NodeError as exc:
-            self._drop(index, str(exc))
-            return False
-        if conn.out:
-            self._rearm(index, conn)
-        return True
+        return self._send_or_drop(index, conn, [(command, (None, kind, None, self.clock()))])
 
     def _resend(
         self, index: int, conn: _Connection, fallback: Fallback, exchange: _Exchange, slot: int
@@ -589,10 +582,18 @@ class ConnectionSet:
         """The node had no copy of a script (NOSCRIPT): send the EVAL fallback for node
         ``slot`` of ``exchange``, and load the scripts again. False if the node was dropped."""
         now = self.clock()
+        sends: list[tuple[bytes, _Slot]] = [(fallback.build(), (exchange, slot, None, now))]
+        sends += [(command, (None, kind, None, now)) for command, kind in conn.reload_commands()]
+        return self._send_or_drop(index, conn, sends)
+
+    def _send_or_drop(
+        self, index: int, conn: _Connection, sends: Sequence[tuple[bytes, _Slot]]
+    ) -> bool:
+        """Send each command with the reply slot it fills; False (and the node dropped) when
+        the connection failed."""
         try:
-            conn.send(fallback.build(), (exchange, slot, None, now))
-            for command, kind in conn.reload_commands():
-                conn.send(command, (None, kind, None, now))
+            for command, slot in sends:
+                conn.send(command, slot)
         except NodeError as exc:
             self._drop(index, str(exc))
             return False
