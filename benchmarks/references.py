@@ -32,6 +32,7 @@ from django_redlock.wire.scripts import (
     LAPSE,
     LINE,
     NODE_KEY,
+    READERS,
     RELEASE,
     acquire_command,
     release_command,
@@ -135,11 +136,11 @@ def redis_py_connections(urls: list[str]) -> PairRunner:
     def run(name: str) -> bool:
         key = f"redlock:{name}"
         token = secrets.token_hex(20)
-        keys = (key, NODE_KEY, key + LINE, key + LAPSE)
+        keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
         owner = _owner()
         for connection, (run_id, persistence) in zip(connections, identities, strict=True):
             connection.send_command(
-                "EVALSHA", ACQUIRE.sha, 4, *keys, token, TTL_MS, owner, QUARANTINE_MS,
+                "EVALSHA", ACQUIRE.sha, len(keys), *keys, token, TTL_MS, owner, QUARANTINE_MS,
                 "", 0, 0, run_id, persistence,
             )  # fmt: skip
         granted = sum(connection.read_response() == GRANTED for connection in connections)

@@ -14,6 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.exceptions import (
     FencingUnavailable,
     LeaseInherited,
@@ -50,7 +51,9 @@ __all__ = [
     "LockNotAcquired",
     "LockedViewMixin",
     "QuorumUnreachable",
+    "RWLock",
     "RedlockError",
+    "Semaphore",
     "StaleFencingToken",
     "UnfencedWrite",
     "__version__",

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, Unpack
@@ -25,12 +25,15 @@ from typing import Any, NoReturn, Unpack
 from django_redlock.core import flow
 from django_redlock.core.arguments import validate_name
 from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
+from django_redlock.core.options import AcquireOptions, acquire_options
 from django_redlock.core.owner import owner_scope
+from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.redlock import AcquireOptions, LockManager, acquire_options
+from django_redlock.redlock import LockManager
 from django_redlock.wire.aio import LoopConnections
-from django_redlock.wire.scripts import GRANTED, PING
+from django_redlock.wire.scripts import PING
 from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
@@ -250,17 +253,33 @@ class AsyncLockManager:
         sync = self.sync
         name = validate_name(name)
         # Checked before re-entry too, so a bad argument is refused the same way every time.
-        seconds, blocking, wait, auto_extend, hold, origin = sync._acquire_arguments(
-            *acquire_options(options)
-        )
+        checked = sync._acquire_arguments(*acquire_options(options))
         scope = owner_scope()
         held = sync._reenter(scope, name, AsyncLease)
         if held is not None:
             return held
+        return await self._take(name, Shape(sync.key_prefix + name), scope, *checked)
+
+    async def _take(
+        self,
+        name: str,
+        shape: Shape,
+        scope: tuple[object, ...],
+        seconds: float,
+        blocking: bool,
+        wait: float | None,
+        auto_extend: bool,
+        hold: float | None,
+        origin: str | None,
+    ) -> AsyncLease:
+        """Acquire a lease of ``shape``, its arguments checked (see
+        :meth:`LockManager._take`)."""
+        sync = self.sync
         connections = self._connections()
         subscriber = connections.subscriber
-        waiter = subscriber.waiter_id() if blocking else ""
-        attempt = sync._begin(name, seconds, blocking, wait, origin, waiter)
+        queues = blocking and shape.wake_key is not None
+        waiter = subscriber.waiter_id() if queues else ""
+        attempt = sync._begin(name, seconds, blocking, wait, origin, waiter, shape)
         if len(sync._quarantine.heard) < sync.quorum:
             # Hear from the nodes before the first acquire (see LockManager._first_contact):
             # the PONGs come after each new connection's hello replies.
@@ -276,7 +295,7 @@ class AsyncLockManager:
                 start = sync._clock()
                 try:
                     results, granted, _ = await connections.run(
-                        commands, sync.node_timeout, GRANTED, sync.quorum, identify=True
+                        commands, sync.node_timeout, attempt.decider, attempt.need, identify=True
                     )
                 except BaseException:
                     # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
@@ -287,14 +306,21 @@ class AsyncLockManager:
                 end = sync._clock()
                 step = attempt.judge(results, granted, start, end)
                 if isinstance(step, flow.Granted):
+                    strays = attempt.strays(results)
+                    if strays is not None:
+                        connections.post(strays)
                     lease = AsyncLease(self, **sync._lease_fields(attempt, step, origin))
-                    return sync._adopt(lease, attempt, results, granted, scope, auto_extend, hold)
+                    return sync._adopt(lease, attempt, results, scope, auto_extend, hold)
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 error = sync._failed(step, origin)
                 if error is not None:  # the place in line is left below
                     raise error
-                if not listening and await subscriber.subscribe(attempt.key, sync.node_timeout):
+                wake_key = shape.wake_key
+                if not waiter or wake_key is None:
+                    await asyncio.sleep(step.delay)  # a try that never queues polls
+                    attempt.waited(False)
+                elif not listening and await subscriber.subscribe(wake_key, sync.node_timeout):
                     # Just subscribed: the try right after covers a release that came between
                     # our last try and the subscription (see LockManager.acquire).
                     listening = True
@@ -351,9 +377,9 @@ class AsyncLockManager:
         sync = self.sync
         expired = lease._expires_at <= sync._clock()
         results, deleted, _ = await self._connections().run(
-            flow.release_round(len(sync.addresses), lease.key, lease.token, lease._waiter),
+            flow.release_round(len(sync.addresses), lease._shape, lease.token, lease._waiter),
             sync.node_timeout,
-            1,
+            lease._shape.release_yes,
             sync.quorum,
             capped=False,  # queued behind what a node owes, never skipped (LockManager._release)
         )
@@ -364,7 +390,7 @@ class AsyncLockManager:
         size = len(sync.addresses)
         start = sync._clock()
         results, extended, refused = await self._connections().run(
-            flow.extend_round(size, lease.key, lease.token, lease.ttl),
+            flow.extend_round(size, lease._shape, lease.token, lease.ttl),
             sync.node_timeout,
             1,
             sync.quorum,
@@ -373,13 +399,13 @@ class AsyncLockManager:
             return lease._settle_extend(start, sync._clock(), results, extended, refused)
         except LockLost:
             # Best effort, no await: free the keys we may still hold.
-            self._connections().post(flow.clean_up_round(lease.key, lease.token, None, size))
+            self._connections().post(lease._shape.clean_up(lease.token, None, size))
             raise
 
     async def _owned(self, lease: AsyncLease) -> bool:
         sync = self.sync
         _, owned, _ = await self._connections().run(
-            flow.owns_round(len(sync.addresses), lease.key, lease.token),
+            flow.owns_round(len(sync.addresses), lease._shape, lease.token),
             sync.node_timeout,
             1,
             sync.quorum,
@@ -407,6 +433,33 @@ class AsyncLockManager:
             flow.holder_round(size, sync.key(name)), sync.node_timeout, None, size, give_up=size
         )
         return flow.holder_of(results)
+
+    def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:
+        """The semaphore ``name`` of ``limit`` slots; ``await sem.acquire(...)`` (see
+        :meth:`LockManager.semaphore`)."""
+        return Semaphore(self, validate_name(name), limit)
+
+    def rwlock(self, name: str) -> RWLock[Coroutine[Any, Any, AsyncLease]]:
+        """The read-write lock ``name``; ``await rw.read(...)`` / ``await rw.write(...)``
+        (see :meth:`LockManager.rwlock`)."""
+        return RWLock(self, validate_name(name))
+
+    async def lock_many(
+        self, names: Iterable[str], **options: Unpack[AcquireOptions]
+    ) -> AsyncLease:
+        """Take several locks as one lease, all or nothing (see
+        :meth:`LockManager.lock_many`)."""
+        if isinstance(names, str):
+            raise TypeError("names must be an iterable of names, not a single str")
+        checked = sorted({validate_name(name) for name in names})
+        shape = Many([self.sync.key_prefix + name for name in checked])
+        lease = await self._take_shape(" + ".join(checked), shape, dict(options))
+        lease.names = tuple(checked)
+        return lease
+
+    async def _take_shape(self, name: str, shape: Shape, options: dict[str, Any]) -> AsyncLease:
+        checked = self.sync._acquire_arguments(*acquire_options(options))
+        return await self._take(name, shape, owner_scope(), *checked)
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]

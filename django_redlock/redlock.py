@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
 import math
 import secrets
 import socket
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, TypedDict, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack
 
 from django_redlock.core import extender, flow
 from django_redlock.core.arguments import (
@@ -53,13 +52,21 @@ from django_redlock.core.arguments import (
     validate_name,
 )
 from django_redlock.core.handle import LeaseHandle, as_handle
+from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
 from django_redlock.core.operators import LockListing, declare_fresh, list_locks
+from django_redlock.core.options import (
+    MANAGER_DEFAULT,
+    AcquireOptions,
+    ManagerDefault,
+    acquire_options,
+)
 from django_redlock.core.owner import MAX_OWNER_BYTES, OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
+from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost, LockNotAcquired, RedlockError
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
-from django_redlock.wire.scripts import GRANTED, HOT_SCRIPTS, NODE_KEY, PING, Command
+from django_redlock.wire.scripts import HOT_SCRIPTS, NODE_KEY, PING, Command
 from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
 
@@ -95,51 +102,7 @@ DEFAULT_TIMEOUT = 10.0
 stuck holder surfaces as an error instead of a hung request."""
 
 
-class _ManagerDefault(enum.Enum):
-    """The type of :data:`MANAGER_DEFAULT`."""
-
-    TIMEOUT = "the manager's default_timeout"
-
-
-MANAGER_DEFAULT = _ManagerDefault.TIMEOUT
-"""``acquire(timeout=...)``'s default: the manager's ``default_timeout``."""
-
 _L = TypeVar("_L", bound=BaseLease)
-
-
-class AcquireOptions(TypedDict, total=False):
-    """The keyword arguments of ``acquire`` and ``lock``, sync and asyncio alike (see
-    :meth:`LockManager.acquire`); absent ones take their defaults."""
-
-    ttl: float | None
-    blocking: bool
-    timeout: float | _ManagerDefault | None
-    auto_extend: bool
-    max_hold: float | None
-    origin: str | None
-
-
-_ACQUIRE_DEFAULTS: dict[str, object] = {
-    "ttl": None,
-    "blocking": True,
-    "timeout": MANAGER_DEFAULT,
-    "auto_extend": False,
-    "max_hold": None,
-    "origin": None,
-}
-
-
-def acquire_options(options: Mapping[str, object]) -> tuple[object, ...]:
-    """``options`` as (ttl, blocking, timeout, auto_extend, max_hold, origin), defaults
-    filled in.
-
-    Raises:
-        TypeError: an argument ``acquire`` does not take.
-    """
-    unknown = set(options) - set(_ACQUIRE_DEFAULTS)
-    if unknown:
-        raise TypeError(f"acquire() got an unexpected keyword argument {min(unknown)!r}")
-    return tuple(options.get(name, default) for name, default in _ACQUIRE_DEFAULTS.items())
 
 
 class Lease(BaseLease):
@@ -420,7 +383,7 @@ class LockManager:
         *,
         ttl: float | None = None,
         blocking: bool = True,
-        timeout: float | _ManagerDefault | None = MANAGER_DEFAULT,
+        timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
         auto_extend: bool = False,
         max_hold: float | None = None,
         origin: str | None = None,
@@ -449,20 +412,35 @@ class LockManager:
         """
         name = validate_name(name)
         # Checked first, so a re-entry refuses bad arguments as a first acquire does.
-        seconds, blocking, wait, auto_extend, hold, origin = self._acquire_arguments(
-            ttl, blocking, timeout, auto_extend, max_hold, origin
-        )
+        checked = self._acquire_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
         scope = owner_scope()
         held = self._reenter(scope, name, Lease)
         if held is not None:
             return held
+        return self._take(name, Shape(self.key_prefix + name), scope, *checked)
+
+    def _take(
+        self,
+        name: str,
+        shape: Shape,
+        scope: tuple[object, ...],
+        seconds: float,
+        blocking: bool,
+        wait: float | None,
+        auto_extend: bool,
+        hold: float | None,
+        origin: str | None,
+    ) -> Lease:
+        """Acquire a lease of ``shape`` (a lock, a semaphore slot, a read or write lease,
+        several locks), its arguments checked: the Redlock rounds of :meth:`acquire`."""
         connections = self._connections.get()
         if len(self._quarantine.heard) < self.quorum:
             self._first_contact(connections)
         # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
-        # a single try never queues.
-        waiter = connections.subscriber.waiter_id() if blocking else ""
-        attempt = self._begin(name, seconds, blocking, wait, origin, waiter)
+        # a single try never queues, nor does a shape without a line (it polls).
+        queues = blocking and shape.wake_key is not None
+        waiter = connections.subscriber.waiter_id() if queues else ""
+        attempt = self._begin(name, seconds, blocking, wait, origin, waiter, shape)
         listening = False
         while True:
             commands = attempt.next_round(self._quarantine.ms)
@@ -471,8 +449,8 @@ class LockManager:
                 exchange = connections.run(
                     commands,
                     time.monotonic() + self.node_timeout,
-                    GRANTED,
-                    self.quorum,
+                    attempt.decider,
+                    attempt.need,
                     identify=True,
                 )
                 end = self._clock()
@@ -483,10 +461,11 @@ class LockManager:
                 raise
             step = attempt.judge(exchange.results, exchange.yes, start, end)
             if isinstance(step, flow.Granted):
+                strays = attempt.strays(exchange.results)
+                if strays is not None:
+                    connections.clean_up(strays)
                 lease = Lease(self, **self._lease_fields(attempt, step, origin))
-                return self._adopt(
-                    lease, attempt, exchange.results, exchange.yes, scope, auto_extend, hold
-                )
+                return self._adopt(lease, attempt, exchange.results, scope, auto_extend, hold)
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.clean_up(step.clean_up)
@@ -495,9 +474,13 @@ class LockManager:
                 if step.leave is not None:
                     connections.clean_up(step.leave)
                 raise error
+            wake_key = shape.wake_key
             if self._sleep is not None:
                 self._sleep(step.delay)
-            elif not listening and connections.subscriber.subscribe(attempt.key, self.node_timeout):
+            elif not waiter or wake_key is None:
+                time.sleep(step.delay)  # nothing wakes a try that never queues: it polls
+                attempt.waited(False)
+            elif not listening and connections.subscriber.subscribe(wake_key, self.node_timeout):
                 # Just subscribed: a release from now on wakes us, and the try right after
                 # subscribing covers a release that came between our try and the subscription.
                 listening = True
@@ -539,8 +522,10 @@ class LockManager:
         wait: float | None,
         origin: str | None,
         waiter: str,
+        shape: Shape,
     ) -> flow.Acquire:
-        """The flow of a new acquire of ``name`` (arguments checked by the caller)."""
+        """The flow of a new acquire of ``name`` as ``shape`` (arguments checked by the
+        caller)."""
         owner = self._owners.record(origin)
         started = self._clock()
         return flow.Acquire(
@@ -557,6 +542,7 @@ class LockManager:
             time.time_ns() // 1000,
             # A place lapses after a few polls without a try (see flow.retry_delay).
             math.ceil(max(1.0, 4 * self.retry_delay) * 1000),
+            shape=shape,
         )
 
     def _lease_fields(
@@ -570,6 +556,7 @@ class LockManager:
             "expires_at": granted.expires_at,
             "acquired_at": granted.acquired_at,
             "origin": origin,
+            "shape": attempt.kind,
         }
 
     def _adopt(
@@ -577,14 +564,13 @@ class LockManager:
         lease: _L,
         attempt: flow.Acquire,
         results: Sequence[Any],
-        votes: int,
         scope: tuple[object, ...],
         auto_extend: bool,
         hold: float | None,
     ) -> _L:
         """Make a lease just granted its owner's (sync and asyncio alike): reported,
         registered for re-entry, renewed if asked."""
-        self._reporter.granted(lease.name, results, votes)
+        self._reporter.granted(lease.name, results, attempt.votes)
         # Our place in line may remain on nodes that did not grant this attempt; the release
         # drops it there (see release.lua), at no extra round trip.
         lease._waiter = attempt.waiter
@@ -606,7 +592,8 @@ class LockManager:
                 lease._renew_until = time.monotonic() + hold
             extender.schedule(lease, time.monotonic() + lease.ttl / 3)
         lease._scope = scope
-        self._held[(scope, lease.name)] = lease
+        if lease._shape.reentrant:
+            self._held[(scope, lease.name)] = lease
         self._reporter.acquired(lease, waited)
         return lease
 
@@ -665,9 +652,9 @@ class LockManager:
         # replies (it stalled, or was overloaded while this thread waited) then frees the
         # lock when it catches up instead of keeping the key for the whole ttl.
         exchange = connections.run(
-            flow.release_round(len(self.addresses), lease.key, lease.token, lease._waiter),
+            flow.release_round(len(self.addresses), lease._shape, lease.token, lease._waiter),
             time.monotonic() + self.node_timeout,
-            1,
+            lease._shape.release_yes,
             self.quorum,
             queue_behind=True,
         )
@@ -684,7 +671,7 @@ class LockManager:
         size = len(self.addresses)
         start = self._clock()
         exchange = connections.run(
-            flow.extend_round(size, lease.key, lease.token, lease.ttl),
+            flow.extend_round(size, lease._shape, lease.token, lease.ttl),
             time.monotonic() + self.node_timeout,
             1,
             self.quorum,
@@ -694,13 +681,13 @@ class LockManager:
             return lease._settle_extend(start, now, exchange.results, exchange.yes, exchange.no)
         except LockLost:
             # Best effort: free the keys we may still hold so the next holder need not wait.
-            connections.clean_up(flow.clean_up_round(lease.key, lease.token, None, size))
+            connections.clean_up(lease._shape.clean_up(lease.token, None, size))
             raise
 
     def _owned(self, lease: BaseLease) -> bool:
         """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
         exchange = self._connections.get().run(
-            flow.owns_round(len(self.addresses), lease.key, lease.token),
+            flow.owns_round(len(self.addresses), lease._shape, lease.token),
             time.monotonic() + self.node_timeout,
             1,
             self.quorum,
@@ -769,7 +756,7 @@ class LockManager:
             taken,
             token,
             flow.handoff_round(size, taken.key, taken.token, token, owner, self._quarantine.ms),
-            flow.release_round(size, taken.key, token),
+            flow.release_round(size, Shape(taken.key), token),
             owner_scope(),
             extend,
             hold,
@@ -850,6 +837,56 @@ class LockManager:
     def _block(self, name: str, options: AcquireOptions) -> Iterator[Lease]:
         with self.acquire(name, **options) as lease:
             yield lease
+
+    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
+
+    def semaphore(self, name: str, limit: int) -> Semaphore[Lease]:
+        """The semaphore ``name`` of ``limit`` slots: ``.acquire(...)`` returns a lease of one
+        slot; at most ``limit`` such leases are valid at any moment, cluster-wide (see
+        :class:`~django_redlock.core.kinds.Semaphore`). Every user of one semaphore must give
+        the same ``limit``.
+
+        Raises:
+            TypeError, ValueError: a bad name or limit (1 … 1024).
+        """
+        return Semaphore(self, validate_name(name), limit)
+
+    def rwlock(self, name: str) -> RWLock[Lease]:
+        """The read-write lock ``name``: ``.read(...)`` and ``.write(...)`` return leases
+        (see :class:`~django_redlock.core.kinds.RWLock`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return RWLock(self, validate_name(name))
+
+    def lock_many(self, names: Iterable[str], **options: Unpack[AcquireOptions]) -> Lease:
+        """Take the locks of every name in ``names`` as one lease, all or nothing, in one
+        round trip per try; released (and extended) together. The locks are the very locks
+        of ``acquire(name)``. Deadlock-free: a try takes every lock or none on each node and
+        holds nothing while it waits; a blocking call polls (jittered ``retry_delay``) and
+        never queues, so it may wait longer than single locks' fair line would.
+
+        Takes the arguments of :meth:`acquire`; the lease's ``name`` is the names, sorted,
+        joined by ``" + "``; ``lease.names`` lists them.
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
+        """
+        if isinstance(names, str):
+            raise TypeError("names must be an iterable of names, not a single str")
+        checked = sorted({validate_name(name) for name in names})
+        shape = Many([self.key_prefix + name for name in checked])
+        lease = self._take_shape(" + ".join(checked), shape, dict(options))
+        lease.names = tuple(checked)
+        return lease
+
+    def _take_shape(self, name: str, shape: Shape, options: dict[str, Any]) -> Lease:
+        """Acquire a lease of ``shape`` with ``acquire``'s keyword ``options`` (never
+        re-entrant)."""
+        checked = self._acquire_arguments(*acquire_options(options))
+        return self._take(name, shape, owner_scope(), *checked)
 
     # -- operators -------------------------------------------------------------------------
 

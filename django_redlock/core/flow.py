@@ -20,7 +20,6 @@ sent), a :class:`~django_redlock.wire.sync.NodeError` (``NotSent`` when it never
 from __future__ import annotations
 
 import json
-import math
 import random
 import secrets
 from collections.abc import Callable, Iterable, Sequence
@@ -28,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_redlock.core.arguments import DRIFT_SECONDS
+from django_redlock.core.shapes import Shape, lock_refusal
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
 from django_redlock.wire.primitives import handoff_command
 from django_redlock.wire.scripts import (
@@ -36,13 +36,8 @@ from django_redlock.wire.scripts import (
     LAPSE,
     LINE,
     Command,
-    acquire_command,
-    extend_command,
-    leave_command,
-    owns_command,
-    release_command,
 )
-from django_redlock.wire.sync import TIMED_OUT, NodeError, NotSent
+from django_redlock.wire.sync import TIMED_OUT, NodeError
 
 __all__ = [
     "DRIFT_SECONDS",
@@ -123,24 +118,27 @@ def retry_delay(
 # -- the commands of a round: one per node ------------------------------------------------
 
 
-def release_round(size: int, key: str, token: str, waiter: str = "") -> list[Command]:
-    """Compare-and-delete on every node (``scripts/release.lua``); ``waiter`` drops the
-    holder's place in line where it remains."""
-    return [release_command(key, token, waiter)] * size
+def release_round(size: int, shape: Shape, token: str, waiter: str = "") -> list[Command]:
+    """Compare-and-delete on every node (``scripts/release.lua`` for a lock); ``waiter``
+    drops the holder's place in line where it remains."""
+    return [shape.release(token, waiter)] * size
 
 
-def extend_round(size: int, key: str, token: str, ttl: float) -> list[Command]:
-    """Renew to ``ttl`` seconds where the key still holds ``token`` (``scripts/extend.lua``)."""
-    return [extend_command(key, token, math.ceil(ttl * 1000))] * size
+def extend_round(size: int, shape: Shape, token: str, ttl: float) -> list[Command]:
+    """Renew to ``ttl`` seconds where the lease still holds ``token`` (``scripts/extend.lua``
+    for a lock)."""
+    return [shape.extend(token, ttl)] * size
 
 
-def owns_round(size: int, key: str, token: str) -> list[Command]:
-    return [owns_command(key, token)] * size
+def owns_round(size: int, shape: Shape, token: str) -> list[Command]:
+    return [shape.owns(token)] * size
 
 
-def leave_round(size: int, key: str, waiter: str) -> list[Command]:
-    """Leave the wait line of ``key`` on every node (``scripts/leave.lua``)."""
-    return [leave_command(key, waiter)] * size
+def leave_round(size: int, shape: Shape, waiter: str) -> list[Command] | None:
+    """Leave the wait line on every node (``scripts/leave.lua`` for a lock); None for a
+    shape that never queues."""
+    command = shape.leave(waiter)
+    return None if command is None else [command] * size
 
 
 def holder_round(size: int, key: str) -> list[Command]:
@@ -154,19 +152,9 @@ def force_release_round(size: int, key: str) -> list[Command]:
 def clean_up_round(
     key: str, token: str, results: Sequence[Any] | None, size: int
 ) -> list[Command | None]:
-    """The release after a failed (or interrupted) acquire round: on every node its SET may
-    have reached, the failed ones included, since a timed-out SET may still have landed.
-
-    ``results``: the round's replies, or None when it was interrupted (then every node). A
-    node that answered with another holder's time left holds no key of ours, and one the SET
-    never reached (``NotSent``) has nothing to undo.
-    """
-    command = release_command(key, token)
-    if results is None:
-        return [command] * size
-    return [
-        None if type(reply) is int or isinstance(reply, NotSent) else command for reply in results
-    ]
+    """The release of a lock after a failed (or interrupted: ``results`` None) acquire
+    round: see :meth:`Shape.clean_up`."""
+    return Shape(key).clean_up(token, results, size)
 
 
 # -- judging rounds -----------------------------------------------------------------------
@@ -206,6 +194,8 @@ class Acquire:
     blocking acquire's place in line ("" for a single try, which never queues), ``ticket``
     its place (the same number on every node) and ``lifetime_ms`` how long a place lasts
     without a new try.
+
+    ``shape``: what the lease is on the nodes (default: a lock on ``key``).
     """
 
     nodes: Nodes
@@ -223,6 +213,24 @@ class Acquire:
     attempts: int = 0
     polls: int = 0  # waits that ended without a wake-up (see retry_delay)
     token: str = field(default="", repr=False)
+    shape: Shape | None = None
+    decider: object = field(default=None, repr=False)
+    votes: int = 0  # the yes votes of the last round judged
+
+    def __post_init__(self) -> None:
+        if self.shape is None:
+            self.shape = Shape(self.key)
+
+    @property
+    def kind(self) -> Shape:
+        """The shape of this acquire (set in ``__post_init__``)."""
+        assert self.shape is not None
+        return self.shape
+
+    @property
+    def need(self) -> int:
+        """How many yes votes decide a round (the ``need`` of the transports' ``run``)."""
+        return self.kind.need(self.nodes.quorum)
 
     def next_round(self, quarantine_ms: int) -> list[Command]:
         """The commands of the next attempt, with a fresh token: the clean-up release of a
@@ -230,10 +238,12 @@ class Acquire:
         never hit a later attempt's key."""
         self.attempts += 1
         self.token = secrets.token_hex(20)
-        command = acquire_command(
-            self.key,
+        shape = self.kind
+        # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
+        self.decider = shape.decider(self.nodes.quorum)
+        command = shape.acquire(
             self.token,
-            math.ceil(self.ttl * 1000),
+            self.ttl,
             self.owner,
             quarantine_ms,
             self.waiter,
@@ -248,16 +258,19 @@ class Acquire:
         """The outcome of the round sent at ``start`` whose ``granted`` yes votes were known
         at ``end``: a lease, or what to do next."""
         nodes = self.nodes
+        shape = self.kind
+        granted = self.votes = shape.votes(results, granted)
         left = validity(self.ttl, end - start, nodes.drift_factor)
         if granted >= nodes.quorum and left > 0:
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: the instant validity reaches 0.
             return Granted(self.token, acquired_at=end, expires_at=end + left)
-        error = failure(nodes, self.name, results, granted, end - start, self.attempts)
-        clean_up = clean_up_round(self.key, self.token, results, nodes.size)
+        error = failure(
+            nodes, self.name, results, granted, end - start, self.attempts, shape.refused_ms
+        )
+        clean_up = shape.clean_up(self.token, results, nodes.size)
         if not self.blocking or (self.deadline is not None and end >= self.deadline):
-            leave = leave_round(nodes.size, self.key, self.waiter) if self.waiter else None
-            return Failed(error, clean_up, True, 0.0, leave, end - self.started)
+            return Failed(error, clean_up, True, 0.0, self.left_line(), end - self.started)
         delay = retry_delay(nodes.retry_delay, end, self.deadline, self.polls, self.uniform)
         return Failed(error, clean_up, False, delay, None, end - self.started)
 
@@ -270,11 +283,16 @@ class Acquire:
     def interrupted(self) -> list[Command | None]:
         """The releases to send when the round in flight is interrupted (cancelled, a signal):
         some SETs may have landed, or may still land on a slow node."""
-        return clean_up_round(self.key, self.token, None, self.nodes.size)
+        return self.kind.clean_up(self.token, None, self.nodes.size)
 
     def left_line(self) -> list[Command] | None:
         """The commands that drop the waiter's place in line (None for a single try)."""
-        return leave_round(self.nodes.size, self.key, self.waiter) if self.waiter else None
+        return leave_round(self.nodes.size, self.kind, self.waiter) if self.waiter else None
+
+    def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
+        """After a round won: the releases of grants outside the lease (see
+        :meth:`Shape.won`), or None."""
+        return self.kind.won(self.token, results)
 
 
 def failure(
@@ -284,11 +302,14 @@ def failure(
     granted: int,
     elapsed: float,
     attempts: int,
+    refused_ms: Callable[[object], int | None] | None = None,
 ) -> LockNotAcquired:
     """The error of failed attempt number ``attempts``: contended when the nodes that
     answered could still have formed a quorum, else quorum unreachable. Its ``retry_after``
-    says when the holder's keys run out on enough nodes for a quorum (if not renewed)."""
-    held = [reply for reply in results if type(reply) is int]
+    says when the holder's keys run out on enough nodes for a quorum (if not renewed).
+    ``refused_ms``: a node's refusal as ms left (default: an integer reply, a lock's)."""
+    read = lock_refusal if refused_ms is None else refused_ms
+    held = [ms for ms in map(read, results) if ms is not None]
     # Besides the nodes that granted this attempt, `need` more must free up: the need-th
     # shortest time left among the holders' answers. Keys without expiry (-1) never run out;
     # nodes not heard from are not counted (a lower bound then).

@@ -19,6 +19,7 @@ from django_redlock.core import flow
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.reporting import Reporter
+from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseInherited, LeaseReleased, LockLost
 from django_redlock.wire.process import current_pid
 
@@ -46,7 +47,8 @@ class BaseLease:
     (plain or coroutines) and ``with`` or ``async with``.
 
     Attributes:
-        name: the lock name.
+        name: the lock name (of ``lock_many``: its names, sorted, joined by ``" + "``).
+        names: the lock names it holds (one but for ``lock_many``).
         key: the Redis key on every node.
         ttl: the lease length in seconds.
         origin: where it was taken (free text for operators), or None.
@@ -65,9 +67,13 @@ class BaseLease:
         expires_at: float,
         acquired_at: float,
         origin: str | None = None,
+        shape: Shape | None = None,
     ) -> None:
         self._manager = manager
+        # What the lease is on the nodes: a lock unless told (see core/shapes.py).
+        self._shape = Shape(key) if shape is None else shape
         self.name = name
+        self.names: tuple[str, ...] = (name,)  # the locks of a lock_many lease, sorted
         self.key = key
         self._token = token
         self.ttl = ttl
@@ -98,6 +104,17 @@ class BaseLease:
         if self.inherited:
             state += f" by process {self._pid} (inherited)"
         return f"<{type(self).__name__} {self.name!r} {state}, validity={self.validity:.3f}s>"
+
+    @property
+    def kind(self) -> str:
+        """What the lease is: ``"lock"``, ``"semaphore"``, ``"read"``, ``"write"`` or
+        ``"many"`` (``lock_many``)."""
+        return self._shape.kind
+
+    @property
+    def slot(self) -> int | None:
+        """The slot a semaphore lease holds (0 … limit - 1), else None."""
+        return self._shape.slot
 
     @property
     def validity(self) -> float:
@@ -169,7 +186,11 @@ class BaseLease:
             LeaseReleased: released (or handed off) already.
             LockLost: the lease expired or was found lost: nothing to hand over.
             LeaseInherited: called in a forked child.
+            TypeError: the lease is not a lock's (a semaphore slot, a read or write lease,
+                several locks): only a lock's lease can be handed off.
         """
+        if not self._shape.handoff:
+            raise TypeError(f"a {self._shape.kind} lease cannot be handed off, only a lock's")
         self.check()
         handle = LeaseHandle(
             name=self.name,

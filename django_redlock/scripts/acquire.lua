@@ -5,6 +5,8 @@
 --          run_id of the process found fit to vote, and the longest quarantine seen (node_rule.lua)
 -- KEYS[3]  the lock's wait line: a sorted set of waiter ids by ticket (KEYS[1] .. "\0q")
 -- KEYS[4]  when each waiter's place in line lapses, ms on the node's clock (KEYS[1] .. "\0e")
+-- KEYS[5]  the readers of the read-write lock of the same name (KEYS[1] .. "\0r", readers.lua):
+--          a lock is its read-write lock's write lease, so live readers hold it back
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
 -- ARGV[3]  owner metadata (JSON: host, pid, thread, task, origin, acquired_at); never the token
@@ -90,6 +92,15 @@ if token == false then
     if redis.call('EXISTS', KEYS[1]) == 1 then
         -- Not a hash of ours (or a hash without a token): treat as held, never overwrite.
         return redis.call('PTTL', KEYS[1])
+    end
+    -- Readers of the read-write lock of this name (rare: one EXISTS when there are none).
+    -- Their expiry is their score, on this node's clock (readers.lua).
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+        local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+        if #last == 2 and tonumber(last[2]) > clock() then
+            wait_in_line()
+            return tonumber(last[2]) - clock()
+        end
     end
     local first = head()
     if first ~= nil and first ~= waiter then

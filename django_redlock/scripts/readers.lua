@@ -37,7 +37,7 @@ local function wake_rw(key, line, lapse, live_readers)
     end
     local places = live_places(line, lapse, 64)
     for index, member in ipairs(places) do
-        if string.sub(member, 1, 2) == 'w|' then
+        if string.sub(member, 1, 2) ~= 'r|' then -- a writer, or a waiter of the lock
             if index == 1 and live_readers == 0 then
                 wake(key, member)
             end

@@ -25,8 +25,8 @@
 -- waiters ahead in line block it. QUARANTINED as acquire.lua.
 --
 -- The rules, per node:
---   * a reader is granted when no writer holds the lock and no live writer waits ahead of it
---     in line (a single try: no live writer in line at all);
+--   * a reader is granted when no writer holds the lock and no live writer (or waiter of
+--     the lock of the same name) waits ahead of it in line (a single try: none in line);
 --   * a writer is granted when no writer holds it, no reader is live, and it heads the line
 --     (a single try: the line is empty).
 -- A refused blocking try keeps its place in line (one ticket on every node, so one order
@@ -91,7 +91,8 @@ if kind == 'r' then
             found = true
             break
         end
-        if string.sub(place, 1, 2) == 'w|' then
+        -- A writer, or a lock's waiter (a lock is this lock's write lease): not 'r|'.
+        if string.sub(place, 1, 2) ~= 'r|' then
             queue()
             return 0
         end

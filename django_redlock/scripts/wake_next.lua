@@ -19,9 +19,12 @@ local function wake_next(key, line, lapse)
             return
         end
         if tonumber(redis.call('HGET', lapse, first[1]) or '0') > now then
-            local listener = string.match(first[1], '^([^.]+)%.')
+            -- A reader or writer of the read-write lock of this name queues as "r|"/"w|" and
+            -- its waiter id (wait_line.lua).
+            local waiter = string.match(first[1], '^[rw]|(.*)$') or first[1]
+            local listener = string.match(waiter, '^([^.]+)%.')
             if listener ~= nil then
-                redis.call('PUBLISH', key .. '\0w' .. listener, first[1])
+                redis.call('PUBLISH', key .. '\0w' .. listener, waiter)
             end
             return
         end

@@ -29,6 +29,7 @@ from django_redlock.wire.scripts import (
     LAPSE,
     LINE,
     NODE_KEY,
+    READERS,
     Command,
     Fallback,
     Script,
@@ -44,6 +45,7 @@ __all__ = [
     "HANDOFF_REFUSED",
     "MAX_MANY",
     "MAX_SEMAPHORE_LIMIT",
+    "OWNS_MANY",
     "PRIMITIVE_SCRIPTS",
     "READERS",
     "READER_OWNERS",
@@ -62,6 +64,7 @@ __all__ = [
     "extend_many_command",
     "handoff_command",
     "many_keys",
+    "owns_many_command",
     "quorum_slot",
     "release_many_command",
     "rw_acquire_command",
@@ -89,6 +92,7 @@ RW_OWNS = load_script("rw_owns")
 ACQUIRE_MANY = load_script("acquire_many")
 RELEASE_MANY = load_script("release_many")
 EXTEND_MANY = load_script("extend_many")
+OWNS_MANY = load_script("owns_many")
 HANDOFF = load_script("handoff")
 
 PRIMITIVE_SCRIPTS = (
@@ -101,14 +105,13 @@ PRIMITIVE_SCRIPTS = (
     ACQUIRE_MANY,
     RELEASE_MANY,
     EXTEND_MANY,
+    OWNS_MANY,
     HANDOFF,
 )
 """Every script of this module, for SCRIPT LOAD on a new connection (as ``HOT_SCRIPTS``)."""
 
 SEMAPHORE = "\x00s"
 """Appended to a semaphore's key: the base of its slots (``base + str(i)``) and its line."""
-READERS = "\x00r"
-"""Appended to a read-write lock's key: its readers (sorted set token -> expiry, ms)."""
 READER_OWNERS = "\x00o"
 """Appended to a read-write lock's key: its readers' owners (hash token -> owner JSON)."""
 
@@ -365,6 +368,11 @@ def release_many_command(keys: Iterable[str], token: str) -> Command:
 def extend_many_command(keys: Iterable[str], token: str, ttl_ms: int) -> Command:
     """Renew every key of ``keys`` or none; reply: 1 renewed, 0 not held here."""
     return EXTEND_MANY.command(many_keys(keys), (token, ttl_ms))
+
+
+def owns_many_command(keys: Iterable[str], token: str) -> Command:
+    """Does a node still hold every key of ``keys`` for ``token``; reply: 1 or 0."""
+    return OWNS_MANY.command(many_keys(keys), (token,))
 
 
 # -- hand-off ----------------------------------------------------------------------------

@@ -131,12 +131,13 @@ EXTEND = load_script("extend")
 GRANTED = b"OK"
 # Two more arguments end every acquire: the connection's identity, appended per node by the
 # transport (see scripts/acquire.lua and _transport.Hello).
-_ACQUIRE_HEAD = ACQUIRE.head(4, 9)
+_ACQUIRE_HEAD = ACQUIRE.head(5, 9)
 LEAVE = load_script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
 # every lock key (names cannot contain control characters).
 LINE = "\x00q"
 LAPSE = "\x00e"
+READERS = "\x00r"
 _RELEASE_HEAD = RELEASE.head(3, 2)
 _EXTEND_HEAD = EXTEND.head(1, 2)
 
@@ -165,7 +166,7 @@ def acquire_command(
     ticket: int = 0,
     lifetime_ms: int = 0,
 ) -> Command:
-    keys = (key, NODE_KEY, key + LINE, key + LAPSE)
+    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
     # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
     fallback = Fallback(partial(ACQUIRE.eval, keys, (*args, "", "")), False)
@@ -177,8 +178,8 @@ def acquire_command(
         size = len(key) + 2
         text = (
             f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
-            f"${size}\r\n{key}{LINE}\r\n${size}\r\n{key}{LAPSE}\r\n$40\r\n{token}\r\n"
-            f"${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
+            f"${size}\r\n{key}{LINE}\r\n${size}\r\n{key}{LAPSE}\r\n"
+            f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
             f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
             f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
         )

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,12 @@ def test_the_adopter_holds_the_lock_and_the_giver_lets_go(cluster3, caplog):
 
 def test_a_handle_is_adopted_once(cluster3):
     lease = LockManager(cluster3.urls).acquire("once", ttl=10.0)
+    # The acquire returned at a quorum: let its SET reach the third node too, so that the
+    # hand-off finds the lease everywhere (else the adopter holds a quorum of 2, rightly).
+    deadline = time.monotonic() + 5.0
+    while _holds(cluster3, lease.key, lease.token) < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
     handle = pickle.loads(pickle.dumps(lease.handle()))  # noqa: S301 (our own bytes)
     first = LockManager(cluster3.urls).adopt(handle)
     with pytest.raises(LockLost, match="ran out or was taken"):

@@ -76,6 +76,7 @@ SCRIPTS = {  # each new script, and whether it grants (so must apply the node ru
     "acquire_many": True,
     "release_many": False,
     "extend_many": False,
+    "owns_many": False,
     "handoff": True,
 }
 
@@ -530,11 +531,14 @@ def test_a_multi_lock_takes_all_or_nothing(node):
 
 def test_a_multi_lock_extends_all_or_none_and_releases_only_its_own(node):
     many(node, token("a"))
+    assert run(node, p.owns_many_command(MANY, token("a"))) == 1
+    assert run(node, p.owns_many_command(MANY, token("b"))) == 0
     assert run(node, p.extend_many_command(MANY, token("a"), 30_000)) == 1
     assert min(node.pttl(k) for k in user_keys(node)) > 20_000
     assert run(node, p.extend_many_command(MANY, token("b"), 60_000)) == 0
     node.delete("redlock:b")  # as if it ran out on this node
     assert run(node, p.extend_many_command(MANY, token("a"), 60_000)) == 0
+    assert run(node, p.owns_many_command(MANY, token("a"))) == 0  # one key lost: not held
     assert max(node.pttl(k) for k in user_keys(node)) <= 30_000  # none was renewed
     assert node.exists("redlock:b") == 0  # never re-created
     node.hset("redlock:b", mapping={"t": token("z"), "o": "{}"})  # another holder's now

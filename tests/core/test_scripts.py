@@ -32,9 +32,9 @@ def acquire(
     run_id="",
     persistence="",
 ):
-    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE)
+    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, run_id, persistence)
-    return client.eval(scripts.ACQUIRE.source, 4, *keys, *args)
+    return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
 
 def release(client, key, token, waiter=""):
@@ -98,13 +98,13 @@ def test_hostile_names_are_data_not_code(cluster3):
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
-    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE)
+    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
     args = (token, 1500, owner, 60000, "w1", 123, 4000)
     identity = UNIDENTIFIED  # the transport appends each connection's own
     assert (
         scripts.acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0] + identity
         == scripts.ACQUIRE.evalsha(keys, args, trailing=2) + identity
-        == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 4, *keys, *args, "", "")
+        == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 5, *keys, *args, "", "")
     )
     assert scripts.release_command(key, token, "w1")[0] == scripts.RELEASE.evalsha(
         (key, key + scripts.LINE, key + scripts.LAPSE), (token, "w1")

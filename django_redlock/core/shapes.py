@@ -1,0 +1,371 @@
+"""What one kind of lease looks like on the nodes: a lock, a semaphore slot, a read or a
+write lease of a read-write lock, or several locks at once.
+
+A shape builds the commands of every round of its lease (acquire, release, extend, owns,
+leave the line) and says how an acquire round is voted; the Redlock steps
+(``core/flow.py``) and both managers run every shape the same way: same quorum, same
+validity with drift, same retry, clean-up and restart rules. Plain objects over command
+builders (``wire/scripts.py``, ``wire/primitives.py``): no I/O.
+
+One shape per acquire: a semaphore's shape remembers the slot its quorum granted (the slot
+its lease then renews and checks) and, between tries, the slot most nodes answered.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from django_redlock.wire import primitives
+from django_redlock.wire.errors import NotSent
+from django_redlock.wire.scripts import (
+    GRANTED,
+    Command,
+    acquire_command,
+    extend_command,
+    leave_command,
+    owns_command,
+    release_command,
+)
+
+__all__ = ["Many", "Mutex", "ReadWrite", "Shape", "SlotDecider", "Slots", "lock_refusal"]
+
+
+def lock_refusal(reply: object) -> int | None:
+    """A lock's refusal (``acquire.lua``): an integer, the ms the holder has left."""
+    return reply if type(reply) is int else None
+
+
+class Shape:
+    """A lock (the base shape): one hash per node under ``key`` (``scripts/acquire.lua``).
+
+    Attributes:
+        key: the lease's key on every node (a lock's, or the base key of a semaphore).
+        kind: what the lease is, for logs, signals and operators: ``"lock"``,
+            ``"semaphore"``, ``"read"``, ``"write"`` or ``"many"``.
+        wake_key: the base of the pub/sub channels a waiter hears its turn on, or None for
+            a shape whose blocking acquires never queue (they poll).
+        reentrant: the same thread or task taking it again re-enters the lease it holds.
+        handoff: ``lease.handle()`` may give the lease to another process.
+        release_yes: a node's reply to a release that freed the whole lease there.
+    """
+
+    kind = "lock"
+    slot: int | None = None  # a semaphore lease's slot (see Slots)
+    reentrant = True
+    handoff = True
+    release_yes: object = 1
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.wake_key: str | None = key
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.kind} {self.key!r}>"
+
+    # -- acquire ----------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        token: str,
+        ttl: float,
+        owner: str,
+        quarantine_ms: int,
+        waiter: str,
+        ticket: int,
+        lifetime_ms: int,
+    ) -> Command:
+        """The command of one acquire try on every node (post it with ``identify=True``);
+        ``ttl`` in seconds, the rest as ``acquire_command`` takes them."""
+        return acquire_command(
+            self.key,
+            token,
+            math.ceil(ttl * 1000),
+            owner,
+            quarantine_ms,
+            waiter,
+            ticket,
+            lifetime_ms,
+        )
+
+    def decider(self, quorum: int) -> object:
+        """The ``yes_value`` of an acquire round (a reply equal to it is a yes vote)."""
+        return GRANTED
+
+    def need(self, quorum: int) -> int:
+        """How many yes votes decide an acquire round."""
+        return quorum
+
+    def votes(self, results: Sequence[Any], yes: int) -> int:
+        """How many nodes granted the lease in a round that counted ``yes`` yes votes."""
+        return yes
+
+    def refused_ms(self, reply: object) -> int | None:
+        """A node's refusal as the ms until what blocks the lease there runs out (-1: no
+        expiry; 0: waiters ahead), or None when ``reply`` is no refusal (a grant, an error)."""
+        return lock_refusal(reply)
+
+    def won(self, token: str, results: Sequence[Any]) -> list[Command | None] | None:
+        """After a round won: the releases of grants outside the lease (a semaphore's other
+        slots), one per node, or None when there are none."""
+        return None
+
+    def clean_up(
+        self, token: str, results: Sequence[Any] | None, size: int
+    ) -> list[Command | None]:
+        """The release after a failed acquire round (or an interrupted one, ``results``
+        None, or a lease found lost): on every node its command may have reached, the failed
+        ones included, since a timed-out command may still have landed. A node that refused
+        wrote nothing of ours, and one the command never reached (``NotSent``) has nothing to
+        undo."""
+        command = self.release(token, "")
+        if results is None:
+            return [command] * size
+        return [
+            None if self.refused_ms(reply) is not None or isinstance(reply, NotSent) else command
+            for reply in results
+        ]
+
+    # -- a held lease -----------------------------------------------------------------------
+
+    def release(self, token: str, waiter: str) -> Command:
+        """Free the lease where it holds ``token``, and drop ``waiter``'s place in line."""
+        return release_command(self.key, token, waiter)
+
+    def extend(self, token: str, ttl: float) -> Command:
+        """Renew the lease to ``ttl`` seconds where it still holds ``token``; reply 1 or 0."""
+        return extend_command(self.key, token, math.ceil(ttl * 1000))
+
+    def owns(self, token: str) -> Command:
+        """Does a node still hold the lease for ``token``; reply 1 or 0."""
+        return owns_command(self.key, token)
+
+    def leave(self, waiter: str) -> Command | None:
+        """Drop ``waiter``'s place in the line (None: this shape never queues)."""
+        return leave_command(self.key, waiter)
+
+
+Mutex = Shape
+"""A lock: the base shape."""
+
+
+class SlotDecider:
+    """The ``yes_value`` of a semaphore acquire round: each node grants a slot, and only a
+    slot granted by a quorum is held (each slot is a Redlock mutex of its own).
+
+    Both transports count a reply as a yes vote when ``reply == yes_value``; every reply
+    type they record (lists, bytes, ints, errors) leaves the comparison to this object's
+    ``__eq__``. It answers True once, for the reply that decides the round: the one that
+    brings a slot to a quorum, or the one after which no slot can reach a quorum any more
+    (so a hung minority does not hold up a refused try). The round's outcome is judged
+    from its results afterwards (:meth:`Slots.votes`), never from this object.
+    """
+
+    __slots__ = ("counts", "decided", "left", "quorum")
+
+    def __init__(self, size: int, quorum: int) -> None:
+        self.quorum = quorum
+        self.left = size
+        self.counts: dict[int, int] = {}
+        self.decided = False
+
+    def __eq__(self, reply: object) -> bool:
+        if self.decided:
+            return False
+        self.left -= 1
+        slot = primitives.slot_granted(reply)
+        if slot is not None:
+            self.counts[slot] = self.counts.get(slot, 0) + 1
+        best = max(self.counts.values(), default=0)
+        if best >= self.quorum or best + self.left < self.quorum:
+            self.decided = True
+        return self.decided
+
+    def __ne__(self, reply: object) -> bool:
+        return not self.__eq__(reply)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class Slots(Shape):
+    """A semaphore of ``limit`` slots: a lease holds one slot, a Redlock mutex of its own
+    (``scripts/semaphore_acquire.lua`` says why a per-node counter would not be safe)."""
+
+    kind = "semaphore"
+    reentrant = False
+    handoff = False
+
+    def __init__(self, key: str, limit: int, size: int) -> None:
+        super().__init__(key)
+        self.limit = primitives.check_limit(limit)
+        self.size = size
+        self.wake_key = primitives.semaphore_base(key)
+        self.slot = None  # the slot held, once a quorum granted one
+        self.prefer = -1  # between tries: the slot most nodes answered
+
+    def acquire(
+        self,
+        token: str,
+        ttl: float,
+        owner: str,
+        quarantine_ms: int,
+        waiter: str,
+        ticket: int,
+        lifetime_ms: int,
+    ) -> Command:
+        return primitives.semaphore_acquire_command(
+            self.key,
+            self.limit,
+            token,
+            math.ceil(ttl * 1000),
+            owner,
+            quarantine_ms,
+            waiter,
+            ticket,
+            lifetime_ms,
+            self.prefer,
+        )
+
+    def decider(self, quorum: int) -> object:
+        return SlotDecider(self.size, quorum)
+
+    def need(self, quorum: int) -> int:
+        return 1  # the decider says yes once, when the round is decided
+
+    def votes(self, results: Sequence[Any], yes: int) -> int:
+        counts: dict[int, int] = {}
+        for reply in results:
+            slot = primitives.slot_granted(reply)
+            if slot is not None:
+                counts[slot] = counts.get(slot, 0) + 1
+        if not counts:
+            return 0
+        # The slot most nodes granted (the lowest on a tie: every client picks the same).
+        slot = min(counts, key=lambda s: (-counts[s], s))
+        self.slot = self.prefer = slot
+        return counts[slot]
+
+    def refused_ms(self, reply: object) -> int | None:
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0:
+            ms = reply[1]
+            return ms if isinstance(ms, int) else 0
+        return None
+
+    def won(self, token: str, results: Sequence[Any]) -> list[Command | None] | None:
+        # Nodes whose states differed granted another slot: free it there (the release
+        # frees whichever slot the token holds on a node, at most one).
+        strays = [primitives.slot_granted(reply) not in (None, self.slot) for reply in results]
+        if not any(strays):
+            return None
+        command = self.release(token, "")
+        return [command if stray else None for stray in strays]
+
+    def release(self, token: str, waiter: str) -> Command:
+        return primitives.semaphore_release_command(self.key, self.limit, token, waiter)
+
+    def extend(self, token: str, ttl: float) -> Command:
+        return primitives.semaphore_extend_command(
+            self.key, self._held(), token, math.ceil(ttl * 1000)
+        )
+
+    def owns(self, token: str) -> Command:
+        return primitives.semaphore_owns_command(self.key, self._held(), token)
+
+    def _held(self) -> int:
+        if self.slot is None:  # a lease is made only once a quorum granted a slot
+            raise RuntimeError("no slot was granted to this semaphore lease")
+        return self.slot
+
+    def leave(self, waiter: str) -> Command | None:
+        return primitives.semaphore_leave_command(self.key, self.limit, waiter)
+
+
+class ReadWrite(Shape):
+    """A read (``kind`` "r") or write ("w") lease of a read-write lock
+    (``scripts/rw_acquire.lua``): many readers or one writer. The writer is the lock's own
+    hash, so a write lease and a lock of the same name exclude each other."""
+
+    reentrant = False
+    handoff = False
+
+    def __init__(self, key: str, kind: primitives.Kind) -> None:
+        super().__init__(key)
+        self.rw = primitives.check_kind(kind)
+        self.kind = "read" if self.rw == "r" else "write"
+
+    def acquire(
+        self,
+        token: str,
+        ttl: float,
+        owner: str,
+        quarantine_ms: int,
+        waiter: str,
+        ticket: int,
+        lifetime_ms: int,
+    ) -> Command:
+        return primitives.rw_acquire_command(
+            self.key,
+            self.rw,
+            token,
+            math.ceil(ttl * 1000),
+            owner,
+            quarantine_ms,
+            waiter,
+            ticket,
+            lifetime_ms,
+        )
+
+    def release(self, token: str, waiter: str) -> Command:
+        return primitives.rw_release_command(self.key, self.rw, token, waiter)
+
+    def extend(self, token: str, ttl: float) -> Command:
+        return primitives.rw_extend_command(self.key, self.rw, token, math.ceil(ttl * 1000))
+
+    def owns(self, token: str) -> Command:
+        return primitives.rw_owns_command(self.key, self.rw, token)
+
+    def leave(self, waiter: str) -> Command | None:
+        return primitives.rw_leave_command(self.key, self.rw, waiter)
+
+
+class Many(Shape):
+    """Several locks as one lease, all or nothing (``scripts/acquire_many.lua``): the very
+    keys of single locks of the same names. Deadlock-free: a try takes every key or none on
+    a node, and a failed try is released before the next; so it never queues (it polls)."""
+
+    kind = "many"
+    reentrant = False
+    handoff = False
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        self.keys = primitives.many_keys(keys)
+        super().__init__(self.keys[0])
+        self.wake_key = None
+        self.release_yes = len(self.keys)
+
+    def acquire(
+        self,
+        token: str,
+        ttl: float,
+        owner: str,
+        quarantine_ms: int,
+        waiter: str,
+        ticket: int,
+        lifetime_ms: int,
+    ) -> Command:
+        return primitives.acquire_many_command(
+            self.keys, token, math.ceil(ttl * 1000), owner, quarantine_ms
+        )
+
+    def release(self, token: str, waiter: str) -> Command:
+        return primitives.release_many_command(self.keys, token)
+
+    def extend(self, token: str, ttl: float) -> Command:
+        return primitives.extend_many_command(self.keys, token, math.ceil(ttl * 1000))
+
+    def owns(self, token: str) -> Command:
+        return primitives.owns_many_command(self.keys, token)
+
+    def leave(self, waiter: str) -> Command | None:
+        return None

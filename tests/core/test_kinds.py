@@ -1,0 +1,377 @@
+"""Semaphores, read-write locks and several locks at once, through the managers, on real
+nodes: the same quorum, validity, retry, wake-up and clean-up rules as a lock, with faults
+(a paused minority, nodes whose states differ, a holder that never releases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from django_redlock import AsyncLockManager, LockContended, LockLost, LockManager
+from django_redlock.wire import primitives
+from tests.helpers import node_client
+
+SLOW_POLL = 10.0  # a waiter's poll: only a wake-up brings it the lease within PROMPT
+PROMPT = 5.0
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = PROMPT) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition never became true"
+        time.sleep(0.002)
+
+
+def slot_holders(cluster, name: str, limit: int) -> list[dict[int, bytes]]:
+    """Per node: slot -> the token holding it."""
+    found = []
+    for node in cluster:
+        with node_client(node) as client:
+            found.append(
+                {
+                    slot: held
+                    for slot in range(limit)
+                    if (held := client.hget(primitives.slot_key(f"redlock:{name}", slot), "t"))
+                }
+            )
+    return found
+
+
+# -- semaphore ---------------------------------------------------------------------------
+
+
+def test_a_semaphore_grants_at_most_limit_leases_across_managers(cluster3):
+    managers = [LockManager(cluster3.urls) for _ in range(3)]
+    leases = [m.semaphore("api", 2).acquire(ttl=10.0, blocking=False) for m in managers[:2]]
+    assert {lease.slot for lease in leases} == {0, 1}
+    with pytest.raises(LockContended) as refused:
+        managers[2].semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+    assert refused.value.retry_after is not None
+    assert 0 < refused.value.retry_after <= 10.0
+    # The refused try left nothing behind on any node (a lease's grant to the one node it
+    # did not wait for may still be on its way, or lost to the refused try and cleaned up).
+    tokens = {lease.token.encode() for lease in leases}
+    wait_for(lambda: all(set(held.values()) <= tokens for held in slot_holders(cluster3, "api", 2)))
+    leases[0].release()
+    third = managers[2].semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+    assert third.owned()
+    assert leases[1].owned()
+    assert third.extend() > 9.0
+    third.release()
+    leases[1].release()
+    assert slot_holders(cluster3, "api", 2) == [{}, {}, {}]
+
+
+def test_concurrent_holders_never_exceed_the_limit(cluster5):
+    limit, workers, rounds = 2, 6, 8
+    inside = 0
+    most = 0
+    guard = threading.Lock()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        nonlocal inside, most
+        manager = LockManager(cluster5.urls, retry_delay=0.01)
+        try:
+            for _ in range(rounds):
+                with manager.semaphore("pool", limit).acquire(ttl=10.0, timeout=30.0):
+                    with guard:
+                        inside += 1
+                        most = max(most, inside)
+                    time.sleep(0.002)
+                    with guard:
+                        inside -= 1
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=work) for _ in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert most == limit  # reached, never exceeded
+    assert slot_holders(cluster5, "pool", limit) == [{}] * 5
+
+
+def test_a_semaphore_works_with_a_paused_minority(cluster3):
+    manager = LockManager(cluster3.urls, node_timeout=0.05)
+    with cluster3[2].paused_while():
+        first = manager.semaphore("api", 1).acquire(ttl=10.0, blocking=False)
+        with pytest.raises(LockContended):
+            LockManager(cluster3.urls).semaphore("api", 1).acquire(ttl=10.0, blocking=False)
+        assert first.extend() > 9.0
+        first.release()
+        again = manager.semaphore("api", 1).acquire(ttl=10.0, blocking=False)
+        again.release()
+
+
+def test_nodes_that_granted_another_slot_are_freed(cluster3):
+    """Node 0 holds slot 0 for a lease the others never saw: it grants slot 1 while the
+    others grant slot 0. Only the quorum's slot is held; node 0's stray grant is freed."""
+    with node_client(cluster3[0]) as client:
+        client.hset(primitives.slot_key("redlock:api", 0), mapping={"t": "x" * 40, "o": "{}"})
+        client.pexpire(primitives.slot_key("redlock:api", 0), 30_000)
+    lease = LockManager(cluster3.urls).semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+    assert lease.slot == 0
+    token = lease.token.encode()
+    wait_for(lambda: token not in slot_holders(cluster3, "api", 2)[0].values())
+    assert [held.get(0) for held in slot_holders(cluster3, "api", 2)] == [b"x" * 40, token, token]
+    lease.release()
+
+
+def test_a_waiter_is_woken_by_a_released_slot(cluster3):
+    holder = LockManager(cluster3.urls).semaphore("api", 1).acquire(ttl=30.0)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    got = threading.Event()
+
+    def wait() -> None:
+        waiter.semaphore("api", 1).acquire(ttl=30.0, timeout=60.0).release()
+        got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    base = primitives.semaphore_base("redlock:api")
+
+    def queued() -> bool:
+        with node_client(cluster3[0]) as client:
+            return bool(client.zcard(base + "\x00q"))
+
+    wait_for(queued)
+    holder.release()
+    assert got.wait(PROMPT), "the waiter slept through the release"
+    thread.join(PROMPT)
+
+
+def test_a_slot_never_released_runs_out_within_its_ttl(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.semaphore("api", 1).acquire(ttl=0.3)  # dropped: its holder "died"
+    wait_for(lambda: slot_holders(cluster3, "api", 1) == [{}, {}, {}])
+    manager.semaphore("api", 1).acquire(ttl=5.0, blocking=False).release()
+
+
+def test_semaphore_arguments_and_limits(cluster3):
+    manager = LockManager(cluster3.urls)
+    with pytest.raises(TypeError, match="limit"):
+        manager.semaphore("api", "3")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="limit"):
+        manager.semaphore("api", 0)
+    with pytest.raises(ValueError, match="name"):
+        manager.semaphore("", 2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
+        manager.semaphore("api", 2).acquire(colour="red")  # type: ignore[call-arg]
+    lease = manager.semaphore("api", 2).acquire(blocking=False)
+    with pytest.raises(TypeError, match="only a lock's"):
+        lease.handle()
+    assert lease.depth == 1
+    assert not lease.released
+    # Not re-entrant: the same thread takes a second slot, a lease of its own.
+    second = manager.semaphore("api", 2).acquire(blocking=False)
+    assert second is not lease
+    assert {lease.slot, second.slot} == {0, 1}
+    lease.release()
+    second.release()
+
+
+def test_a_lost_slot_is_reported_at_release(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.semaphore("api", 1).acquire(ttl=10.0)
+    for node in cluster3:
+        with node_client(node) as client:
+            client.delete(primitives.slot_key("redlock:api", 0))  # an operator's flush
+    assert not lease.owned()
+    with pytest.raises(LockLost):
+        lease.extend()
+    with pytest.raises(LockLost):
+        lease.release()
+
+
+def test_a_semaphore_lease_is_auto_extended(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.semaphore("api", 1).acquire(ttl=0.6, auto_extend=True)
+    wait_for(lambda: lease.acquired_at + 1.2 < manager._clock())  # two ttls later
+    assert lease.owned()
+    assert not lease.lost
+    lease.release()
+
+
+# -- read-write lock ---------------------------------------------------------------------
+
+
+def test_readers_share_and_exclude_a_writer_and_the_lock(cluster3):
+    one, two = LockManager(cluster3.urls), LockManager(cluster3.urls)
+    r1 = one.rwlock("table").read(ttl=10.0, blocking=False)
+    r2 = two.rwlock("table").read(ttl=10.0, blocking=False)
+    with pytest.raises(LockContended):
+        two.rwlock("table").write(ttl=10.0, blocking=False)
+    with pytest.raises(LockContended):  # the lock of the same name is the write lease
+        two.acquire("table", ttl=10.0, blocking=False)
+    assert r1.owned()
+    assert r2.extend() > 9.0
+    r1.release()
+    r2.release()
+    writer = two.rwlock("table").write(ttl=10.0, blocking=False)
+    with pytest.raises(LockContended):
+        one.rwlock("table").read(ttl=10.0, blocking=False)
+    writer.release()
+    lock = one.acquire("table", ttl=10.0, blocking=False)
+    with pytest.raises(LockContended):
+        two.rwlock("table").read(ttl=10.0, blocking=False)
+    lock.release()
+
+
+def test_a_waiting_writer_holds_back_new_readers_and_gets_the_lock(cluster3):
+    readers = LockManager(cluster3.urls)
+    first = readers.rwlock("table").read(ttl=30.0)
+    writer = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    got = threading.Event()
+
+    def write() -> None:
+        writer.rwlock("table").write(ttl=30.0, timeout=60.0).release()
+        got.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+
+    def writer_queued() -> bool:
+        with node_client(cluster3[0]) as client:
+            return any(m.startswith(b"w|") for m in client.zrange("redlock:table\x00q", 0, -1))
+
+    wait_for(writer_queued)
+    with pytest.raises(LockContended):  # the writer's intent holds back a new reader
+        readers.rwlock("table").read(ttl=30.0, blocking=False)
+    first.release()
+    assert got.wait(PROMPT), "the writer slept through the last reader's release"
+    thread.join(PROMPT)
+    readers.rwlock("table").read(ttl=30.0, blocking=False).release()
+
+
+def test_a_read_lease_survives_a_paused_minority(cluster5):
+    manager = LockManager(cluster5.urls, node_timeout=0.05)
+    with cluster5[0].paused_while(), cluster5[1].paused_while():
+        lease = manager.rwlock("table").read(ttl=10.0, blocking=False)
+        with pytest.raises(LockContended):
+            LockManager(cluster5.urls).rwlock("table").write(ttl=10.0, blocking=False)
+        lease.release()
+
+
+# -- several locks at once ---------------------------------------------------------------
+
+
+def test_lock_many_is_all_or_nothing(cluster3):
+    one, two = LockManager(cluster3.urls), LockManager(cluster3.urls)
+    b = two.acquire("b", ttl=10.0)
+    with pytest.raises(LockContended):
+        one.lock_many(["a", "b", "c"], ttl=10.0, blocking=False)
+    for node in cluster3:  # the refused try took nothing
+        with node_client(node) as client:
+            assert client.exists("redlock:a", "redlock:c") == 0
+    b.release()
+    lease = one.lock_many(["c", "a", "b", "a"], ttl=10.0, blocking=False)
+    assert lease.names == ("a", "b", "c")
+    assert lease.name == "a + b + c"
+    with pytest.raises(LockContended):
+        two.acquire("c", ttl=10.0, blocking=False)
+    assert lease.owned()
+    assert lease.extend() > 9.0
+    lease.release()
+    for node in cluster3:
+        with node_client(node) as client:
+            assert client.exists("redlock:a", "redlock:b", "redlock:c") == 0
+    two.acquire("c", ttl=10.0, blocking=False).release()
+
+
+def test_a_blocking_lock_many_waits_without_holding_anything(cluster3):
+    holder = LockManager(cluster3.urls)
+    b = holder.acquire("b", ttl=30.0)
+    taker = LockManager(cluster3.urls, retry_delay=0.02)
+    got: list[object] = []
+    thread = threading.Thread(
+        target=lambda: got.append(taker.lock_many(["a", "b"], ttl=30.0, timeout=30.0))
+    )
+    thread.start()
+    time.sleep(0.1)
+    # While it waits, "a" is free for anyone: nothing is held while waiting (no deadlock).
+    holder.acquire("a", ttl=30.0, blocking=False).release()
+    b.release()
+    thread.join(PROMPT)
+    assert len(got) == 1
+    got[0].release()  # type: ignore[attr-defined]
+
+
+def test_lock_many_arguments(cluster3):
+    manager = LockManager(cluster3.urls)
+    with pytest.raises(TypeError, match="single str"):
+        manager.lock_many("ab")
+    with pytest.raises(ValueError, match="at least one"):
+        manager.lock_many([])
+    with pytest.raises(ValueError, match="name"):
+        manager.lock_many(["a", ""])
+
+
+def test_a_dropped_multi_lock_runs_out_within_its_ttl(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.lock_many(["a", "b"], ttl=0.3)
+
+    def free() -> bool:
+        with node_client(cluster3[0]) as client:
+            return int(client.exists("redlock:a", "redlock:b")) == 0
+
+    wait_for(free)
+    manager.lock_many(["a", "b"], ttl=5.0, blocking=False).release()
+
+
+# -- asyncio -----------------------------------------------------------------------------
+
+
+def test_the_asyncio_manager_has_the_same_kinds(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls)
+        other = AsyncLockManager(cluster3.urls)
+        s1 = await manager.semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+        s2 = await other.semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+        with pytest.raises(LockContended):
+            await other.semaphore("api", 2).acquire(ttl=10.0, blocking=False)
+        assert await s1.owned()
+        assert await s2.extend() > 9.0
+        await s1.release()
+        async with await other.semaphore("api", 2).acquire(ttl=10.0, blocking=False):
+            pass
+        await s2.release()
+        async with (
+            await manager.rwlock("t").read(ttl=10.0, blocking=False),
+            await other.rwlock("t").read(ttl=10.0, blocking=False),
+        ):
+            with pytest.raises(LockContended):
+                await other.rwlock("t").write(ttl=10.0, blocking=False)
+        writer = await other.rwlock("t").write(ttl=10.0, blocking=False)
+        await writer.release()
+        many = await manager.lock_many(["a", "b"], ttl=10.0, blocking=False)
+        with pytest.raises(LockContended):
+            await other.acquire("b", ttl=10.0, blocking=False)
+        assert await many.owned()
+        await many.release()
+        await manager.aclose()
+        await other.aclose()
+
+    asyncio.run(main())
+    assert slot_holders(cluster3, "api", 2) == [{}, {}, {}]
+
+
+def test_an_asyncio_semaphore_waiter_is_woken(cluster3):
+    async def main() -> None:
+        holder = AsyncLockManager(cluster3.urls)
+        waiter = AsyncLockManager(cluster3.urls, retry_delay=SLOW_POLL)
+        held = await holder.semaphore("api", 1).acquire(ttl=30.0)
+        task = asyncio.create_task(waiter.semaphore("api", 1).acquire(ttl=30.0, timeout=60.0))
+        await asyncio.sleep(0.2)
+        await held.release()
+        got = await asyncio.wait_for(task, PROMPT)
+        await got.release()
+
+    asyncio.run(main())
