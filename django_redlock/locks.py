@@ -93,6 +93,20 @@ def _options(
     }
 
 
+def _shared(shared: object, fencing: bool | None) -> bool:
+    """Whether a block takes a read lease (``shared``).
+
+    Raises:
+        TypeError: ``shared`` is not a bool.
+        ValueError: ``shared=True`` with ``fencing=True``: a read lease fences no writes.
+    """
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be a bool, not {type(shared).__name__}")
+    if shared and fencing:
+        raise ValueError("fencing=True needs an exclusive lock: a shared (read) lease mints none")
+    return shared
+
+
 def _mint(
     target: object, name: str, fencing: bool | None, lease: BaseLease
 ) -> tuple[models.Model | None, str | None]:
@@ -151,6 +165,7 @@ def lock_for(
     max_hold: float | None = None,
     fencing: bool | None = None,
     origin: str | None = None,
+    shared: bool = False,
 ) -> Iterator[Lease]:
     """Hold the lock of ``target`` for the ``with`` block; yields the :class:`Lease`.
 
@@ -169,6 +184,11 @@ def lock_for(
             by its row; True also mints ``lease.fencing_token`` for a name from a per-name
             counter; False never mints.
         origin: where it was taken, for operators (default: the calling ``module:function``).
+        shared: take a read lease of the target's read-write lock instead (see
+            ``manager.rwlock``): many shared blocks at once, none while an exclusive block
+            (``shared=False``, the default) holds the lock, and a waiting exclusive block
+            holds back new shared ones. A shared block reads: it mints no fencing token
+            (``fencing=True`` is refused).
 
     Raises:
         LockContended, QuorumUnreachable: the lock could not be taken.
@@ -181,6 +201,10 @@ def lock_for(
 
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
+    if _shared(shared, fencing):
+        with get_manager().rwlock(name).read(**options) as lease:  # type: ignore[arg-type]
+            yield lease
+        return
     lease = get_manager().acquire(name, **options)  # type: ignore[arg-type]
     try:
         instance, using = _mint(target, name, fencing, lease)
@@ -211,12 +235,17 @@ async def alock_for(
     max_hold: float | None = None,
     fencing: bool | None = None,
     origin: str | None = None,
+    shared: bool = False,
 ) -> AsyncIterator[AsyncLease]:
     """The ``async with`` twin of :func:`lock_for` (same arguments, same errors)."""
     from django_redlock.fencing import fenced
 
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
+    if _shared(shared, fencing):
+        async with await get_async_manager().rwlock(name).read(**options) as lease:
+            yield lease
+        return
     # Native asyncio: no thread hop for the lock itself (the database mint, when there is
     # one, runs in Django's sync thread as any ORM call from async code does).
     lease = await get_async_manager().acquire(name, **options)

@@ -8,6 +8,9 @@ Every signal is sent with ``sender`` = the :class:`~django_redlock.LockManager` 
   found out (the auto-extension thread when a renewal fails);
 - ``lock_busy``: ``name``, ``origin``, ``error`` (the ``LockNotAcquired``), ``waited``.
 
+The lease signals also carry ``kind``: ``"lock"``, ``"semaphore"``, ``"read"``, ``"write"``
+or ``"many"`` (see ``lease.kind``).
+
 Receivers must be quick and must not raise: they run inside lock operations. A receiver that
 raises is logged and ignored, so a broken metrics hook can never break locking.
 """
@@ -53,7 +56,15 @@ def _send(signal: Signal, sender: object, **kwargs: object) -> None:
 
 def _send_for(signal: Signal, lease: BaseLease, **kwargs: object) -> None:
     """Send ``signal`` about ``lease``: from its manager, with its name and origin."""
-    _send(signal, lease._manager, lease=lease, name=lease.name, origin=lease.origin, **kwargs)
+    _send(
+        signal,
+        lease._manager,
+        lease=lease,
+        name=lease.name,
+        origin=lease.origin,
+        kind=lease.kind,
+        **kwargs,
+    )
 
 
 class SignalObserver:

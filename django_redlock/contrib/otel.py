@@ -80,7 +80,11 @@ class OtelObserver:
 
     @staticmethod
     def _lease_attributes(lease: BaseLease) -> _Attributes:
-        attributes: _Attributes = {"redlock.lock.name": lease.name, "redlock.ttl_s": lease.ttl}
+        attributes: _Attributes = {
+            "redlock.lock.name": lease.name,
+            "redlock.lock.kind": lease.kind,
+            "redlock.ttl_s": lease.ttl,
+        }
         if lease.origin:
             attributes["redlock.origin"] = lease.origin
         nodes = lease._manager._nodes

@@ -8,7 +8,9 @@ command, so a stopped node costs one timeout and never hangs the report. Keys ar
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +22,8 @@ import redis
 
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
-from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
+from django_redlock.wire.primitives import READER_OWNERS
+from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE, READERS
 from django_redlock.wire.sync import persistence_hint, quarantine_of
 
 __all__ = [
@@ -80,7 +83,8 @@ def escape_glob(text: str) -> str:
 
 @dataclass(frozen=True)
 class LockInfo:
-    """One lock as seen across the nodes.
+    """One held lease as seen across the nodes: a lock (or a write lease, or a lock of a
+    ``lock_many``), a semaphore slot, or one reader of a read-write lock.
 
     Attributes:
         name: the lock name (the key without the prefix).
@@ -91,6 +95,8 @@ class LockInfo:
         ttl_min, ttl_max: remaining seconds of its keys (None when unknown).
         owner: the owner metadata found on most nodes (host, pid, thread, task, origin,
             acquired_at); never the token.
+        kind: ``"lock"``, ``"semaphore"`` (one slot) or ``"read"`` (one reader).
+        slot: the semaphore slot (0 … limit - 1), else None.
     """
 
     name: str
@@ -100,6 +106,17 @@ class LockInfo:
     ttl_min: float | None
     ttl_max: float | None
     owner: dict[str, Any] = field(default_factory=dict)
+    kind: str = "lock"
+    slot: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The name, with the kind when it is not a lock (``"api [semaphore slot 1]"``)."""
+        if self.kind == "semaphore":
+            return f"{self.name} [semaphore slot {self.slot}]"
+        if self.kind == "read":
+            return f"{self.name} [read]"
+        return self.name
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,15 @@ class LockListing:
     unreachable: list[str]
 
 
+# A lease's identity across the nodes: (name, kind, slot or reader). A reader is told apart
+# from the others by a digest of its token, which never leaves this module.
+_Identity = tuple[str, str, int | str | None]
+# One node's answer for one lease: its identity, owner JSON (or None) and ms left.
+_Found = tuple[_Identity, str | None, int]
+
+_SLOT = re.compile(rb"^(.*)\x00s(\d+)$", re.DOTALL)
+
+
 def list_locks(
     manager: LockNodes,
     prefix: str = "",
@@ -119,67 +145,131 @@ def list_locks(
     timeout: float = 0.25,
     skip: Collection[str] = (),
 ) -> LockListing:
-    """Every lock whose name starts with ``prefix``, merged across the nodes (all at once).
+    """Every held lease whose name starts with ``prefix`` (locks, semaphore slots, readers),
+    merged across the nodes (all at once).
 
-    At most ``limit`` keys are read per node and ``limit`` locks returned (``truncated`` says
-    when more exist). Nodes whose label is in ``skip`` (found down a moment ago) are not
+    At most ``limit`` keys are read per node and ``limit`` leases returned (``truncated``
+    says when more exist). Nodes whose label is in ``skip`` (found down a moment ago) are not
     asked again and count as unreachable.
     """
     pattern = escape_glob(manager.key_prefix + prefix) + "*"
     start = len(manager.key_prefix)
-    seen: dict[str, list[tuple[str | None, int]]] = {}
+    seen: dict[_Identity, list[tuple[str | None, int]]] = {}
     unreachable: list[str] = []
     scans = _each_node(
         manager.addresses,
-        lambda address: None if address.label in skip else _scan(address, pattern, limit, timeout),
+        lambda address: (
+            None if address.label in skip else _scan(address, pattern, start, limit, timeout)
+        ),
     )
-    truncated = any(scan[2] for scan in scans if scan is not None)
+    truncated = any(scan[1] for scan in scans if scan is not None)
     for address, scan in zip(manager.addresses, scans, strict=True):
         if scan is None:
             unreachable.append(address.label)
             continue
-        keys, replies, _ = scan
-        for index, key in enumerate(keys):
-            owner, pttl = replies[2 * index], replies[2 * index + 1]
-            raw = owner.decode("utf-8", "replace") if isinstance(owner, bytes) else None
-            ttl = pttl if isinstance(pttl, int) else -2
-            if ttl == -2:
-                continue  # expired between SCAN and the read
-            name = key.decode("utf-8", "replace")[start:]
-            seen.setdefault(name, []).append((raw, ttl))
-    locks = [_merge(name, found, manager) for name, found in sorted(seen.items())]
+        for identity, raw, ttl in scan[0]:
+            seen.setdefault(identity, []).append((raw, ttl))
+    locks = [
+        _merge(identity, found, manager)
+        for identity, found in sorted(seen.items(), key=lambda item: _order(item[0]))
+    ]
     if len(locks) > limit:  # each node stopped at `limit`, but at different names
         locks, truncated = locks[:limit], True
     return LockListing(locks=locks, truncated=truncated, unreachable=unreachable)
 
 
+def _order(identity: _Identity) -> tuple[str, str, int, str]:
+    name, kind, which = identity
+    return (name, kind, which if isinstance(which, int) else -1, str(which or ""))
+
+
 def _scan(
-    address: NodeAddress, pattern: str, limit: int, timeout: float
-) -> tuple[list[bytes], list[Any], bool] | None:
-    """One node's lock keys matching ``pattern`` (at most ``limit``), each key's owner and
-    PTTL, and whether more keys were left; None when the node could not be read."""
-    keys: list[bytes] = []
+    address: NodeAddress, pattern: str, start: int, limit: int, timeout: float
+) -> tuple[list[_Found], bool] | None:
+    """One node's leases under keys matching ``pattern`` (at most ``limit`` keys): each
+    lease's identity, owner and ms left; and whether more keys were left. None when the
+    node could not be read. ``start``: the length of the key prefix."""
+    locks: list[tuple[bytes, str, int | None]] = []  # key, kind, slot
+    readers: list[bytes] = []
     truncated = False
     try:
         with client_for(address, timeout) as client:
             for key in client.scan_iter(match=pattern, count=200):
-                if b"\x00" in key:  # wait lines, lapse times, the node marker
-                    continue
-                if len(keys) >= limit:
+                if b"\x00" in key:
+                    slot = _SLOT.match(key)
+                    if slot is not None:
+                        entry: tuple[bytes, str, int | None] = (key, "semaphore", int(slot[2]))
+                    elif key.endswith(READERS_SUFFIX):
+                        entry = (key, "read", None)
+                    else:  # wait lines, lapse times, reader owners, the node marker
+                        continue
+                else:
+                    entry = (key, "lock", None)
+                if len(locks) + len(readers) >= limit:
                     truncated = True
                     break
-                keys.append(key)
+                if entry[1] == "read":
+                    readers.append(key)
+                else:
+                    locks.append(entry)
             pipe = client.pipeline(transaction=False)
-            for key in keys:
+            pipe.time()
+            for key, _, _ in locks:
                 pipe.hget(key, "o")
                 pipe.pttl(key)
+            for key in readers:
+                pipe.zrange(key, 0, -1, withscores=True)
+                pipe.hgetall(key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX)
             replies = pipe.execute(raise_on_error=False)
     except redis.RedisError:
         return None
-    return keys, replies, truncated
+    found: list[_Found] = []
+    clock, replies = replies[0], replies[1:]
+    for index, (key, kind, number) in enumerate(locks):
+        owner, pttl = replies[2 * index], replies[2 * index + 1]
+        ttl = pttl if isinstance(pttl, int) else -2
+        if ttl == -2:
+            continue  # expired between SCAN and the read
+        found.append(((_name(key, start, kind), kind, number), _text(owner), ttl))
+    if not isinstance(clock, list | tuple):
+        return found, truncated
+    now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+    replies = replies[2 * len(locks) :]
+    for index, key in enumerate(readers):
+        members, owners = replies[2 * index], replies[2 * index + 1]
+        if not isinstance(members, list) or not isinstance(owners, dict):
+            continue
+        name = key[: -len(READERS_SUFFIX)].decode("utf-8", "replace")[start:]
+        for token, expiry in members:
+            left = int(expiry) - now_ms
+            if left <= 0:
+                continue  # an expired reader, not purged yet
+            # The token stays here: a digest tells the same reader apart on every node.
+            digest = hashlib.sha256(token).hexdigest()[:16]
+            found.append(((name, "read", digest), _text(owners.get(token)), left))
+    return found, truncated
 
 
-def _merge(name: str, found: list[tuple[str | None, int]], manager: LockNodes) -> LockInfo:
+READERS_SUFFIX = READERS.encode()
+OWNERS_SUFFIX = READER_OWNERS.encode()
+
+
+def _name(key: bytes, start: int, kind: str) -> str:
+    if kind == "semaphore":
+        match = _SLOT.match(key)
+        assert match is not None
+        key = match[1]
+    return key.decode("utf-8", "replace")[start:]
+
+
+def _text(raw: object) -> str | None:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else None
+
+
+def _merge(
+    identity: _Identity, found: list[tuple[str | None, int]], manager: LockNodes
+) -> LockInfo:
+    name, kind, which = identity
     counts: dict[str, int] = {}
     for raw, _ in found:
         if raw is not None:
@@ -201,6 +291,8 @@ def _merge(name: str, found: list[tuple[str | None, int]], manager: LockNodes) -
         ttl_min=min(ttls) if ttls else None,
         ttl_max=max(ttls) if ttls else None,
         owner=owner,
+        kind=kind,
+        slot=which if isinstance(which, int) else None,
     )
 
 

@@ -61,6 +61,7 @@ def test_acquire_extend_release_are_spans_with_the_lock_and_the_nodes(cluster3, 
     assert names == ["redlock.acquire", "redlock.extend", "redlock.release"]
     acquire, extend, release = (attributes for _, attributes in spans(exporter))
     assert acquire["redlock.lock.name"] == "report:42"
+    assert acquire["redlock.lock.kind"] == "lock"
     assert acquire["redlock.origin"] == "tests.view"
     assert acquire["redlock.outcome"] == "acquired"
     assert acquire["redlock.quorum"] == 2
@@ -198,3 +199,19 @@ def test_a_failing_tracer_never_breaks_the_lock(cluster3, caplog):
     with caplog.at_level(logging.ERROR, logger="django_redlock"), manager.lock("robust"):
         pass
     assert "redlock.acquire" in caplog.text
+
+
+def test_semaphore_and_read_leases_are_spans_of_their_kind(cluster3, observer, exporter):
+    manager = LockManager(cluster3.urls, observer=observer)
+    manager.semaphore("api", 2).acquire(ttl=10.0).release()
+    manager.rwlock("table").read(ttl=10.0).release()
+    kinds = [
+        (name, attributes["redlock.lock.name"], attributes["redlock.lock.kind"])
+        for name, attributes in spans(exporter)
+    ]
+    assert kinds == [
+        ("redlock.acquire", "api", "semaphore"),
+        ("redlock.release", "api", "semaphore"),
+        ("redlock.acquire", "table", "read"),
+        ("redlock.release", "table", "read"),
+    ]

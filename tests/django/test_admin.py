@@ -99,3 +99,23 @@ def test_force_release_confirms_then_releases_bumps_the_fence_and_logs(
     assert entry.object_repr == name
     assert "bumped to 1" in entry.change_message
     assert lease.token not in entry.change_message
+
+
+def test_semaphore_slots_and_readers_show_without_tokens_or_a_release_button(
+    admin_client: Client, redlock_nodes
+):
+    manager = get_manager()
+    slot = manager.semaphore("partner-api", 3).acquire(ttl=30.0, origin="tasks:sync")
+    reader = manager.rwlock("price-table").read(ttl=30.0)
+    page = admin_client.get(reverse(PAGE)).content.decode()
+    assert "semaphore slot 0" in page
+    assert "reader" in page
+    assert "tasks:sync" in page
+    assert slot.token not in page
+    assert reader.token not in page
+    # Force release deletes a lock's key: it is offered for locks only.
+    assert "Force release" not in page
+    lock = manager.acquire("plain", ttl=30.0)
+    assert admin_client.get(reverse(PAGE)).content.decode().count("Force release") == 1
+    for lease in (slot, reader, lock):
+        lease.release()

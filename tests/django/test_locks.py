@@ -158,3 +158,53 @@ def test_alock_for_in_async_code(held_elsewhere):
                 pass
 
     asyncio.run(main())
+
+
+@pytest.mark.django_db
+def test_shared_blocks_share_and_exclude_an_exclusive_one(redlock_nodes):
+    with lock_for("report:7", shared=True) as first, lock_for("report:7", shared=True) as second:
+        assert first.kind == second.kind == "read"
+        with pytest.raises(LockContended), lock_for("report:7", blocking=False):
+            pass
+    with lock_for("report:7") as exclusive:
+        assert exclusive.kind == "lock"
+        with pytest.raises(LockContended), lock_for("report:7", shared=True, blocking=False):
+            pass
+    with pytest.raises(ValueError, match="fencing=True"), lock_for("r", shared=True, fencing=True):
+        pass
+    with pytest.raises(TypeError, match="shared"), lock_for("r", shared="yes"):  # type: ignore[arg-type]
+        pass
+
+
+@pytest.mark.django_db
+def test_alock_for_takes_a_shared_lease_too(redlock_nodes):
+    async def main() -> None:
+        async with alock_for("report:8", shared=True) as lease:
+            assert lease.kind == "read"
+            assert lease.auto_extended
+            with pytest.raises(LockContended):
+                async with alock_for("report:8", blocking=False):
+                    pass
+        assert lease.released
+
+    asyncio.run(main())
+
+
+@pytest.mark.django_db
+def test_signals_name_the_kind_of_lease(redlock_nodes):
+    seen = []
+
+    def acquired(sender, name, kind, **kwargs):
+        seen.append((name, kind))
+
+    lock_acquired.connect(acquired)
+    try:
+        manager = get_manager()
+        manager.semaphore("api", 2).acquire(ttl=10.0).release()
+        manager.rwlock("table").write(ttl=10.0).release()
+        manager.lock_many(["a", "b"], ttl=10.0).release()
+        with lock_for("c"):
+            pass
+    finally:
+        lock_acquired.disconnect(acquired)
+    assert seen == [("api", "semaphore"), ("table", "write"), ("a + b", "many"), ("c", "lock")]

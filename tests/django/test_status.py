@@ -137,3 +137,33 @@ def test_an_invalid_setting_is_a_command_error(settings):
     settings.REDLOCK = {"NODES": []}
     with pytest.raises(CommandError, match="REDLOCK is not usable"):
         run_status()
+
+
+def test_semaphore_slots_and_readers_are_listed_without_tokens(redlock_nodes):
+    manager = get_manager()
+    slots = [manager.semaphore("api", 3).acquire(ttl=30.0, origin="tests:api") for _ in range(2)]
+    readers = [manager.rwlock("table").read(ttl=30.0) for _ in range(2)]
+    lock = manager.acquire("plain", ttl=30.0)
+    listing = manager.locks()
+    seen = [(info.name, info.kind, info.slot, info.partial) for info in listing.locks]
+    assert seen == [
+        ("api", "semaphore", 0, False),
+        ("api", "semaphore", 1, False),
+        ("plain", "lock", None, False),
+        ("table", "read", None, False),
+        ("table", "read", None, False),
+    ]
+    assert listing.locks[0].owner["origin"] == "tests:api"
+    assert listing.locks[0].label == "api [semaphore slot 0]"
+    out = run_status()[0]
+    assert "api [semaphore slot 1]" in out
+    assert "table [read]" in out
+    payload = json.loads(run_status("--json")[0])
+    text = json.dumps(payload)
+    for lease in (*slots, *readers, lock):
+        assert lease.token not in text
+        assert lease.token not in out
+    assert {entry["kind"] for entry in payload["locks"]} == {"lock", "semaphore", "read"}
+    for lease in (*slots, *readers, lock):
+        lease.release()
+    assert manager.locks().locks == []

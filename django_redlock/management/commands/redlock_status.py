@@ -17,7 +17,8 @@ The ``--json`` output is a stable schema::
                 "votes_at": float|null (epoch seconds),
                 "problems": [str], "warnings": [str]}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
-                "ttl_min": float|null, "ttl_max": float|null, "owner": {...}}],
+                "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
+                "kind": "lock"|"semaphore"|"read", "slot": int|null}],
      "locks_truncated": bool,
      "this_process": {"acquired": int, "contended": int, "quorum_unreachable": int,
                       "released": int, "extended": int, "lost": int, "node_error": int}}
@@ -120,7 +121,7 @@ class Command(BaseCommand):
             left = f"{lock.ttl_min:.1f} s" if lock.ttl_min is not None else "?"
             partial = "  (partial: leftover keys)" if lock.partial else ""
             self.stdout.write(
-                f"  {lock.name}  {lock.nodes}/{lock.total} nodes  {left} left  {where}{partial}"
+                f"  {lock.label}  {lock.nodes}/{lock.total} nodes  {left} left  {where}{partial}"
             )
 
 
