@@ -13,6 +13,10 @@ the same run:
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
 
+- W6: read-mostly (9 reads in 10, 1 ms each), 8 processes on one name: the read-write lock
+  against a lock doing the same work; W7: a semaphore of 3 slots against a lock, 8 processes,
+  1 ms inside (``benchmarks/kinds.py``).
+
 - W5: 300 waiters (10 processes x 30 threads) on one lock with a 10 ms ``retry_delay``:
   hand-off latency p50/p99/max, and hand-offs slower than half the ttl (a lease that ran out
   because its release did not get through). django_redlock only (``benchmarks/overload.py``).
@@ -375,6 +379,34 @@ def w5(cluster3: LocalCluster, seconds: float) -> None:
     print(f"  target: no hand-off slower than ttl/2 = {W5_TTL / 2:g} s (0 in the > ttl/2 column)")
 
 
+def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
+    from benchmarks.kinds import LIMIT, run
+
+    print(f"\nW6: read-mostly, 8 processes, one name, 9 reads in 10, 1 ms each, {seconds:g} s")
+    print(f"W7: semaphore of {LIMIT}, 8 processes, 1 ms inside, {seconds:g} s")
+    print(f"{'contender':36} {'ops/s':>7} {'most inside':>11} {'overlaps':>9}")
+    rows = {}
+    for kind, label in (
+        ("rwlock", "W6 django_redlock rwlock N=5"),
+        ("lock", "W6 django_redlock lock N=5"),
+        ("semaphore", f"W7 django_redlock semaphore({LIMIT}) N=5"),
+        ("lock-sem", "W7 django_redlock lock N=5"),
+    ):
+        result = rows[kind] = run(kind, cluster5.urls, seconds)
+        print(f"{label:36} {result.per_second:7.0f} {result.most_inside:11d} {result.overlaps:9d}")
+    print("ratios (same run):")
+    print(
+        f"  W6 rwlock ops/s / lock ops/s = "
+        f"{rows['rwlock'].per_second / max(rows['lock'].per_second, 1e-9):.2f}x"
+        f"  (writes overlapping anything: {rows['rwlock'].overlaps}, must be 0)"
+    )
+    print(
+        f"  W7 semaphore({LIMIT}) ops/s / lock ops/s = "
+        f"{rows['semaphore'].per_second / max(rows['lock-sem'].per_second, 1e-9):.2f}x"
+        f"  (most inside: {rows['semaphore'].most_inside}, must be <= {LIMIT})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
@@ -382,7 +414,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--w4", type=int, default=400, help="W4 pairs per contender")
     parser.add_argument("--seconds", type=float, default=3.0, help="W2/W3 seconds each")
     parser.add_argument("--w5-seconds", type=float, default=10.0, help="W5 duration")
-    parser.add_argument("--only", choices=["w1", "w2", "w3", "w4", "w5"], help="run one workload")
+    parser.add_argument(
+        "--only", choices=["w1", "w2", "w3", "w4", "w5", "w6"], help="run one workload"
+    )
     args = parser.parse_args(argv)
 
     print(f"server: {server_version()}")
@@ -398,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
             w3(cluster5, args.seconds)
         if args.only in (None, "w5"):
             w5(cluster3, args.w5_seconds)
+        if args.only in (None, "w6"):
+            w6_w7(cluster5, args.seconds)
     return 0
 
 
