@@ -8,6 +8,9 @@ process running ``demo_site.services.book_seat``; the nemesis (in this process) 
 buyer in the middle of its checkout for longer than its lease, SIGSTOPs one node at a time
 (a minority: the locks keep working), and now and then SIGKILLs a buyer mid-checkout
 (its hold is then cleared by ``manage.py clear_expired_holds``, a ``@locked_command``).
+The payment provider takes at most ``PAYMENT_SLOTS`` calls at once from all buyers: each
+payment holds a slot of a semaphore (``manager.semaphore``); a buyer paused mid-payment
+loses its slot to the next one, and is told so (``LockLost``) when it resumes.
 
 Everything here runs after ``django.setup()``; ``demo_site/run_demo.py`` is the entry point.
 """
@@ -36,12 +39,15 @@ TTL = 1.0
 PAUSE_FACTOR = 1.6
 HOLD_SECONDS = TTL / 2  # a checkout that dies leaves a hold this long (then it is stale)
 LOCK_TIMEOUT = 3.0  # how long a buyer waits for a seat's lock before trying another seat
+# The payment provider takes at most this many calls at once, from every buyer: a semaphore
+# (manager.semaphore). A buyer paused mid-payment keeps its slot only until its lease runs out.
+PAYMENT_SLOTS = 2
 
 # What each buyer is doing, shared with the driver (one int per buyer).
 IDLE, WAITING, PAYING, DONE = 0, 1, 2, 3
 STATE_NAMES = {IDLE: "idle", WAITING: "waiting", PAYING: "paying", DONE: "done"}
 # Outcome counters, one row of these per buyer.
-COUNTERS = ("sold", "taken", "busy", "refused", "lost", "errors")
+COUNTERS = ("sold", "taken", "busy", "refused", "lost", "errors", "slots_lost")
 
 
 @dataclass
@@ -71,7 +77,7 @@ def buyer_main(index: int, event_id: int, seed: int, shared: Shared) -> None:
     django.setup()
     from demo_site.models import Seat
     from demo_site.services import Outcome, book_seat
-    from django_redlock import QuorumUnreachable
+    from django_redlock import LockLost, QuorumUnreachable, get_manager
 
     rng = random.Random(seed)
     row = index * len(COUNTERS)
@@ -79,9 +85,18 @@ def buyer_main(index: int, event_id: int, seed: int, shared: Shared) -> None:
     def count(counter: str) -> None:
         shared.counts[row + COUNTERS.index(counter)] += 1
 
+    provider = get_manager().semaphore("payment-provider", PAYMENT_SLOTS)
+
     def pay() -> None:
+        # At most PAYMENT_SLOTS calls to the payment provider at once, cluster-wide. A buyer
+        # paused mid-payment loses its slot when the lease runs out (another buyer takes
+        # it); it learns so when it leaves the block, as with a seat's lock.
         shared.state[index] = PAYING
-        time.sleep(rng.uniform(0.2, 0.4))  # the payment provider
+        try:
+            with provider.acquire(ttl=TTL, timeout=LOCK_TIMEOUT, auto_extend=True):
+                time.sleep(rng.uniform(0.2, 0.4))  # the payment provider
+        except LockLost:
+            count("slots_lost")
         shared.state[index] = WAITING
 
     sale = 0
@@ -299,6 +314,7 @@ class Phase:
             "sweeps": self.sweeps,
             "holds_cleared": self.holds_cleared,
             "busy": self.shared.total("busy"),
+            "slots_lost": self.shared.total("slots_lost"),
             "errors": self.shared.total("errors"),
             "seconds": self.elapsed,
         }
@@ -376,6 +392,7 @@ def summary(reports: Sequence[dict[str, Any]]) -> Iterator[str]:
         ("nodes paused", "node_pauses"),
         ("buyers killed", "kills"),
         ("sweeper runs", "sweeps"),
+        ("payment slots run out", "slots_lost"),
         ("expired holds it cleared", "holds_cleared"),
         ("seconds", "seconds"),
     ]

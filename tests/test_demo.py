@@ -56,6 +56,7 @@ def test_the_demo_tells_the_story_then_serves_it(tmp_path):
         assert summary["seats sold"][0] == "10", text
         assert summary["sales recorded"][0] == "10", text
         assert summary["seats sold twice"][0] == "0", text
+        assert "payment slots run out" in text  # payments hold slots of a semaphore
         page = opener.open(base + "/", timeout=10).read().decode()
         assert "Concert, fencing on" in page
         assert "Concert, fencing off" in page
