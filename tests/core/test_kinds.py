@@ -6,6 +6,9 @@ nodes: the same quorum, validity, retry, wake-up and clean-up rules as a lock, w
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -375,3 +378,34 @@ def test_an_asyncio_semaphore_waiter_is_woken(cluster3):
         await got.release()
 
     asyncio.run(main())
+
+
+def test_a_killed_holders_slot_runs_out_within_its_ttl(cluster3):
+    """A process SIGKILLed while it holds an auto-extended slot: renewal dies with it, so the
+    slot frees within its ttl, never by hand."""
+    script = (
+        "import sys, time\n"
+        "from django_redlock import LockManager\n"
+        "m = LockManager(sys.argv[1:])\n"
+        "lease = m.semaphore('api', 1).acquire(ttl=0.6, auto_extend=True)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", script, *cluster3.urls], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "held"
+        manager = LockManager(cluster3.urls)
+        with pytest.raises(LockContended):
+            manager.semaphore("api", 1).acquire(blocking=False)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(PROMPT)
+        got = manager.semaphore("api", 1).acquire(ttl=5.0, timeout=PROMPT)
+        got.release()
+    finally:
+        holder.kill()
+        holder.wait(PROMPT)
+        if holder.stdout is not None:
+            holder.stdout.close()
