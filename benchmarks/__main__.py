@@ -13,9 +13,9 @@ the same run:
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
 
-- W6: read-mostly (9 reads in 10, 1 ms each), 8 processes on one name: the read-write lock
-  against a lock doing the same work; W7: a semaphore of 3 slots against a lock, 8 processes,
-  1 ms inside (``benchmarks/kinds.py``).
+- W6: read-mostly (9 reads in 10, 5 ms of I/O wait each), 8 processes on one name: the
+  read-write lock against a lock doing the same work; W7: a semaphore of 3 slots against a
+  lock, 8 processes, 5 ms inside (``benchmarks/kinds.py``).
 
 - W5: 300 waiters (10 processes x 30 threads) on one lock with a 10 ms ``retry_delay``:
   hand-off latency p50/p99/max, and hand-offs slower than half the ttl (a lease that ran out
@@ -382,8 +382,8 @@ def w5(cluster3: LocalCluster, seconds: float) -> None:
 def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
     from benchmarks.kinds import LIMIT, run
 
-    print(f"\nW6: read-mostly, 8 processes, one name, 9 reads in 10, 1 ms each, {seconds:g} s")
-    print(f"W7: semaphore of {LIMIT}, 8 processes, 1 ms inside, {seconds:g} s")
+    print(f"\nW6: read-mostly, 8 processes, one name, 9 reads in 10, 5 ms each, {seconds:g} s")
+    print(f"W7: semaphore of {LIMIT}, 8 processes, 5 ms inside, {seconds:g} s")
     print(f"{'contender':36} {'ops/s':>7} {'most inside':>11} {'overlaps':>9}")
     rows = {}
     for kind, label in (

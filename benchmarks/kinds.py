@@ -1,18 +1,18 @@
 """W6 and W7: the locks beyond a mutex, against a mutex doing the same work, in one run.
 
-- W6 (read-mostly): 8 processes on one name; each operation is a read (9 in 10, chosen by a
-  seeded generator, the same sequence for both contenders) or a write, each holding for
-  1 ms. Contenders: django_redlock's read-write lock (reads share, writes exclude) and
-  django_redlock's lock (every operation exclusive, as a user without a read-write lock
-  would do). Operations/s, the most readers seen inside at once, and whether a write ever
-  overlapped anything (it must not).
-- W7 (semaphore): 8 processes, a semaphore of 3 slots, 1 ms inside: operations/s and the
-  most holders seen inside at once (must be <= 3), against the same work under a lock
-  (limit 1).
+- W6 (read-mostly): 8 processes on one name; each operation is a read (9 in 10, chosen by
+  a seeded generator, the same sequence for both contenders) or a write, each holding for
+  5 ms (asleep, as an I/O wait). Contenders: django_redlock's read-write lock (reads
+  share, writes exclude) and django_redlock's lock (every operation exclusive, as a user
+  without a read-write lock would do). Operations/s, the most holders seen inside at once,
+  and whether a write ever overlapped anything (it must not).
+- W7 (semaphore): 8 processes, a semaphore of 3 slots, 5 ms inside (asleep): operations/s
+  and the most holders seen inside at once (must be <= 3), against the same work under a
+  lock (limit 1).
 
 Inside-counts are kept in shared memory under a process lock, so they measure what the
 locks allowed, not what the bookkeeping serialised (it is held for a few µs, never for the
-1 ms of work).
+5 ms of work).
 """
 
 from __future__ import annotations
@@ -25,15 +25,9 @@ from typing import Any
 
 NODE_TIMEOUT = 0.05
 TTL = 10.0
-HOLD = 0.001  # seconds inside, busy-waited (a sleep would yield the CPU to the others)
+HOLD = 0.005  # seconds inside, asleep: an I/O wait (a query, an API call), as in real use
 READ_SHARE = 0.9
 LIMIT = 3
-
-
-def _busy(seconds: float) -> None:
-    until = time.perf_counter() + seconds
-    while time.perf_counter() < until:
-        pass
 
 
 def _enter(state: Any, writer: bool) -> None:
@@ -80,7 +74,7 @@ def _worker(
             lease = manager.acquire(name, timeout=60.0)
         with lease:
             _enter(state, writer)
-            _busy(HOLD)
+            time.sleep(HOLD)
             _leave(state, writer)
         done += 1
     out.put(done)
