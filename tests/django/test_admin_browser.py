@@ -73,7 +73,9 @@ def test_an_operator_sees_and_force_releases_a_lock(live_server, django_user_mod
             page.wait_for_selector("text=Yes, force-release it")
             page.screenshot(path=str(ARTIFACTS / "admin-force-release.png"), full_page=True)
             page.click("text=Yes, force-release it")
-            page.wait_for_selector("text=force-released on 3/3 nodes")
+            # The holder's acquire returned at a quorum: its SET may not have reached the
+            # third node (a lock on 2 of 3 is held), so the release may find it on 2 or 3.
+            page.wait_for_selector("text=/force-released on [23]\\/3 nodes/")
             page.screenshot(path=str(ARTIFACTS / "admin-released.png"), full_page=True)
             assert "orders:42" not in page.locator("#rl-locks").inner_text()
         finally:
