@@ -27,7 +27,7 @@ from django_redlock.core.arguments import validate_name
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
-from django_redlock.core.options import AcquireOptions, acquire_options
+from django_redlock.core.options import AcquireOptions, Checked, acquire_options
 from django_redlock.core.owner import owner_scope
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
@@ -258,28 +258,19 @@ class AsyncLockManager:
         held = sync._reenter(scope, name, AsyncLease)
         if held is not None:
             return held
-        return await self._take(name, Shape(sync.key_prefix + name), scope, *checked)
+        return await self._take(name, Shape(sync.key_prefix + name), scope, checked)
 
     async def _take(
-        self,
-        name: str,
-        shape: Shape,
-        scope: tuple[object, ...],
-        seconds: float,
-        blocking: bool,
-        wait: float | None,
-        auto_extend: bool,
-        hold: float | None,
-        origin: str | None,
+        self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked
     ) -> AsyncLease:
         """Acquire a lease of ``shape``, its arguments checked (see
         :meth:`LockManager._take`)."""
         sync = self.sync
         connections = self._connections()
         subscriber = connections.subscriber
-        queues = blocking and shape.wake_key is not None
+        queues = checked.blocking and shape.wake_key is not None
         waiter = subscriber.waiter_id() if queues else ""
-        attempt = sync._begin(name, seconds, blocking, wait, origin, waiter, shape)
+        attempt = sync._begin(name, checked, waiter, shape)
         if len(sync._quarantine.heard) < sync.quorum:
             # Hear from the nodes before the first acquire (see LockManager._first_contact):
             # the PONGs come after each new connection's hello replies.
@@ -309,11 +300,11 @@ class AsyncLockManager:
                     strays = attempt.strays(results)
                     if strays is not None:
                         connections.post(strays)
-                    lease = AsyncLease(self, **sync._lease_fields(attempt, step, origin))
-                    return sync._adopt(lease, attempt, results, scope, auto_extend, hold)
+                    make = partial(AsyncLease, self)
+                    return sync._grant(make, attempt, step, results, scope, checked)
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
-                error = sync._failed(step, origin)
+                error = sync._failed(step, checked.origin)
                 if error is not None:  # the place in line is left below
                     raise error
                 wake_key = shape.wake_key
@@ -459,7 +450,7 @@ class AsyncLockManager:
 
     async def _take_shape(self, name: str, shape: Shape, options: dict[str, Any]) -> AsyncLease:
         checked = self.sync._acquire_arguments(*acquire_options(options))
-        return await self._take(name, shape, owner_scope(), *checked)
+        return await self._take(name, shape, owner_scope(), checked)
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]

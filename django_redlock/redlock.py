@@ -58,6 +58,7 @@ from django_redlock.core.operators import LockListing, declare_fresh, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
+    Checked,
     ManagerDefault,
     acquire_options,
 )
@@ -417,20 +418,9 @@ class LockManager:
         held = self._reenter(scope, name, Lease)
         if held is not None:
             return held
-        return self._take(name, Shape(self.key_prefix + name), scope, *checked)
+        return self._take(name, Shape(self.key_prefix + name), scope, checked)
 
-    def _take(
-        self,
-        name: str,
-        shape: Shape,
-        scope: tuple[object, ...],
-        seconds: float,
-        blocking: bool,
-        wait: float | None,
-        auto_extend: bool,
-        hold: float | None,
-        origin: str | None,
-    ) -> Lease:
+    def _take(self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked) -> Lease:
         """Acquire a lease of ``shape`` (a lock, a semaphore slot, a read or write lease,
         several locks), its arguments checked: the Redlock rounds of :meth:`acquire`."""
         connections = self._connections.get()
@@ -438,9 +428,9 @@ class LockManager:
             self._first_contact(connections)
         # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
         # a single try never queues, nor does a shape without a line (it polls).
-        queues = blocking and shape.wake_key is not None
+        queues = checked.blocking and shape.wake_key is not None
         waiter = connections.subscriber.waiter_id() if queues else ""
-        attempt = self._begin(name, seconds, blocking, wait, origin, waiter, shape)
+        attempt = self._begin(name, checked, waiter, shape)
         listening = False
         while True:
             commands = attempt.next_round(self._quarantine.ms)
@@ -464,12 +454,12 @@ class LockManager:
                 strays = attempt.strays(exchange.results)
                 if strays is not None:
                     connections.clean_up(strays)
-                lease = Lease(self, **self._lease_fields(attempt, step, origin))
-                return self._adopt(lease, attempt, exchange.results, scope, auto_extend, hold)
+                make = partial(Lease, self)
+                return self._grant(make, attempt, step, exchange.results, scope, checked)
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.clean_up(step.clean_up)
-            error = self._failed(step, origin)
+            error = self._failed(step, checked.origin)
             if error is not None:
                 if step.leave is not None:
                     connections.clean_up(step.leave)
@@ -514,29 +504,20 @@ class LockManager:
             return held
         return None
 
-    def _begin(
-        self,
-        name: str,
-        seconds: float,
-        blocking: bool,
-        wait: float | None,
-        origin: str | None,
-        waiter: str,
-        shape: Shape,
-    ) -> flow.Acquire:
-        """The flow of a new acquire of ``name`` as ``shape`` (arguments checked by the
-        caller)."""
-        owner = self._owners.record(origin)
+    def _begin(self, name: str, checked: Checked, waiter: str, shape: Shape) -> flow.Acquire:
+        """The flow of a new acquire of ``name`` as ``shape`` (sync and asyncio alike)."""
+        owner = self._owners.record(checked.origin)
         started = self._clock()
+        wait = checked.wait
         return flow.Acquire(
             self._nodes,
             name,
             self.key_prefix + name,
-            seconds,
+            checked.ttl,
             owner,
-            blocking,
+            checked.blocking,
             started,
-            None if (blocking and wait is None) else started + (wait or 0.0),
+            None if (checked.blocking and wait is None) else started + (wait or 0.0),
             waiter,
             # The place in line: the same number on every node (this first try, in µs).
             time.time_ns() // 1000,
@@ -545,36 +526,34 @@ class LockManager:
             shape=shape,
         )
 
-    def _lease_fields(
-        self, attempt: flow.Acquire, granted: flow.Granted, origin: str | None
-    ) -> dict[str, Any]:
-        return {
-            "name": attempt.name,
-            "key": attempt.key,
-            "token": granted.token,
-            "ttl": attempt.ttl,
-            "expires_at": granted.expires_at,
-            "acquired_at": granted.acquired_at,
-            "origin": origin,
-            "shape": attempt.kind,
-        }
-
-    def _adopt(
+    def _grant(
         self,
-        lease: _L,
+        make: Callable[..., _L],
         attempt: flow.Acquire,
+        granted: flow.Granted,
         results: Sequence[Any],
         scope: tuple[object, ...],
-        auto_extend: bool,
-        hold: float | None,
+        checked: Checked,
     ) -> _L:
-        """Make a lease just granted its owner's (sync and asyncio alike): reported,
-        registered for re-entry, renewed if asked."""
+        """The lease a round of ``attempt`` won, made by ``make`` (``Lease`` or
+        ``AsyncLease`` bound to its manager) and its owner's: reported, registered for
+        re-entry, renewed if asked."""
+        lease = make(
+            name=attempt.name,
+            key=attempt.key,
+            token=granted.token,
+            ttl=attempt.ttl,
+            expires_at=granted.expires_at,
+            acquired_at=granted.acquired_at,
+            origin=checked.origin,
+            shape=attempt.kind,
+        )
         self._reporter.granted(lease.name, results, attempt.votes)
         # Our place in line may remain on nodes that did not grant this attempt; the release
         # drops it there (see release.lua), at no extra round trip.
         lease._waiter = attempt.waiter
-        return self._own(lease, scope, auto_extend, hold, lease.acquired_at - attempt.started)
+        waited = lease.acquired_at - attempt.started
+        return self._own(lease, scope, checked.auto_extend, checked.hold, waited)
 
     def _own(
         self,
@@ -617,10 +596,8 @@ class LockManager:
         auto_extend: object,
         max_hold: object,
         origin: object,
-    ) -> tuple[float, bool, float | None, bool, float | None, str | None]:
-        """Check ``acquire``'s arguments (sync and asyncio alike); returns them checked: the
-        lease length, ``blocking``, the wait (None: forever), ``auto_extend``, the hold limit
-        (seconds) and the origin, cut to its budget.
+    ) -> Checked:
+        """Check ``acquire``'s arguments (sync and asyncio alike); returns them checked.
 
         Raises:
             TypeError, ValueError: a bad argument; the message names it.
@@ -641,7 +618,7 @@ class LockManager:
             raise ValueError("max_hold only applies with auto_extend=True")
         if origin is not None and not isinstance(origin, str):
             raise TypeError(f"origin must be a str, not {type(origin).__name__}")
-        return seconds, blocking, wait, auto_extend, hold, clip_origin(origin)
+        return Checked(seconds, blocking, wait, auto_extend, hold, clip_origin(origin))
 
     # -- release, extend and the questions a lease asks ------------------------------------
 
@@ -746,9 +723,8 @@ class LockManager:
             raise ValueError(
                 f"handle is for another manager's key prefix (this one's is {self.key_prefix!r})"
             )
-        _, _, _, extend, hold, text = self._acquire_arguments(
-            taken.ttl, False, None, auto_extend, max_hold, origin
-        )
+        checked = self._acquire_arguments(taken.ttl, False, None, auto_extend, max_hold, origin)
+        extend, hold, text = checked.auto_extend, checked.hold, checked.origin
         size = len(self.addresses)
         token = secrets.token_hex(20)
         owner = self._owners.record(text)
@@ -886,7 +862,7 @@ class LockManager:
         """Acquire a lease of ``shape`` with ``acquire``'s keyword ``options`` (never
         re-entrant)."""
         checked = self._acquire_arguments(*acquire_options(options))
-        return self._take(name, shape, owner_scope(), *checked)
+        return self._take(name, shape, owner_scope(), checked)
 
     # -- operators -------------------------------------------------------------------------
 

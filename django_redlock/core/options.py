@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
-__all__ = ["MANAGER_DEFAULT", "AcquireOptions", "ManagerDefault", "acquire_options"]
+__all__ = ["MANAGER_DEFAULT", "AcquireOptions", "Checked", "ManagerDefault", "acquire_options"]
 
 
 class ManagerDefault(enum.Enum):
@@ -30,6 +30,22 @@ class AcquireOptions(TypedDict, total=False):
     auto_extend: bool
     max_hold: float | None
     origin: str | None
+
+
+class Checked(NamedTuple):
+    """An acquire's arguments once checked (``LockManager._acquire_arguments``): what the
+    sync and the asyncio managers' rounds take."""
+
+    ttl: float
+    """The lease length in seconds."""
+    blocking: bool
+    wait: float | None
+    """Seconds to keep trying; None: forever (and for a single try)."""
+    auto_extend: bool
+    hold: float | None
+    """``max_hold`` in seconds, or None."""
+    origin: str | None
+    """The origin, cut to its budget."""
 
 
 _ACQUIRE_DEFAULTS: dict[str, object] = {
