@@ -25,6 +25,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from django_redlock.conf import get_async_manager, get_manager, get_settings
+from django_redlock.core.options import AcquireOptions
 from django_redlock.exceptions import (
     LeaseReleased,
     LockContended,
@@ -166,23 +167,20 @@ def locked_view(
     locked = on_locked or default_on_locked
     unavailable = on_unavailable or default_on_unavailable
 
-    def acquire(manager: LockManager, lock: str, origin: str) -> Lease:
-        return manager.acquire(
-            lock,
-            ttl=ttl,
-            blocking=timeout > 0,
-            timeout=timeout if timeout > 0 else None,
-            auto_extend=auto_extend,
-            origin=origin,
-        )
-
     def refuse(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
         if isinstance(error, QuorumUnreachable):
             return unavailable(request, error)
         return locked(request, error)
 
     def decorator(view: F) -> F:
-        origin = _view_origin(view)
+        # The acquire's arguments, the same for the sync and the async view.
+        options: AcquireOptions = {
+            "ttl": ttl,
+            "blocking": timeout > 0,
+            "timeout": timeout if timeout > 0 else None,
+            "auto_extend": auto_extend,
+            "origin": _view_origin(view),
+        }
 
         if iscoroutinefunction(view):
 
@@ -191,14 +189,7 @@ def locked_view(
             ) -> HttpResponseBase:
                 lock = _resolve_name(name, view, request, args, kwargs)
                 try:
-                    lease = await get_async_manager().acquire(
-                        lock,
-                        ttl=ttl,
-                        blocking=timeout > 0,
-                        timeout=timeout if timeout > 0 else None,
-                        auto_extend=auto_extend,
-                        origin=origin,
-                    )
+                    lease = await get_async_manager().acquire(lock, **options)
                 except LockNotAcquired as error:
                     return refuse(request, error)
                 try:
@@ -211,7 +202,7 @@ def locked_view(
         def _view_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             lock = _resolve_name(name, view, request, args, kwargs)
             try:
-                lease = acquire(get_manager(), lock, origin)
+                lease = get_manager().acquire(lock, **options)
             except LockNotAcquired as error:
                 return refuse(request, error)
             try:
