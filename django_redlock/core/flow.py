@@ -81,9 +81,11 @@ class Nodes:
     drift_factor: float
     retry_delay: float
 
-    @property
-    def size(self) -> int:
-        return len(self.labels)
+    size: int = field(init=False)
+    """How many nodes (``len(labels)``; a field, as it is read several times a round)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "size", len(self.labels))
 
 
 def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
@@ -410,7 +412,7 @@ def judge_release(
     still valid are not a loss: their keys expire by themselves."""
     if expired:
         return ReleaseVerdict("the lease expired before it was released", None)
-    gone = sum(1 for reply in results if reply == 0)
+    gone = results.count(0)
     if gone > nodes.size - nodes.quorum:
         return ReleaseVerdict(
             f"only {deleted} of {nodes.size} nodes still held it at release "

@@ -224,9 +224,13 @@ class _Connection(Handshake):
             NodeError: the connection failed.
         """
         self.slots.append(slot)
-        command = self.outgoing(command, identify)
-        if not command:
-            return  # held until the hello is answered
+        if self.held is None:  # the hello was answered: the common case, inlined
+            if identify:
+                command += self.identity
+        else:
+            command = self.outgoing(command, identify)
+            if not command:
+                return  # held until the hello is answered
         if self.out or self.connecting or self.tls_handshaking:
             self.out += command
             self.flush()
