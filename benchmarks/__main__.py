@@ -9,6 +9,8 @@ the same run:
   N=3 and N=5, and two references that send the same commands to 5 nodes
   (``benchmarks/references.py``): raw sockets with one ``poll()`` loop, and redis-py
   ``Connection`` objects written to all, then read.
+- W1i: the client's instructions per W1 pair, counted by valgrind (``benchmarks/instructions.py``):
+  the measure that does not move with the machine's load, for changes to the hot path.
 - W4: 5 nodes with 2 paused by SIGSTOP; success rate, p50/p99 acquire latency, and the
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
@@ -415,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=3.0, help="W2/W3 seconds each")
     parser.add_argument("--w5-seconds", type=float, default=10.0, help="W5 duration")
     parser.add_argument(
-        "--only", choices=["w1", "w2", "w3", "w4", "w5", "w6"], help="run one workload"
+        "--only", choices=["w1", "w1i", "w2", "w3", "w4", "w5", "w6"], help="run one workload"
     )
     args = parser.parse_args(argv)
 
@@ -424,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(3) as cluster3, LocalCluster(5) as cluster5:
         if args.only in (None, "w1"):
             w1(cluster3, cluster5, args.pairs, args.rounds)
+        if args.only in (None, "w1i"):
+            from benchmarks.instructions import w1i
+
+            w1i(cluster3, cluster5)
         if args.only in (None, "w4"):
             w4(cluster5, args.w4)
         if args.only in (None, "w2"):
