@@ -28,7 +28,7 @@ from django.apps import apps
 if not apps.ready:
     django.setup()
 
-from django_redlock import LockLost, LockManager
+from django_redlock import LockLost, LockManager, StaleFencingToken, lock_for
 from django_redlock.contrib.celery import LockedTask, current_lease, locked_task
 
 BROKER = os.environ.get("REDLOCK_TEST_BROKER", "redis://127.0.0.1:6399/0")
@@ -169,6 +169,29 @@ def lose_lease(self: Task, job: str, gate: str) -> str:
     else:
         note("still held", self, job)
     return "done"
+
+
+@app.task(bind=True)
+def fenced_write(self: Task, job: str, ledger_pk: int, gate: str) -> str:
+    """Increments a fenced ledger row under ``lock_for`` (the README's advice for writes that
+    must be refused to a holder whose lease silently ran out), after the test opens ``gate``;
+    a refused write is journaled as "stale" and fails the task with ``StaleFencingToken``."""
+    from tests.testapp.models import Ledger
+
+    ledger = Ledger.objects.get(pk=ledger_pk)
+    try:
+        with lock_for(ledger, ttl=1.5) as lease:
+            note("start", self, job, token=lease.fencing_token)
+            with journal_client() as client:
+                client.blpop([gate], timeout=30)
+            ledger.value += 1
+            ledger.writer = "task"
+            ledger.save()
+    except StaleFencingToken as error:
+        note("stale", self, job, token=error.token)
+        raise
+    note("wrote", self, job)
+    return "wrote"
 
 
 _plain_manager: LockManager | None = None

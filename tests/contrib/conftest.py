@@ -78,7 +78,15 @@ def redlock_nodes(settings: Any, cluster3: Any, broker: LocalNode) -> Any:
 class Worker:
     """One ``celery worker`` process (and its pool children) in its own process group."""
 
-    def __init__(self, pool: str, queue: str, log: Path, nodes: list[str], broker: str) -> None:
+    def __init__(
+        self,
+        pool: str,
+        queue: str,
+        log: Path,
+        nodes: list[str],
+        broker: str,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.queue = queue
         self.log = log
         env = {
@@ -88,6 +96,7 @@ class Worker:
             "REDLOCK_TEST_NODE_TIMEOUT": str(NODE_TIMEOUT),
             "DJANGO_SETTINGS_MODULE": "tests.settings",
             "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
         }
         command = [
             sys.executable,
@@ -150,13 +159,15 @@ class Worker:
 def start_worker(
     tmp_path: Path, celery_app: Any, cluster3: Any, broker: LocalNode
 ) -> Iterator[Callable[..., Worker]]:
-    """``start_worker(pool="solo")`` -> a running worker on a queue of its own
-    (``worker.queue``); every worker started is killed at teardown."""
+    """``start_worker(pool="solo", extra_env=None)`` -> a running worker on a queue of its own
+    (``worker.queue``), with ``extra_env`` added to its environment; every worker started is
+    killed at teardown."""
     workers: list[Worker] = []
 
-    def start(pool: str = "solo") -> Worker:
+    def start(pool: str = "solo", extra_env: dict[str, str] | None = None) -> Worker:
         queue = f"q{uuid.uuid4().hex[:8]}"
-        worker = Worker(pool, queue, tmp_path / f"{queue}.log", cluster3.urls, broker.url)
+        log = tmp_path / f"{queue}.log"
+        worker = Worker(pool, queue, log, cluster3.urls, broker.url, extra_env)
         workers.append(worker)
         return worker
 
