@@ -1,8 +1,9 @@
 -- Take several locks at once on one node: all of them or none.
 --
 -- KEYS[1]  the node's marker hash (node_rule.lua, vote_gate.lua)
--- KEYS[2…] per lock, three keys: the lock key, its wait line (key .. "\0q") and the lapse
---          times of its places (key .. "\0e"); the locks sorted by key, no key twice (the
+-- KEYS[2…] per lock, four keys: the lock key, its wait line (key .. "\0q"), the lapse
+--          times of its places (key .. "\0e") and the readers of the read-write lock of the
+--          same name (key .. "\0r", readers.lua); the locks sorted by key, no key twice (the
 --          client sorts them: every caller names the same keys in the same order)
 -- ARGV[1]  the lease token (one token for all the keys: they are one lease)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
@@ -19,7 +20,9 @@
 -- A key of another type counts as held and is never overwritten.
 --
 -- The keys are the very keys of single locks of the same names (acquire.lua), so a multi-lock
--- excludes the single locks of its names, and their holders see it on the admin page.
+-- excludes the single locks of its names, and their holders see it on the admin page. Like
+-- such a lock it is the write lease of the read-write lock of each name: live readers of any
+-- of its names hold it back (and rw_acquire.lua refuses readers while it holds a key).
 -- Deadlock-free: each try takes all or nothing in one atomic step per node, and a client
 -- holds nothing while it waits; a failed try is released on every node before the next.
 -- Safety on a quorum is the mutex's, key by key: every key of a valid multi-lease was set on
@@ -35,22 +38,29 @@ local token, ttl = ARGV[1], ARGV[2]
 local longest = 0
 local held_by_others = false
 local behind_line = false
-for i = 2, #KEYS, 3 do
+local function hold_back(left)
+    held_by_others = true
+    if left < 0 or longest < 0 then
+        longest = -1
+    elseif left > longest then
+        longest = left
+    end
+end
+for i = 2, #KEYS, 4 do
     local key = KEYS[i]
     local held = redis.pcall('HGET', key, 't')
     if held ~= token then
         if held == false and redis.call('EXISTS', key) == 0 then
-            if #live_places(KEYS[i + 1], KEYS[i + 2], 1) > 0 then
+            -- Readers of this name: their expiry is their score, on this node's clock
+            -- (readers.lua); the last one to run out is what we would wait for.
+            local last = redis.call('ZRANGE', KEYS[i + 3], -1, -1, 'WITHSCORES')
+            if #last == 2 and tonumber(last[2]) > clock() then
+                hold_back(tonumber(last[2]) - clock())
+            elseif #live_places(KEYS[i + 1], KEYS[i + 2], 1) > 0 then
                 behind_line = true
             end
         else
-            held_by_others = true
-            local left = redis.call('PTTL', key)
-            if left < 0 or longest < 0 then
-                longest = -1
-            elseif left > longest then
-                longest = left
-            end
+            hold_back(redis.call('PTTL', key))
         end
     end
 end
@@ -60,7 +70,7 @@ end
 if behind_line then
     return 0
 end
-for i = 2, #KEYS, 3 do
+for i = 2, #KEYS, 4 do
     redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])
     redis.call('PEXPIRE', KEYS[i], ttl)
 end

@@ -346,6 +346,11 @@ def _triplets(keys: Sequence[str]) -> list[str]:
     return [part for key in keys for part in (key, key + LINE, key + LAPSE)]
 
 
+def _quadruplets(keys: Sequence[str]) -> list[str]:
+    """A multi-lock's acquire also reads each name's readers: it is their write lease."""
+    return [part for key in keys for part in (key, key + LINE, key + LAPSE, key + READERS)]
+
+
 def acquire_many_command(
     keys: Iterable[str], token: str, ttl_ms: int, owner: str, quarantine_ms: int
 ) -> Command:
@@ -355,7 +360,7 @@ def acquire_many_command(
     Raises:
         TypeError, ValueError: see :func:`many_keys`.
     """
-    names = (NODE_KEY, *_triplets(many_keys(keys)))
+    names = (NODE_KEY, *_quadruplets(many_keys(keys)))
     return _granting(ACQUIRE_MANY, names, (token, ttl_ms, owner, quarantine_ms))
 
 

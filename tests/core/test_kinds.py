@@ -260,6 +260,44 @@ def test_readers_share_and_exclude_a_writer_and_the_lock(cluster3):
     lock.release()
 
 
+def test_live_readers_hold_back_a_multi_lock_of_their_name(cluster3):
+    # lock_many takes the very locks of its names, and a lock is the write lease of the
+    # read-write lock of its name: a multi-lock granted beside a live reader would be two
+    # holders, one of them exclusive (found by an adversarial test; the script read no readers).
+    one, two = LockManager(cluster3.urls), LockManager(cluster3.urls)
+    reader = one.rwlock("acct").read(ttl=10.0, blocking=False)
+    with pytest.raises(LockContended) as refused:
+        two.lock_many(["acct", "other"], ttl=10.0, blocking=False)
+    assert refused.value.retry_after is not None
+    assert refused.value.retry_after > 5.0  # the reader's time left, not a blind poll
+    assert reader.owned()
+    for node in cluster3:  # all or nothing: not even the free name was taken
+        with node_client(node) as client:
+            assert client.exists("redlock:acct", "redlock:other") == 0
+    reader.release()
+    many = two.lock_many(["acct", "other"], ttl=10.0, blocking=False)
+    with pytest.raises(LockContended):  # and the other way round, as before
+        one.rwlock("acct").read(ttl=10.0, blocking=False)
+    many.release()
+
+
+def test_a_reader_that_ran_out_does_not_hold_back_a_multi_lock(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.rwlock("acct").read(ttl=0.3, blocking=False)  # dropped: it runs out
+
+    def free() -> bool:
+        for node in cluster3:
+            with node_client(node) as client:
+                last = client.zrange("redlock:acct\x00r", -1, -1, withscores=True)
+                seconds, micros = client.time()
+                if last and last[0][1] > seconds * 1000 + micros // 1000:
+                    return False
+        return True
+
+    wait_for(free)
+    manager.lock_many(["acct", "other"], ttl=10.0, blocking=False).release()
+
+
 def test_a_waiting_writer_holds_back_new_readers_and_gets_the_lock(cluster3):
     readers = LockManager(cluster3.urls)
     first = readers.rwlock("table").read(ttl=30.0)
@@ -401,6 +439,19 @@ def test_the_asyncio_manager_has_the_same_kinds(cluster3):
 
     asyncio.run(main())
     assert slot_holders(cluster3, "api", 2) == [{}, {}, {}]
+
+
+def test_asyncio_readers_hold_back_a_multi_lock_of_their_name(cluster3):
+    async def main() -> None:
+        one, two = AsyncLockManager(cluster3.urls), AsyncLockManager(cluster3.urls)
+        reader = await one.rwlock("acct").read(ttl=10.0, blocking=False)
+        with pytest.raises(LockContended):
+            await two.lock_many(["acct", "other"], ttl=10.0, blocking=False)
+        assert await reader.owned()
+        await reader.release()
+        await (await two.lock_many(["acct", "other"], ttl=10.0, blocking=False)).release()
+
+    asyncio.run(main())
 
 
 def test_an_asyncio_semaphore_waiter_is_woken(cluster3):
