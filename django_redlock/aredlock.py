@@ -360,8 +360,8 @@ class AsyncLockManager:
                 give_up=size - 1,
             )
             return sync._adopted(partial(AsyncLease, self), adoption, results, start)
-        except BaseException:
-            connections.post(adoption.release)
+        except BaseException as error:
+            connections.post(adoption.undo(error))
             raise
 
     async def _release(self, lease: AsyncLease) -> None:

@@ -65,7 +65,13 @@ from django_redlock.core.options import (
 from django_redlock.core.owner import MAX_OWNER_BYTES, OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.shapes import Many, Shape
-from django_redlock.exceptions import LeaseReleased, LockLost, LockNotAcquired, RedlockError
+from django_redlock.exceptions import (
+    LeaseReleased,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnreachable,
+    RedlockError,
+)
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.scripts import HOT_SCRIPTS, NODE_KEY, PING, Command
 from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
@@ -221,17 +227,27 @@ class _Quarantine:
 
 @dataclasses.dataclass(frozen=True)
 class _Adoption:
-    """An adopt in progress: the handle, the new token, its hand-off round and the release
-    that frees the new token's keys if it fails."""
+    """An adopt in progress: the handle, the new token, its hand-off round, and the clean-up
+    of a failed one (:meth:`undo`). Tokens stay out of its ``repr`` (a traceback's locals, an
+    error tracker's frame capture)."""
 
     handle: LeaseHandle
-    token: str
-    commands: list[Command]
-    release: list[Command]
+    token: str = dataclasses.field(repr=False)
+    commands: list[Command] = dataclasses.field(repr=False)
+    release: list[Command] = dataclasses.field(repr=False)
+    hand_back: list[Command] = dataclasses.field(repr=False)
     scope: tuple[object, ...]
     auto_extend: bool
     hold: float | None
     origin: str | None
+
+    def undo(self, error: BaseException) -> list[Command]:
+        """The clean-up of an adopt that failed with ``error`` (queued behind the hand-off on
+        each node). A quorum refused it (``LockLost``): the lease is gone, so free whatever
+        the new token took. Otherwise (too few answers, an interruption) the lease may well
+        be alive: hand the keys back to the handle's token, so a lease nobody gave up is not
+        deleted and the same handle can be adopted again."""
+        return self.release if isinstance(error, LockLost) else self.hand_back
 
 
 class LockManager:
@@ -689,8 +705,10 @@ class LockManager:
             auto_extend, max_hold, origin: as for :meth:`acquire`.
 
         Raises:
-            LockLost: the lease ran out, was released or adopted elsewhere, or too few nodes
-                answered: there is nothing to take over.
+            LockLost: the lease ran out, was released or adopted elsewhere: there is nothing
+                to take over.
+            QuorumUnreachable: too few nodes answered to take it over; the keys are handed
+                back, so the same handle can be adopted again while its lease lasts.
             TypeError, ValueError: not a handle, or one for another key prefix.
         """
         adoption = self._adoption(handle, auto_extend, max_hold, origin)
@@ -709,9 +727,9 @@ class LockManager:
                 identify=True,
             )
             return self._adopted(partial(Lease, self), adoption, exchange.results, start)
-        except BaseException:
-            # Refused or interrupted: nobody holds the new token, free what it took.
-            connections.clean_up(adoption.release)
+        except BaseException as error:
+            # Refused, unanswered or interrupted: nobody holds the new token.
+            connections.clean_up(adoption.undo(error))
             raise
 
     def _adoption(
@@ -733,6 +751,7 @@ class LockManager:
             token,
             flow.handoff_round(size, taken.key, taken.token, token, owner, self._quarantine.ms),
             flow.release_round(size, Shape(taken.key), token),
+            flow.handback_round(size, taken.key, token, taken.token, self._quarantine.ms),
             owner_scope(),
             extend,
             hold,
@@ -753,9 +772,11 @@ class LockManager:
         """
         end = self._clock()
         taken = adoption.handle
-        outcome = flow.judge_adopt(self._nodes, taken.ttl, results, end - start)
+        outcome = flow.judge_adopt(self._nodes, taken.name, taken.ttl, results, end - start)
         if isinstance(outcome, str):
             raise LockLost(taken.name, outcome)
+        if isinstance(outcome, QuorumUnreachable):
+            raise outcome
         lease = make(
             name=taken.name,
             key=taken.key,

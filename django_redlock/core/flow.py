@@ -29,7 +29,7 @@ from typing import Any
 from django_redlock.core.arguments import DRIFT_SECONDS
 from django_redlock.core.shapes import Shape, lock_refusal
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
-from django_redlock.wire.primitives import handoff_command
+from django_redlock.wire.primitives import handback_command, handoff_command
 from django_redlock.wire.scripts import (
     FORCE_RELEASE,
     HOLDER,
@@ -374,9 +374,19 @@ def handoff_round(
     return [handoff_command((key,), old, new, owner, quarantine_ms)] * size
 
 
-def judge_adopt(nodes: Nodes, ttl: float, results: Sequence[Any], elapsed: float) -> float | str:
+def handback_round(size: int, key: str, new: str, old: str, quarantine_ms: int) -> list[Command]:
+    """The clean-up of a failed adopt: hand ``key`` back from the adopter's token ``new`` to
+    the handle's ``old`` on every node, so the handle can be adopted again (a release of the
+    new token instead would delete a lease nobody gave up)."""
+    return [handback_command((key,), new, old, quarantine_ms)] * size
+
+
+def judge_adopt(
+    nodes: Nodes, name: str, ttl: float, results: Sequence[Any], elapsed: float
+) -> float | str | QuorumUnreachable:
     """A hand-off round that took ``elapsed`` seconds: the adopted lease's validity in
-    seconds, or why it cannot be adopted (text).
+    seconds; or why it cannot be adopted (text: the lease is gone); or, when too few nodes
+    answered to tell, a :class:`QuorumUnreachable` to raise (the handle stays good).
 
     Each node that handed the key over answers the ms its key has left. As for an acquire, a
     quorum must agree, and the validity is what the quorum-th longest of them leaves after
@@ -384,9 +394,18 @@ def judge_adopt(nodes: Nodes, ttl: float, results: Sequence[Any], elapsed: float
     """
     left = sorted((r for r in results if type(r) is int and r > 0), reverse=True)
     if len(left) < nodes.quorum:
+        errors = {
+            label: error_text(reply, nodes.node_timeout)
+            for label, reply in zip(nodes.labels, results, strict=True)
+            if reply is TIMED_OUT or isinstance(reply, NodeError)
+        }
+        if len(left) + len(errors) >= nodes.quorum:
+            # The nodes that refused are too few to say the lease is gone: an outage, not a
+            # loss. The failed adopt hands the keys back, so the handle can be tried again.
+            return QuorumUnreachable(name, votes=len(left), quorum=nodes.quorum, node_errors=errors)
         return (
-            f"the handed-off lease ran out or was taken: adopted on {len(left)} of "
-            f"{nodes.size} nodes, a quorum needs {nodes.quorum} "
+            f"the handed-off lease ran out or was taken (released, or adopted elsewhere): "
+            f"adopted on {len(left)} of {nodes.size} nodes, a quorum needs {nodes.quorum} "
             f"({summarise(nodes, results, of_lease=True)})"
         )
     valid = left[nodes.quorum - 1] / 1000 - elapsed - (ttl * nodes.drift_factor + DRIFT_SECONDS)

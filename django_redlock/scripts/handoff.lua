@@ -5,7 +5,8 @@
 --          every key of a multi-lock; each a hash like acquire.lua's (t = token, o = owner)
 -- ARGV[1]  the old token (the handle's)
 -- ARGV[2]  the new token (the adopter's, random from `secrets`)
--- ARGV[3]  the adopter's owner metadata (JSON); never a token
+-- ARGV[3]  the adopter's owner metadata (JSON); never a token. '' keeps the owner: a failed
+--          adopt hands the keys back to the handle's token (old and new swapped) this way
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
 -- ARGV[5]  the run_id of the server process this connection reached ("" when not known yet)
 -- ARGV[6]  the node's persistence as this connection read it (node_rule.lua)
@@ -45,6 +46,10 @@ for i = 2, #KEYS do
 end
 for i = 2, #KEYS do
     -- HSET keeps the key's expiry: the adopter inherits the time left, not a new lease.
-    redis.call('HSET', KEYS[i], 't', new, 'o', ARGV[3])
+    if ARGV[3] == '' then
+        redis.call('HSET', KEYS[i], 't', new)
+    else
+        redis.call('HSET', KEYS[i], 't', new, 'o', ARGV[3])
+    end
 end
 return least

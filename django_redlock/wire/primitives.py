@@ -62,6 +62,7 @@ __all__ = [
     "check_kind",
     "check_limit",
     "extend_many_command",
+    "handback_command",
     "handoff_command",
     "many_keys",
     "owns_many_command",
@@ -396,3 +397,21 @@ def handoff_command(
     if new == old:
         raise ValueError("new: the adopter's token must differ from the handle's")
     return _granting(HANDOFF, (NODE_KEY, *many_keys(keys)), (old, new, owner, quarantine_ms))
+
+
+def handback_command(
+    keys: Iterable[str], adopter_token: str, handle_token: str, quarantine_ms: int
+) -> Command:
+    """Undo a hand-off that failed: keys holding ``adopter_token`` hold ``handle_token`` again,
+    keeping their expiry and owner (``scripts/handoff.lua`` with the tokens swapped), so the
+    handle stays adoptable until its lease runs out, as if the adopt had never been sent. A
+    clean-up: posted without ``identify`` (the node checks its own process), sent even after
+    the operation is over, idempotent. Reply: the ms left, or :data:`HANDOFF_REFUSED`.
+    """
+    if adopter_token == handle_token:
+        raise ValueError("adopter_token: must differ from the handle's")
+    return HANDOFF.command(
+        (NODE_KEY, *many_keys(keys)),
+        (adopter_token, handle_token, "", quarantine_ms, *_IDENTITY_UNKNOWN),
+        fallback_when_over=True,
+    )

@@ -178,14 +178,24 @@ def test_a_summary_names_each_node_that_did_not_do_its_part():
 def test_an_adopted_lease_gets_what_the_quorum_th_longest_key_has_left():
     # 9 s, 5 s and 2 s left on the three nodes: a quorum of 2 guarantees 5 s, minus the
     # round's time and the drift term (ttl 10 s: 0.1 s + 2 ms).
-    left = flow.judge_adopt(NODES, 10.0, [9000, 2000, 5000], elapsed=0.5)
+    left = flow.judge_adopt(NODES, "x", 10.0, [9000, 2000, 5000], elapsed=0.5)
     assert left == pytest.approx(5.0 - 0.5 - 0.102)
 
 
-def test_an_adopt_refused_or_unanswered_on_a_majority_is_not_a_lease():
-    verdict = flow.judge_adopt(NODES, 10.0, [9000, -2, TIMED_OUT], elapsed=0.01)
+def test_an_adopt_refused_on_a_majority_is_a_lost_lease():
+    verdict = flow.judge_adopt(NODES, "x", 10.0, [9000, -2, -2], elapsed=0.01)
     assert isinstance(verdict, str)
     assert "adopted on 1 of 3 nodes" in verdict
     assert "n1: not held" in verdict
-    assert "n2: " in verdict
-    assert isinstance(flow.judge_adopt(NODES, 10.0, [50, 60, -2], elapsed=0.01), str)
+    assert "n2: not held" in verdict
+    assert isinstance(flow.judge_adopt(NODES, "x", 10.0, [50, 60, -2], elapsed=0.01), str)
+
+
+def test_an_adopt_too_few_nodes_answered_is_quorum_unreachable():
+    # One refusal is not a majority: the nodes that did not answer may still hold the
+    # handle's token, so the lease is not known to be gone (and the keys are handed back).
+    for results in ([9000, -2, TIMED_OUT], [TIMED_OUT, TIMED_OUT, 9000]):
+        verdict = flow.judge_adopt(NODES, "x", 10.0, results, elapsed=0.01)
+        assert isinstance(verdict, QuorumUnreachable)
+        assert (verdict.name, verdict.votes, verdict.quorum) == ("x", 1, 2)
+        assert verdict.node_errors

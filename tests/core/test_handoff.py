@@ -19,6 +19,7 @@ from django_redlock import (
     LockContended,
     LockLost,
     LockManager,
+    QuorumUnreachable,
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.wire.scripts import RELEASE
@@ -131,6 +132,68 @@ def test_a_quorum_of_refusals_is_lock_lost_and_frees_the_new_token(cluster3):
     # The node that handed over its key got it freed again: the lock is free everywhere.
     with node_client(cluster3[2]) as client:
         assert client.exists(lease.key) == 0
+
+
+def _wait_held_by(cluster, key: str, token: str, count: int) -> None:
+    deadline = time.monotonic() + 5.0
+    while _holds(cluster, key, token) != count:
+        assert time.monotonic() < deadline, f"{key} never held by the token on {count} nodes"
+        time.sleep(0.005)
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "first-contact"])
+def test_an_adopt_no_quorum_answered_hands_the_lease_back(cluster3, warm):
+    # A brief outage of a majority during adopt() must not destroy a lease that nobody gave
+    # up: the keys go back to the handle's token, and the same handle works afterwards
+    # (found by an adversarial test: the failed adopt's clean-up deleted the keys).
+    lease = LockManager(cluster3.urls).acquire("outage", ttl=20.0)
+    handle = lease.handle()
+    adopter = LockManager(cluster3.urls, node_timeout=0.05)
+    if warm:
+        adopter.acquire("warm-up", ttl=5.0).release()
+    with (
+        cluster3[1].paused_while(),
+        cluster3[2].paused_while(),
+        pytest.raises(QuorumUnreachable) as unreachable,
+    ):
+        adopter.adopt(handle)
+    assert unreachable.value.votes <= 1
+    # Each resumed node runs what it was sent, in order: the hand-off, then the hand-back.
+    _wait_held_by(cluster3, lease.key, handle.token, 3)
+    adopted = adopter.adopt(handle)
+    assert adopted.remaining() > 15.0  # what the lease had left, not a new one
+    adopted.release()
+    assert adopter.locked("outage") is False
+
+
+def test_an_asyncio_adopt_no_quorum_answered_hands_the_lease_back(cluster3):
+    lease = LockManager(cluster3.urls).acquire("outage", ttl=20.0)
+    handle = lease.handle()
+
+    async def main() -> None:
+        adopter = AsyncLockManager(cluster3.urls, node_timeout=0.05)
+        with (
+            cluster3[1].paused_while(),
+            cluster3[2].paused_while(),
+            pytest.raises(QuorumUnreachable),
+        ):
+            await adopter.adopt(handle)
+        await asyncio.to_thread(_wait_held_by, cluster3, lease.key, handle.token, 3)
+        async with await adopter.adopt(handle) as adopted:
+            assert adopted.remaining() > 15.0
+        await adopter.aclose()
+
+    asyncio.run(main())
+
+
+def test_an_adopt_in_progress_shows_no_token(cluster3):
+    # Its repr is what a traceback's locals or an error tracker's frame capture would show.
+    manager = LockManager(cluster3.urls)
+    handle = manager.acquire("secret", ttl=10.0).handle()
+    adoption = manager._adoption(handle, False, None, None)
+    assert handle.token not in repr(adoption)
+    assert adoption.token not in repr(adoption)
+    manager.adopt(handle).release()
 
 
 def test_bad_handles_are_refused_naming_the_argument(cluster3):
