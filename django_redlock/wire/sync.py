@@ -245,6 +245,18 @@ class _Connection(Handshake):
         if sent < len(command):
             self.out += command[sent:]
 
+    def send_held(self) -> None:
+        """Send now, without the identity, the commands held until the hello is answered
+        (the node checks its own process instead; see Handshake.outgoing).
+
+        Raises:
+            NodeError: the connection failed.
+        """
+        command = self.outgoing(b"", False)
+        if command:
+            self.out += command
+            self.flush()
+
     def flush(self) -> None:
         """Write as much of the buffer as the socket takes now. A connect that failed moves
         on to the node's next address, if any (the socket, and its file descriptor, change).
@@ -741,13 +753,36 @@ class ConnectionSet:
         finally:
             exchange.closed = True
         if self.settling:
-            if any(conn is not None and conn.held for conn in self.connections):
-                # A new connection holds commands until its hello is answered: take in what
-                # has arrived, so they go out now rather than at this thread's next operation.
+            # Until every new connection's hello is answered (held is None): one whose hello
+            # is still out may hold the commands of this round or of a later one.
+            if any(conn is not None and conn.held is not None for conn in self.connections):
+                # Take in what has arrived (held commands then go out identified), then send
+                # what is still held.
                 self._poll_once(0)
+                self._send_held()
             else:
                 self.settling = False
         return exchange
+
+    def _send_held(self) -> None:
+        """Send, unidentified, what new connections still hold behind an unanswered hello.
+
+        The round is over, so the vote that the identity speeds up no longer matters; held
+        to this thread's next operation, which may never come, a command could reach its
+        node at any later time or never: a lease's SET that misses the last node of a
+        quorum leaves the lease one failure from lost, and a late one takes a key after the
+        lease is over.
+        """
+        for index, conn in enumerate(self.connections):
+            if conn is None or not conn.held:
+                continue
+            try:
+                conn.send_held()
+            except NodeError as exc:
+                self._drop(index, str(exc))
+                continue
+            if conn.out:
+                self._rearm(index, conn)
 
     def _poll_once(self, timeout: float) -> None:
         # poll() takes whole milliseconds; round up so a short timeout is not a busy loop

@@ -137,7 +137,12 @@ def test_a_quorum_of_refusals_is_lock_lost_and_frees_the_new_token(cluster3):
 def _wait_held_by(cluster, key: str, token: str, count: int) -> None:
     deadline = time.monotonic() + 5.0
     while _holds(cluster, key, token) != count:
-        assert time.monotonic() < deadline, f"{key} never held by the token on {count} nodes"
+        if time.monotonic() > deadline:
+            seen = []
+            for node in cluster:
+                with node_client(node) as client:
+                    seen.append((client.hgetall(key), client.pttl(key)))
+            raise AssertionError(f"{key} never held by {token[:6]} on {count} nodes: {seen}")
         time.sleep(0.005)
 
 

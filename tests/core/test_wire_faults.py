@@ -236,3 +236,23 @@ def test_a_release_right_after_a_node_restart_deletes_the_key_there(tmp_path):
                     assert time.monotonic() < deadline, f"key left on node 0 ({attempt})"
                     time.sleep(0.01)
         manager.close()
+
+
+# -- a hello still out when the round ends ------------------------------------------------
+
+
+def test_a_quorum_reached_before_a_nodes_hello_still_sends_that_node_its_set(cluster3):
+    # A new connection holds identified commands until its hello is answered. The acquire
+    # returns at a quorum of the two other nodes; the paused node's SET must still go out
+    # (unidentified: the round is over), not wait for this thread's next operation, which
+    # may never come, leaving the lease on 2 of 3 nodes, one failure from lost.
+    manager = LockManager(cluster3.urls, node_timeout=0.05)
+    with cluster3[2].paused_while():
+        lease = manager.acquire("late-hello", ttl=LONG_TTL)
+    # The manager is not used again: only what it already sent can reach the node.
+    deadline = time.monotonic() + 5.0
+    with node_client(cluster3[2]) as client:
+        while client.hget(lease.key, "t") != lease.token.encode():
+            assert time.monotonic() < deadline, "the paused node never got the lease's SET"
+            time.sleep(0.005)
+    lease.release()
