@@ -447,6 +447,32 @@ class LockManager:
         queues = checked.blocking and shape.wake_key is not None
         waiter = connections.subscriber.waiter_id() if queues else ""
         attempt = self._begin(name, checked, waiter, shape)
+        try:
+            return self._rounds(connections, attempt, shape, waiter, scope, checked)
+        except BaseException:
+            leave = attempt.left_line()
+            if leave is not None:
+                # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
+                # signal handler raising): leave the line now. A place left behind would
+                # get the next release's wake-up, and the waiters behind it would wait
+                # until it lapses (the asyncio manager does the same on cancellation).
+                connections.clean_up(leave)
+            raise
+
+    def _rounds(
+        self,
+        connections: ConnectionSet,
+        attempt: flow.Acquire,
+        shape: Shape,
+        waiter: str,
+        scope: tuple[object, ...],
+        checked: Checked,
+    ) -> Lease:
+        """The tries of :meth:`_take` until one is granted or the acquire gives up.
+
+        Raises:
+            LockNotAcquired: gave up (the caller leaves the line).
+        """
         listening = False
         while True:
             commands = attempt.next_round(self._quarantine.ms)
@@ -476,9 +502,7 @@ class LockManager:
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.clean_up(step.clean_up)
             error = self._failed(step, checked.origin)
-            if error is not None:
-                if step.leave is not None:
-                    connections.clean_up(step.leave)
+            if error is not None:  # the place in line is left by _take
                 raise error
             wake_key = shape.wake_key
             if self._sleep is not None:

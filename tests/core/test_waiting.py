@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import threading
 import time
 import warnings
+
+import pytest
 
 from django_redlock import LockContended, LockManager
 from tests.helpers import node_client, queued_on_a_majority
@@ -201,3 +204,41 @@ def test_a_forked_child_owns_nothing_of_the_parents(cluster3):
     # The parent's lease and connections are untouched by the child.
     assert lease.extend() > 0
     lease.release()
+
+
+class Interrupted(Exception):
+    """What the test's signal handler raises in the waiting thread."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted
+
+
+def test_a_waiter_interrupted_between_tries_leaves_the_line_at_once(cluster3):
+    # A signal handler that raises (a Celery soft time limit, a KeyboardInterrupt) while the
+    # waiter sleeps between tries: its place must go at once, as when it gives up, or the
+    # next release wakes nobody and a single try is refused until the place lapses (40 s).
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("interrupted", ttl=30.0)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    main = threading.get_ident()
+
+    def interrupt_once_queued() -> None:
+        wait_for(lambda: line_length(cluster3, "interrupted") == 1)
+        time.sleep(0.05)  # past the try: into the wait
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, _raise_interrupted)
+    thread = threading.Thread(target=interrupt_once_queued)
+    try:
+        thread.start()
+        with pytest.raises(Interrupted):
+            waiter.acquire("interrupted", ttl=30.0, timeout=60.0)
+    finally:
+        thread.join(PROMPT)
+        signal.signal(signal.SIGUSR1, previous)
+    for node in cluster3:
+        with node_client(node) as client:
+            assert client.zcard("redlock:interrupted\x00q") == 0
+    lease.release()
+    LockManager(cluster3.urls).acquire("interrupted", ttl=30.0, blocking=False).release()
