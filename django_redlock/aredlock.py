@@ -23,7 +23,7 @@ from types import TracebackType
 from typing import Any, NoReturn, Unpack
 
 from django_redlock.core import flow
-from django_redlock.core.arguments import validate_name
+from django_redlock.core.arguments import validate_name, validate_names
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
@@ -440,9 +440,7 @@ class AsyncLockManager:
     ) -> AsyncLease:
         """Take several locks as one lease, all or nothing (see
         :meth:`LockManager.lock_many`)."""
-        if isinstance(names, str):
-            raise TypeError("names must be an iterable of names, not a single str")
-        checked = sorted({validate_name(name) for name in names})
+        checked = validate_names(names)
         shape = Many([self.sync.key_prefix + name for name in checked])
         lease = await self._take_shape(" + ".join(checked), shape, dict(options))
         lease.names = tuple(checked)

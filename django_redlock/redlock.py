@@ -50,6 +50,7 @@ from django_redlock.core.arguments import (
     check_ttl,
     clip_origin,
     validate_name,
+    validate_names,
 )
 from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.kinds import RWLock, Semaphore
@@ -765,6 +766,12 @@ class LockManager:
             raise ValueError(
                 f"handle is for another manager's key prefix (this one's is {self.key_prefix!r})"
             )
+        try:
+            self._validate_ttl(taken.ttl)
+        except ValueError as error:
+            # The handle's ttl, not one the caller gave: e.g. above this manager's max_ttl.
+            message = f"handle: its lease's ttl does not fit this manager: {error}"
+            raise ValueError(message) from None
         checked = self._acquire_arguments(taken.ttl, False, None, auto_extend, max_hold, origin)
         extend, hold, text = checked.auto_extend, checked.hold, checked.origin
         size = len(self.addresses)
@@ -895,9 +902,7 @@ class LockManager:
             LockContended, QuorumUnreachable: as :meth:`acquire`.
             TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
         """
-        if isinstance(names, str):
-            raise TypeError("names must be an iterable of names, not a single str")
-        checked = sorted({validate_name(name) for name in names})
+        checked = validate_names(names)
         shape = Many([self.key_prefix + name for name in checked])
         lease = self._take_shape(" + ".join(checked), shape, dict(options))
         lease.names = tuple(checked)

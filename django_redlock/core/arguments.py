@@ -30,6 +30,7 @@ __all__ = [
     "clip_origin",
     "clip_text",
     "validate_name",
+    "validate_names",
 ]
 
 MAX_TTL = 86400.0
@@ -241,3 +242,26 @@ def validate_name(name: object) -> str:
     if _CONTROL_CHARACTERS.search(name):
         raise ValueError(f"name must not contain control characters: {name!r}")
     return name
+
+
+def validate_names(names: object) -> list[str]:
+    """The names of a multi-lock, each checked as :func:`validate_name`, NFC-normalised,
+    sorted, each once (``lock_many``).
+
+    Raises:
+        TypeError: ``names`` is a single ``str`` or not iterable, or holds a non-``str``.
+        ValueError: a bad name (the message says which, by position).
+    """
+    if isinstance(names, str):
+        raise TypeError("names must be an iterable of names, not a single str")
+    try:
+        given = list(names)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"names must be an iterable of str, not {type(names).__name__}") from None
+    checked = set()
+    for index, name in enumerate(given):
+        try:
+            checked.add(validate_name(name))
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"names[{index}]: {error}") from None
+    return sorted(checked)

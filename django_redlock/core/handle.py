@@ -97,8 +97,16 @@ def as_handle(value: object) -> LeaseHandle:
     ttl, fencing = fields.get("ttl"), fields.get("fencing_token")
     if not isinstance(key, str) or not key or not isinstance(name, str):
         raise ValueError("handle names no lock")
-    name = validate_name(name)
-    if not isinstance(token, str) or len(token) != _TOKEN_LENGTH or not token.isalnum():
+    try:
+        name = validate_name(name)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"handle names no valid lock: {error}") from None
+    # Lowercase hex, as secrets.token_hex writes it (str.isalnum would take any Unicode).
+    if (
+        not isinstance(token, str)
+        or len(token) != _TOKEN_LENGTH
+        or token.strip("0123456789abcdef") != ""
+    ):
         raise ValueError("handle holds no valid lease token")
     if (
         isinstance(ttl, bool)

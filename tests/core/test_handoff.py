@@ -215,6 +215,16 @@ def test_bad_handles_are_refused_naming_the_argument(cluster3):
     forged = LeaseHandle(name="prefixed", key=handle.key, token="x" * 3, ttl=10.0)
     with pytest.raises(ValueError, match="no valid lease token"):
         manager.adopt(forged)
+    unicode_token = LeaseHandle(name="prefixed", key=handle.key, token="é" * 40, ttl=10.0)
+    with pytest.raises(ValueError, match="no valid lease token"):
+        manager.adopt(unicode_token)
+    for name in ("", "x" * 2000, "a\x00b"):
+        bad_name = LeaseHandle(name=name, key="redlock:x", token=handle.token, ttl=10.0)
+        with pytest.raises(ValueError, match="handle names no valid lock: name"):
+            manager.adopt(bad_name.dumps())
+    long_ttl = LockManager(cluster3.urls, max_ttl=300.0).acquire("long", ttl=120.0).handle()
+    with pytest.raises(ValueError, match="handle: its lease's ttl does not fit this manager"):
+        manager.adopt(long_ttl)  # this manager's max_ttl is 60 s
     assert LeaseHandle.loads(handle.dumps()) == handle
 
 

@@ -383,8 +383,18 @@ def test_lock_many_arguments(cluster3):
         manager.lock_many("ab")
     with pytest.raises(ValueError, match="at least one"):
         manager.lock_many([])
-    with pytest.raises(ValueError, match="name"):
+    with pytest.raises(ValueError, match=r"names\[1\]: name must not be empty"):
         manager.lock_many(["a", ""])
+    with pytest.raises(TypeError, match="names must be an iterable of str, not NoneType"):
+        manager.lock_many(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"names\[1\]: name must be a str, not int"):
+        manager.lock_many(["a", 5])  # type: ignore[list-item]
+
+    async def main() -> None:
+        with pytest.raises(TypeError, match="names must be an iterable of str, not int"):
+            await AsyncLockManager(cluster3.urls).lock_many(5)  # type: ignore[arg-type]
+
+    asyncio.run(main())
 
 
 def test_a_dropped_multi_lock_runs_out_within_its_ttl(cluster3):
