@@ -301,7 +301,12 @@ class AsyncLockManager:
                     if strays is not None:
                         connections.post(strays)
                     make = partial(AsyncLease, self)
-                    return sync._grant(make, attempt, step, results, scope, checked)
+                    try:
+                        return sync._grant(make, attempt, step, results, scope, checked)
+                    except BaseException:
+                        # Won, but never returned (see LockManager._rounds): free it.
+                        connections.post(attempt.interrupted())
+                        raise
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 error = sync._failed(step, checked.origin)

@@ -498,7 +498,12 @@ class LockManager:
                 if strays is not None:
                     connections.clean_up(strays)
                 make = partial(Lease, self)
-                return self._grant(make, attempt, step, exchange.results, scope, checked)
+                try:
+                    return self._grant(make, attempt, step, exchange.results, scope, checked)
+                except BaseException:
+                    # Won, but the caller never gets the lease (_own let it go): free it.
+                    connections.clean_up(attempt.interrupted())
+                    raise
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.clean_up(step.clean_up)
@@ -605,16 +610,28 @@ class LockManager:
         waited: float,
     ) -> _L:
         """Make ``lease`` its owner's (acquired or adopted, sync or asyncio): registered for
-        re-entry, renewed if asked, reported."""
-        if auto_extend:
-            lease._guard = threading.Lock()
-            if hold is not None:
-                lease._renew_until = time.monotonic() + hold
-            extender.schedule(lease, time.monotonic() + lease.ttl / 3)
-        lease._scope = scope
-        if lease._shape.reentrant:
-            self._held[(scope, lease.name)] = lease
-        self._reporter.acquired(lease, waited)
+        re-entry, renewed if asked, reported.
+
+        If this raises (an observer's error, a signal handler raising), the caller never
+        gets the lease: it is let go here first (no renewal, no re-entry), and the caller
+        frees or hands back its keys.
+        """
+        try:
+            if auto_extend:
+                lease._guard = threading.Lock()
+                if hold is not None:
+                    lease._renew_until = time.monotonic() + hold
+                extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+            lease._scope = scope
+            if lease._shape.reentrant:
+                self._held[(scope, lease.name)] = lease
+            self._reporter.acquired(lease, waited)
+        except BaseException:
+            # Else a re-entrant acquire in this thread would get a lease whose keys are
+            # being freed, and the extender would keep renewing them.
+            lease._released = True
+            self._forget_owner(lease)
+            raise
         return lease
 
     def _failed(self, step: flow.Failed, origin: str | None) -> LockNotAcquired | None:
@@ -799,7 +816,8 @@ class LockManager:
         """The lease a hand-off round sent at ``start`` gave (sync and asyncio alike).
 
         Raises:
-            LockLost: not adopted on a quorum, or nothing left of the lease's validity.
+            LockLost: refused by a quorum, or nothing left of the lease's validity.
+            QuorumUnreachable: too few nodes answered to tell.
         """
         end = self._clock()
         taken = adoption.handle

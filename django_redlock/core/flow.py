@@ -175,15 +175,14 @@ class Granted:
 @dataclass(frozen=True)
 class Failed:
     """An acquire round lost. ``clean_up``: the releases to send now (see
-    :func:`clean_up_round`). ``give_up``: raise ``error`` (after sending ``leave``, the
-    commands that drop the waiter's place in line, when not None); else wait ``delay``
+    :func:`clean_up_round`). ``give_up``: raise ``error`` (the managers then send
+    :meth:`Acquire.left_line`, as on any exit that is not a grant); else wait ``delay``
     seconds (or until woken) and try again. ``waited``: seconds since the acquire began."""
 
     error: LockNotAcquired
     clean_up: list[Command | None]
     give_up: bool
     delay: float
-    leave: list[Command] | None
     waited: float
 
 
@@ -272,9 +271,9 @@ class Acquire:
         )
         clean_up = shape.clean_up(self.token, results, nodes.size)
         if not self.blocking or (self.deadline is not None and end >= self.deadline):
-            return Failed(error, clean_up, True, 0.0, self.left_line(), end - self.started)
+            return Failed(error, clean_up, True, 0.0, end - self.started)
         delay = retry_delay(nodes.retry_delay, end, self.deadline, self.polls, self.uniform)
-        return Failed(error, clean_up, False, delay, None, end - self.started)
+        return Failed(error, clean_up, False, delay, end - self.started)
 
     def waited(self, woken: bool) -> None:
         """A wait between rounds ended, ``woken`` by a release or not (a poll, which makes

@@ -61,7 +61,7 @@ def test_a_quorum_that_came_too_late_is_no_grant_and_is_released_where_it_landed
     assert isinstance(step.error, QuorumUnreachable)
     assert "nothing left of the lease" in step.error.node_errors["validity"]
     assert step.give_up
-    assert step.leave is None
+    assert attempt.left_line() is None  # a single try never queued
     assert all(command is not None for command in step.clean_up)  # the timed-out one too
 
 
@@ -95,8 +95,9 @@ def test_a_blocking_acquire_retries_after_a_jittered_delay_then_gives_up_and_lea
     late = attempt.judge([3_000, 3_000, 3_000], 0, 104.9, 105.0)
     assert isinstance(late, flow.Failed)
     assert late.give_up
-    assert late.leave is not None
-    assert len(late.leave) == 3
+    leave = attempt.left_line()
+    assert leave is not None
+    assert len(leave) == 3
     assert late.waited == pytest.approx(5.0)
     assert late.error.attempts == 2
 

@@ -11,7 +11,7 @@ import weakref
 
 import pytest
 
-from django_redlock import LockContended, LockLost, LockManager
+from django_redlock import AsyncLockManager, LockContended, LockLost, LockManager
 from tests.helpers import node_client
 
 WAIT = 10.0  # generous upper bound for events from the extender thread
@@ -174,3 +174,78 @@ def test_an_auto_extended_lease_dropped_without_release_runs_out(cluster3):
     assert reference() is None
     rival = LockManager(cluster3.urls, retry_delay=0.05)
     rival.acquire("forgotten", ttl=5.0, timeout=3.0).release()  # about 1 s, not never
+
+
+class _FailsOnAcquired:
+    """An observer that breaks its contract ("must not raise") once, on ``acquired``."""
+
+    def __init__(self) -> None:
+        self.armed = True
+
+    def acquired(self, lease, waited):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("observer failed")
+
+    def released(self, lease, held):
+        pass
+
+    def extended(self, lease, validity):
+        pass
+
+    def lost(self, lease, reason):
+        pass
+
+    def gave_up(self, error, waited):
+        pass
+
+
+def _free_everywhere(cluster, key: str) -> None:
+    deadline = time.monotonic() + 5.0
+    while True:
+        held = 0
+        for node in cluster:
+            with node_client(node) as client:
+                held += client.exists(key)
+        if held == 0:
+            return
+        assert time.monotonic() < deadline, f"{key} still held on {held} nodes"
+        time.sleep(0.005)
+
+
+def test_an_acquire_whose_observer_raises_holds_nothing(cluster3):
+    # The round was won but the caller never gets the lease: it must not stay registered
+    # for re-entry (a re-entrant acquire would get a lease whose keys are gone), nor be
+    # renewed, nor keep its keys.
+    manager = LockManager(cluster3.urls, observer=_FailsOnAcquired())
+    with pytest.raises(RuntimeError, match="observer failed"):
+        manager.acquire("observed", ttl=30.0, auto_extend=True)
+    _free_everywhere(cluster3, "redlock:observed")
+    with manager.acquire("observed", ttl=30.0) as lease:  # not a re-entry of the lost one
+        assert lease.depth == 1
+        with pytest.raises(LockContended):
+            LockManager(cluster3.urls).acquire("observed", ttl=30.0, blocking=False)
+
+
+def test_an_adopt_whose_observer_raises_hands_the_lease_back(cluster3):
+    lease = LockManager(cluster3.urls).acquire("observed-adopt", ttl=30.0)
+    handle = lease.handle()
+    adopter = LockManager(cluster3.urls, observer=_FailsOnAcquired())
+    with pytest.raises(RuntimeError, match="observer failed"):
+        adopter.adopt(handle, auto_extend=True)
+    adopted = adopter.adopt(handle)  # handed back: the same handle works, once
+    assert adopted.depth == 1
+    adopted.release()
+
+
+def test_an_asyncio_acquire_whose_observer_raises_holds_nothing(cluster3):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls, observer=_FailsOnAcquired())
+        with pytest.raises(RuntimeError, match="observer failed"):
+            await manager.acquire("observed-async", ttl=30.0)
+        await asyncio.to_thread(_free_everywhere, cluster3, "redlock:observed-async")
+        async with await manager.acquire("observed-async", ttl=30.0) as lease:
+            assert lease.depth == 1
+        await manager.aclose()
+
+    asyncio.run(main())
