@@ -14,6 +14,8 @@ import re
 import unicodedata
 from collections.abc import Callable
 
+from django_redlock.wire.primitives import MAX_MANY
+
 __all__ = [
     "DEFAULT_MAX_TTL",
     "DRIFT_SECONDS",
@@ -236,7 +238,10 @@ def validate_name(name: object) -> str:
         size = len(name)
     else:
         name = unicodedata.normalize("NFC", name)
-        size = len(name.encode("utf-8"))
+        try:
+            size = len(name.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ValueError("name must be valid Unicode (it has a lone surrogate)") from None
     if size > MAX_NAME_BYTES:
         raise ValueError(f"name is {size} bytes long; the limit is {MAX_NAME_BYTES} UTF-8 bytes")
     if _CONTROL_CHARACTERS.search(name):
@@ -252,16 +257,20 @@ def validate_names(names: object) -> list[str]:
         TypeError: ``names`` is a single ``str`` or not iterable, or holds a non-``str``.
         ValueError: a bad name (the message says which, by position).
     """
-    if isinstance(names, str):
-        raise TypeError("names must be an iterable of names, not a single str")
+    if isinstance(names, str | bytes):
+        raise TypeError(f"names must be an iterable of names, not a single {type(names).__name__}")
     try:
-        given = list(names)  # type: ignore[call-overload]
+        given = iter(names)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"names must be an iterable of str, not {type(names).__name__}") from None
-    checked = set()
-    for index, name in enumerate(given):
+    checked: set[str] = set()
+    for index, name in enumerate(given):  # an error raised by a generator itself propagates
         try:
             checked.add(validate_name(name))
-        except (TypeError, ValueError) as error:
-            raise type(error)(f"names[{index}]: {error}") from None
+        except TypeError as error:
+            raise TypeError(f"names[{index}]: {error}") from None
+        except ValueError as error:
+            raise ValueError(f"names[{index}]: {error}") from None
+        if len(checked) > MAX_MANY:  # before an endless iterable fills the memory
+            raise ValueError(f"names: at most {MAX_MANY} locks at once")
     return sorted(checked)

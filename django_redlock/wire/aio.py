@@ -33,7 +33,7 @@ from django_redlock.wire.resp import (
     encode_command,
     make_reader,
 )
-from django_redlock.wire.scripts import HOT_SCRIPTS, Command, Commands
+from django_redlock.wire.scripts import HOT_SCRIPTS, Command, Commands, fire_and_forget
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
@@ -541,7 +541,7 @@ class LoopConnections:
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
             if command is not None and conn is not None and conn.ready and conn.broken is None:
                 # Through _expect, so a NOSCRIPT reply still gets the EVAL fallback.
-                self._expect(conn, index, command, _drop_reply)
+                self._expect(conn, index, fire_and_forget(command), _drop_reply)
 
     def _expect(
         self,

@@ -119,7 +119,7 @@ READER_OWNERS = "\x00o"
 MAX_SEMAPHORE_LIMIT = 1024
 """The largest semaphore ``limit``: every acquire names all its slots (one key each)."""
 MAX_MANY = 1024
-"""The most names one multi-lock may take at once (three keys each per try)."""
+"""The most names one multi-lock may take at once (four keys each per acquire try)."""
 
 HANDOFF_REFUSED = -2
 """``handoff.lua``'s answer when a node no longer holds the old token."""

@@ -39,6 +39,7 @@ __all__ = [
     "Script",
     "acquire_command",
     "extend_command",
+    "fire_and_forget",
     "leave_command",
     "load_script",
     "owns_command",
@@ -52,6 +53,8 @@ class Script:
     """A Lua script sent as EVALSHA, with EVAL as the fallback on NOSCRIPT."""
 
     def __init__(self, source: str) -> None:
+        # Set for HOT_SCRIPTS, which every new connection loads before anything else.
+        self.preloaded = False
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
@@ -88,7 +91,11 @@ class Script:
         """
         return (
             self.evalsha(keys, args),
-            Fallback(partial(self.eval, keys, args), fallback_when_over),
+            Fallback(
+                partial(self.eval, keys, args),
+                fallback_when_over,
+                eager=fallback_when_over and not self.preloaded,
+            ),
         )
 
     def eval(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
@@ -97,13 +104,28 @@ class Script:
 
 class Fallback:
     """How to rebuild a command if the node answers NOSCRIPT (built lazily: the script source
-    is only sent to a node that lacks it), and whether to do so after the operation is over."""
+    is only sent to a node that lacks it), and whether to do so after the operation is over.
 
-    __slots__ = ("build", "when_over")
+    ``eager``: a clean-up sent without waiting for its reply (``clean_up``, ``post``) goes
+    as the EVAL at once. Nobody may ever read its NOSCRIPT (the manager may not be used
+    again), so an EVALSHA of a script not loaded on every new connection could leave the
+    keys it was sent to free held until they run out.
+    """
 
-    def __init__(self, build: Callable[[], bytes], when_over: bool) -> None:
+    __slots__ = ("build", "eager", "when_over")
+
+    def __init__(self, build: Callable[[], bytes], when_over: bool, eager: bool = False) -> None:
         self.build = build
         self.when_over = when_over
+        self.eager = eager
+
+
+def fire_and_forget(command: Command) -> Command:
+    """``command`` as a clean-up sends it: its EVAL when its fallback is ``eager``."""
+    fallback = command[1]
+    if fallback is not None and fallback.eager:
+        return (fallback.build(), None)
+    return command
 
 
 # A command for one node: its bytes, and its NOSCRIPT fallback (None for plain commands).
@@ -223,3 +245,5 @@ def extend_command(key: str, token: str, ttl_ms: int) -> Command:
 
 HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS)
 """Loaded with SCRIPT LOAD on every new connection, so EVALSHA finds them at once."""
+for _script in HOT_SCRIPTS:
+    _script.preloaded = True

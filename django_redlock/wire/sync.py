@@ -43,7 +43,7 @@ from django_redlock.wire.resp import (
     encode_command,
     make_reader,
 )
-from django_redlock.wire.scripts import Command, Fallback, Script
+from django_redlock.wire.scripts import Command, Fallback, Script, fire_and_forget
 from django_redlock.wire.setup import (
     HELLO_PERSISTENCE,
     HELLO_RUN_ID,
@@ -698,9 +698,10 @@ class ConnectionSet:
         # EVAL fallback: clean-up commands are built with ``when_over=True``.
         ignored = _Exchange(len(commands), None, 0)
         ignored.closed = True
-        for index, command in enumerate(commands):
-            if command is None:
+        for index, given in enumerate(commands):
+            if given is None:
                 continue
+            command = fire_and_forget(given)
             conn = self.connections[index]
             if conn is not None and conn.slots:
                 if len(conn.slots) < _ROOM * self.max_outstanding:

@@ -6,6 +6,7 @@ nodes: the same quorum, validity, retry, wake-up and clean-up rules as a lock, w
 from __future__ import annotations
 
 import asyncio
+import itertools
 import signal
 import subprocess
 import sys
@@ -389,6 +390,12 @@ def test_lock_many_arguments(cluster3):
         manager.lock_many(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"names\[1\]: name must be a str, not int"):
         manager.lock_many(["a", 5])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match=r"names\[0\]: name must be valid Unicode"):
+        manager.lock_many(["a\udc80"])
+    with pytest.raises(ValueError, match="at most 1024"):  # refused before it fills the memory
+        manager.lock_many(f"n{i}" for i in itertools.count())
+    with pytest.raises(ZeroDivisionError):  # the iterable's own error, not hidden by ours
+        manager.lock_many(f"n{1 // i}" for i in range(2))
 
     async def main() -> None:
         with pytest.raises(TypeError, match="names must be an iterable of str, not int"):
@@ -507,3 +514,26 @@ def test_a_killed_holders_slot_runs_out_within_its_ttl(cluster3):
         holder.wait(PROMPT)
         if holder.stdout is not None:
             holder.stdout.close()
+
+
+def test_a_refused_semaphore_try_frees_its_grant_without_another_call(cluster3):
+    # A clean-up is sent without waiting for its reply, and this manager is never used
+    # again: if the node lacks the release script, nobody would read its NOSCRIPT and send
+    # the EVAL, and the grant would stay until it runs out (seen as a flaky test). Scripts
+    # not loaded on every new connection therefore go as EVAL in a clean-up.
+    for node in cluster3.nodes[:2]:  # slot 0 of a semaphore of 1 held by another there
+        with node_client(node) as client:
+            client.hset(primitives.slot_key("redlock:clean", 0), mapping={"t": "f" * 40, "o": "{}"})
+            client.pexpire(primitives.slot_key("redlock:clean", 0), 60_000)
+    with node_client(cluster3[2]) as client:
+        client.script_flush()
+        client.script_load(primitives.SEMAPHORE_ACQUIRE.source)  # it grants at once; no release
+    manager = LockManager(cluster3.urls)
+    with pytest.raises(LockContended):
+        manager.semaphore("clean", 1).acquire(ttl=60.0, blocking=False)
+
+    def freed() -> bool:
+        with node_client(cluster3[2]) as client:
+            return int(client.exists(primitives.slot_key("redlock:clean", 0))) == 0
+
+    wait_for(freed)
