@@ -403,8 +403,9 @@ def handback_command(
     keys: Iterable[str], adopter_token: str, handle_token: str, quarantine_ms: int
 ) -> Command:
     """Undo a hand-off that failed: keys holding ``adopter_token`` hold ``handle_token`` again,
-    keeping their expiry and owner (``scripts/handoff.lua`` with the tokens swapped), so the
-    handle stays adoptable until its lease runs out, as if the adopt had never been sent. A
+    keeping their expiry (``scripts/handoff.lua`` with the tokens swapped), so the handle
+    stays adoptable until its lease runs out. The owner record stays the failed adopter's
+    (the giver's is not kept on the nodes) until the handle is adopted again. A
     clean-up: posted without ``identify`` (the node checks its own process), sent even after
     the operation is over, idempotent. Reply: the ms left, or :data:`HANDOFF_REFUSED`.
     """

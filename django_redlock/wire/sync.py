@@ -772,7 +772,9 @@ class ConnectionSet:
         to this thread's next operation, which may never come, a command could reach its
         node at any later time or never: a lease's SET that misses the last node of a
         quorum leaves the lease one failure from lost, and a late one takes a key after the
-        lease is over.
+        lease is over. Left as it is: a connection still connecting or in its TLS handshake
+        keeps these bytes buffered until this thread's next poll (waiting for it here would
+        add a connect to the round that already has its answer).
         """
         for index, conn in enumerate(self.connections):
             if conn is None or not conn.held:
