@@ -49,12 +49,14 @@ try:
     from celery import Task
     from celery._state import get_current_task
     from celery.result import AsyncResult
+    from celery.signals import task_revoked
     from celery.utils import uuid
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "django_redlock.contrib.celery needs Celery: pip install 'django_redlock[celery]'"
     ) from error
 
+from django_redlock.core.arguments import MAX_ORIGIN_BYTES
 from django_redlock.exceptions import (
     LeaseReleased,
     LockContended,
@@ -211,6 +213,10 @@ class _Namer:
         parameters = list(signature.parameters.values())
         self.unbound = signature
         self.bound = signature.replace(parameters=parameters[1:]) if parameters else signature
+        if bound is None:
+            # Under @app.task(bind=True) the decorator cannot see the binding: Celery's
+            # convention names the task parameter "self", and it is never part of the key.
+            bound = bool(parameters) and parameters[0].name == "self"
         if isinstance(key, str):
             self._check_fields(key, parameters[1:] if bound else parameters)
 
@@ -349,17 +355,26 @@ class _MarkerKeeper:
         self.thread.join()
 
 
-def _adopt_marker(manager: LockManager, request: Any) -> Lease | None:
-    """The ``once`` lease handed over in the message, adopted by this worker, or None.
-
-    Adopting is an ``extend`` with the token: it renews only keys that still hold that
-    token, on a quorum, so success proves the lease is still this message's (and gives it a
-    fresh validity); failure means it ran out in the queue.
-    """
+def _header(request: Any) -> Mapping[str, Any] | None:
+    """The ``once`` lease's header on a task request (Celery's Context), or None."""
     handle = getattr(request, HEADER, None)
     if handle is None:
         handle = (getattr(request, "headers", None) or {}).get(HEADER)
-    if not isinstance(handle, Mapping):
+    return handle if isinstance(handle, Mapping) else None
+
+
+def _adopt_marker(manager: LockManager, request: Any) -> tuple[Lease, bool] | None:
+    """The ``once`` lease handed over in the message, and whether this worker could adopt
+    it; None when the message carries none.
+
+    Adopting is an ``extend`` with the token: it renews only keys that still hold that
+    token, on a quorum, so success proves the lease is still this message's (and gives it a
+    fresh validity). Failure means it ran out in the queue, or too few nodes answered: the
+    lease is kept anyway, so that a retry (``on_busy="retry"`` through a quorum outage)
+    hands the same token on instead of needing a new ``once`` lease while the nodes are down.
+    """
+    handle = _header(request)
+    if handle is None:
         return None
     try:
         name, token, ttl = str(handle["name"]), str(handle["token"]), float(handle["ttl"])
@@ -382,38 +397,45 @@ def _adopt_marker(manager: LockManager, request: Any) -> Lease | None:
         lease.extend()
     except LockLost as error:
         logger.warning(
-            "the once lease %r ran out before task %s started (%s): raise once_ttl above the "
-            "time tasks wait in the queue",
+            "the once lease %r could not be renewed when task %s started (%s): it ran out in "
+            "the queue (raise once_ttl above the time tasks wait there) or too few nodes "
+            "answered",
             name,
             getattr(request, "id", None),
             error.reason,
         )
-        return None
-    return lease
+        return lease, False
+    return lease, True
 
 
 class _MarkerState:
     """The ``once`` lease of the running task, and whether a retry took it over."""
 
-    def __init__(self, marker: Lease) -> None:
+    def __init__(self, marker: Lease, confirmed: bool) -> None:
         self.marker = marker
-        self.keeper = _MarkerKeeper(marker)
+        # An unconfirmed lease (its adopt failed) is not renewed, only handed on or freed.
+        self.keeper = _MarkerKeeper(marker) if confirmed else None
         self.handed_off = False
 
-    def hand_off(self) -> dict[str, Any] | None:
-        """Give the lease to a retry of this task: stop renewing it here, extend it once more
-        (a full ``once_ttl`` ahead for the retried message) and return its header, or None
-        when it is lost."""
-        self.keeper.close()
+    def hand_off(self) -> dict[str, Any]:
+        """Give the lease to a retry of this task: stop renewing it here, try to extend it
+        once more (a full ``once_ttl`` ahead for the retried message), and return its header.
+        The header goes on even when that extend fails: if the lease is gone, the retry's
+        own adopt says so and it runs without it; if the nodes were only unreachable, the
+        key stays this message's instead of needing a new lease while they are down."""
+        if self.keeper is not None:
+            self.keeper.close()
         try:
             self.marker.extend()
-        except (LockLost, LeaseReleased):
-            return None
+        except (LockLost, LeaseReleased) as error:
+            name = self.marker.name
+            logger.info("handing the once lease %r on to a retry unrenewed: %s", name, error)
         self.handed_off = True
         return _handle(self.marker)
 
     def finish(self) -> None:
-        self.keeper.close()
+        if self.keeper is not None:
+            self.keeper.close()
         if not self.handed_off and not self.marker.released:
             _release_quietly(self.marker, "the once lease")
 
@@ -444,9 +466,9 @@ def _run_locked(
                 f"{task.name}: once=True works in apply_async: declare the task with "
                 "@app.task(bind=True, base=LockedTask)"
             )
-        marker = _adopt_marker(manager, request)
-        if marker is not None:
-            state = _MarkerState(marker)
+        adopted = _adopt_marker(manager, request)
+        if adopted is not None:
+            state = _MarkerState(*adopted)
     setattr(request, _MARKER_ATTR, state)
     try:
         lease = _acquire(policy, task, manager, name, _origin(task, request))
@@ -665,20 +687,39 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
                 lease no de-duplication could be promised).
         """
         found = self._redlock()
-        if found is None or not found[0].once:
+        if found is None or not found[0].once or self.app.conf.task_always_eager:
+            # Eager: Celery runs it here and now, not from a queue (documented bypass).
             return super().apply_async(args, kwargs, task_id, *more, **options)
         policy, namer = found
         # bind=True: run is a method and the task is not among the arguments.
         bound = inspect.ismethod(self.run)
         task_id = task_id or uuid()
+        origin = f"{_ONCE_ORIGIN}{self.name}[{task_id}]"
+        if len(origin.encode("utf-8")) > MAX_ORIGIN_BYTES:
+            # The origin is how a second enqueue finds this copy's id: it must fit whole.
+            raise ValueError(
+                f"task_id is too long for once=True: the origin {_ONCE_ORIGIN}<task>[<id>] "
+                f"must fit in {MAX_ORIGIN_BYTES} bytes"
+            )
         headers = dict(options.pop("headers", None) or {})
         headers.pop(HEADER, None)  # a retry copies the request's headers: never reuse them
-        handle = self._retry_hand_off(task_id)
+        name = ONCE_PREFIX + namer.name(tuple(args or ()), dict(kwargs or {}), bound=bound)
+        handle = self._retry_hand_off(task_id, name)
         if handle is None:
-            key = namer.name(tuple(args or ()), dict(kwargs or {}), bound=bound)
-            taken = self._take_once(policy, ONCE_PREFIX + key, task_id)
+            taken = self._take_once(policy, name, task_id, origin)
             if isinstance(taken, AsyncResult):
-                return taken
+                if not (options.get("group_id") or options.get("chord")):
+                    return taken
+                # In a group or chord Celery has fixed this copy's id and waits for its
+                # result: it must be sent. It runs under the run lock like any other copy.
+                logger.info(
+                    "%s[%s] sent although %r is queued as %s: it is part of a group or chord",
+                    self.name,
+                    task_id,
+                    name,
+                    taken.id,
+                )
+                return super().apply_async(args, kwargs, task_id, *more, headers=headers, **options)
             handle = _handle(taken)
         headers[HEADER] = handle
         try:
@@ -689,23 +730,27 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             _release_quietly(marker, "the once lease")
             raise
 
-    def _retry_hand_off(self, task_id: str) -> dict[str, Any] | None:
-        """A retry of the request running now passes its ``once`` lease on to the retried
-        message (the key stays taken while the retry waits in the queue)."""
+    def _retry_hand_off(self, task_id: str, name: str) -> dict[str, Any] | None:
+        """A retry of the request running now passes its ``once`` lease ``name`` on to the
+        retried message (the key stays taken while the retry waits in the queue). A message
+        with the same id but another key (``self.replace`` with new arguments) is no retry:
+        it takes a lease of its own, and this run's is freed when it ends."""
         request = self.request
         state = getattr(request, _MARKER_ATTR, None)
         if not isinstance(state, _MarkerState) or getattr(request, "id", None) != task_id:
             return None
+        if state.marker.name != name:
+            return None
         return state.hand_off()
 
-    def _take_once(self, policy: _Policy, name: str, task_id: str) -> Lease | AsyncResult:
+    def _take_once(
+        self, policy: _Policy, name: str, task_id: str, origin: str
+    ) -> Lease | AsyncResult:
         manager = policy.get_manager()
         ttl = policy.once_ttl if policy.once_ttl is not None else manager.max_ttl
         for _ in range(3):
             try:
-                lease = manager.acquire(
-                    name, ttl=ttl, blocking=False, origin=f"{_ONCE_ORIGIN}{self.name}[{task_id}]"
-                )
+                lease = manager.acquire(name, ttl=ttl, blocking=False, origin=origin)
             except LockContended:
                 existing = _queued_task_id(manager, name)
                 if existing is None:
@@ -738,10 +783,48 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
 
 
 def _queued_task_id(manager: LockManager, name: str) -> str | None:
-    """The task id in the origin of the ``once`` lease ``name``, or None."""
+    """The task id in the origin (``celery-once:<task name>[<id>]``) of the ``once`` lease
+    ``name``, or None. The id runs from the first ``[`` (task names, dotted Python paths,
+    have none; several tasks may share a key) to the last ``]``, so it may hold brackets."""
     owner = manager.holder(name)
     origin = owner.get("origin") if owner else None
     if not isinstance(origin, str) or not origin.startswith(_ONCE_ORIGIN):
         return None
-    start, end = origin.rfind("["), origin.rfind("]")
-    return origin[start + 1 : end] or None if 0 <= start < end else None
+    start = origin.find("[", len(_ONCE_ORIGIN))
+    if start < 0 or not origin.endswith("]"):
+        return None
+    return origin[start + 1 : -1] or None
+
+
+def _free_once_of_revoked(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    """``task_revoked``: a copy revoked, or expired in the queue, never runs, so nothing
+    else would free its ``once`` lease: free it now, or every enqueue with its key would be
+    dropped for up to ``once_ttl``. A copy revoked while running (``terminate=True``) is
+    freed the same way; its run lock runs out within its ttl."""
+    if not isinstance(sender, LockedTask):
+        return
+    found = sender._redlock()
+    handle = _header(request)
+    if found is None or not found[0].once or handle is None:
+        return
+    try:
+        marker = sender._lease_from_handle(found[0], handle)
+    except (KeyError, TypeError, ValueError):
+        logger.warning("ignoring a malformed %s header", HEADER)
+        return
+    logger.info(
+        "%s[%s] %s: freeing its once lease %r",
+        sender.name,
+        getattr(request, "id", None),
+        "expired" if expired else "revoked",
+        marker.name,
+    )
+    try:
+        marker.release()
+    except RedlockError as error:  # not held (ran out, or adopted and freed) or no quorum
+        logger.info("the once lease %r was not freed: %s", marker.name, error)
+
+
+task_revoked.connect(_free_once_of_revoked, weak=False)

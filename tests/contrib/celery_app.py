@@ -143,6 +143,46 @@ def once_raise_task(self: Task, job: str, gate: str | None = None) -> str:
 @app.task(
     bind=True,
     base=LockedTask,
+    max_retries=50,
+    redlock={
+        "key": "job:{job}",
+        "once": True,
+        "once_ttl": 20,
+        "ttl": 2,
+        "on_busy": "retry",
+        "retry_max_countdown": 0.5,
+    },
+)
+def once_retry_busy(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    redlock={"key": "page:{job}:{page}", "once": True, "once_ttl": 20, "ttl": 2},
+)
+def once_paged(self: Task, job: str, page: int, gate: str) -> Any:
+    """Page 0 replaces itself with page 1 (a common pattern: the message keeps its id)."""
+    note("start", self, job, page=page)
+    if page == 0:
+        queue = self.request.delivery_info.get("routing_key")
+        raise self.replace(once_paged.s(job, 1, gate).set(queue=queue))
+    with journal_client() as client:
+        client.blpop([gate], timeout=30)
+    return page
+
+
+@app.task(bind=True)
+def collect(self: Task, results: Any, job: str) -> Any:
+    """A chord body: notes that it ran."""
+    note("body", self, job)
+    return results
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
     acks_late=True,
     reject_on_worker_lost=True,
     max_retries=50,

@@ -47,6 +47,19 @@ def test_a_key_field_that_is_not_an_argument_is_refused_at_decoration(app):
     with pytest.raises(TypeError, match="key"):
         locked_task(key=42)  # type: ignore[arg-type]
 
+    # bind=True: the task parameter ("self", Celery's convention) is not an argument.
+    with pytest.raises(ValueError, match=r"positional argument \{1\}"):
+
+        @app.task(bind=True)
+        @locked_task(key="page:{1}")
+        def paged(self, job): ...
+
+    with pytest.raises(ValueError, match=r"\{self\}, which is not an argument"):
+
+        @app.task(bind=True)
+        @locked_task(key="page:{self}")
+        def paged_by_self(self, job): ...
+
 
 def test_locked_task_base_checks_its_redlock_option():
     # Celery makes a task's class when its app is finalized (at the latest when a worker
