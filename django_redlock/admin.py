@@ -46,6 +46,15 @@ def fenced_row(name: str) -> FencedModel | None:
         return None
     if not issubclass(model, FencedModel):
         return None
+    from django_redlock.fencing import canonical_pk
+
+    try:
+        # Only the name lock_for gives that row (its pk as the field makes it): "07" or a
+        # full-width digit is some other lock, and must not bump row 7's or row 1's token.
+        if str(canonical_pk(model, pk)) != pk:
+            return None
+    except ValueError:
+        return None
     try:
         instance: FencedModel | None = model._base_manager.filter(pk=pk).first()
     except (ValueError, TypeError):  # a pk of the wrong type for that model

@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ValidationError
 from django.db import DatabaseError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FencingUnavailable",
     "active_token",
+    "canonical_pk",
     "claim_row",
     "fence_key",
     "fence_model",
@@ -88,13 +90,41 @@ def fence_model(model: type[models.Model]) -> type[models.Model]:
     return concrete
 
 
+def canonical_pk(model: type[models.Model], value: Any) -> Any:
+    """``value`` as ``model``'s pk field makes it (``"7"`` and ``"07"`` are ``7``): one row,
+    one fence, one lock name, whatever type the pk came in (a URL, a form).
+
+    Raises:
+        ValueError: not a valid pk for ``model`` (its message names the argument ``target``).
+    """
+    field = model._meta.pk
+    assert field is not None
+    if value is None:
+        return None
+    try:
+        return field.to_python(value)
+    except ValidationError:
+        raise ValueError(
+            f"target: {value!r} is not a valid primary key of {model._meta.label}"
+        ) from None
+
+
 def fence_key(instance: models.Model) -> tuple[str, Any]:
-    """(label of :func:`fence_model`, the pk of the row that carries the token)."""
+    """(label of :func:`fence_model`, the pk of the row that carries the token, canonical).
+
+    Raises:
+        ValueError: the instance's pk is not valid for that model.
+    """
     owner = fence_model(type(instance))
     assert owner._meta.pk is not None
     # A child's pk is its parent link, so with several parents it need not be the token
     # row's pk: read the token model's own pk attribute, which every subclass inherits.
-    return (owner._meta.label_lower, getattr(instance, owner._meta.pk.attname))
+    value = getattr(instance, owner._meta.pk.attname)
+    if value is None:
+        # A multi-table child made from its pk alone (Child(pk=1)): the parent's attribute is
+        # only filled by a load from the database, and the parent link is the child's pk.
+        value = instance.pk
+    return (owner._meta.label_lower, canonical_pk(owner, value))
 
 
 def active_token(instance: models.Model) -> tuple[int, str] | None:
@@ -188,7 +218,7 @@ def mint_for_row(instance: models.Model, name: str) -> int:
     # child its fenced ancestor's (the child's own table has no such column).
     meta = fence_model(type(instance))._meta
     assert meta.pk is not None
-    row_pk = getattr(instance, meta.pk.attname)
+    row_pk = fence_key(instance)[1]  # canonical, and a child made from its pk alone too
     using = instance._state.db or "default"
 
     def bump(connection: BaseDatabaseWrapper) -> int:

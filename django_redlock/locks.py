@@ -42,7 +42,7 @@ def lock_name(target: object) -> str:
     token (a multi-table child locks its fenced parent's row).
 
     Raises:
-        ValueError: an unsaved instance (no primary key yet).
+        ValueError: an unsaved instance (no primary key yet), or a pk its field refuses.
         TypeError: neither a model instance nor a string.
     """
     if isinstance(target, str):
@@ -53,9 +53,10 @@ def lock_name(target: object) -> str:
                 f"target: cannot lock an unsaved {type(target).__name__} (its pk is None); "
                 "save it first or lock a name"
             )
-        from django_redlock.fencing import fence_key, fence_model
+        from django_redlock.fencing import canonical_pk, fence_key, fence_model
         from django_redlock.models import FencedModel
 
+        # The pk as its field makes it ("7" and "07" are 7): one row, one lock name.
         if isinstance(target, FencedModel):
             # One row, one lock: a proxy, a multi-table child and the parent all name the
             # row that carries the fencing token, as the fence itself does.
@@ -64,7 +65,7 @@ def lock_name(target: object) -> str:
         concrete = target._meta.concrete_model
         assert concrete is not None
         meta = concrete._meta  # a proxy locks the same name as its concrete model
-        return f"{meta.app_label}.{meta.model_name}:{target.pk}"
+        return f"{meta.app_label}.{meta.model_name}:{canonical_pk(concrete, target.pk)}"
     raise TypeError(f"target must be a model instance or a str, not {type(target).__name__}")
 
 

@@ -18,9 +18,10 @@ from typing import Any, ClassVar, TypeVar
 
 from django.core.checks import CheckMessage, Warning
 from django.db import models, transaction
+from django.db.models.functions import Greatest
 
 from django_redlock.exceptions import StaleFencingToken, UnfencedWrite
-from django_redlock.fencing import active_token, claim_row, fence_model, held_rows
+from django_redlock.fencing import active_token, claim_row, fence_key, fence_model, held_rows
 
 __all__ = ["ActiveLock", "FencedManager", "FencedModel", "FencedQuerySet", "FencingCounter"]
 
@@ -55,6 +56,13 @@ class FencedQuerySet(models.QuerySet[_M]):
     """
 
     def update(self, **kwargs: Any) -> int:
+        if _TOKEN in kwargs:
+            # Never lowered: that would hand a token out twice (the next mint repeating an
+            # old one lets that old holder's writes match again). Raising it is a mint.
+            value = kwargs[_TOKEN]
+            if not hasattr(value, "resolve_expression"):
+                value = models.Value(value)
+            kwargs[_TOKEN] = Greatest(models.F(_TOKEN), value)
         # Django's own update()/delete() on the chosen rows: never this class's again.
         count: int = self._fenced_write(
             "update", lambda rows: models.QuerySet.update(rows, **kwargs)
@@ -234,12 +242,22 @@ class FencedModel(models.Model):
             return True
         # Another table of a multi-table model (Django saves ancestors first, but the token
         # may sit below a plain ancestor): claim the token row in the same transaction first.
-        assert owner._meta.pk is not None
-        row_pk = getattr(self, owner._meta.pk.attname)
+        row_pk = fence_key(self)[1]
         with transaction.atomic(using=using, savepoint=False):
             if not claim_row(owner, row_pk, token, using):
                 raise _stale(name, token, owner, row_pk)
             return bool(super()._do_update(base_qs, using, pk_val, values, *args, **kwargs))
+
+    def _do_insert(self, manager: Any, using: str, *args: Any, **kwargs: Any) -> Any:
+        fence = active_token(self)
+        if fence is not None:
+            # Held rows exist when the lock is taken (the mint needs the row), so an INSERT
+            # of one (update_or_create, get_or_create, save(force_insert=True)) means it was
+            # deleted meanwhile, by a newer holder or by this one: a fenced holder never
+            # re-creates it (README: a row deleted meanwhile is never re-created).
+            token, name = fence
+            raise _stale(name, token, fence_model(type(self)), fence_key(self)[1])
+        return super()._do_insert(manager, using, *args, **kwargs)  # type: ignore[misc]
 
     def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:
         fence = active_token(self)
@@ -253,8 +271,7 @@ class FencedModel(models.Model):
         token, name = fence
         db = using or self._state.db or "default"
         owner = fence_model(type(self))
-        assert owner._meta.pk is not None
-        row_pk = getattr(self, owner._meta.pk.attname)
+        row_pk = fence_key(self)[1]
         with transaction.atomic(using=db):
             # Claim the token row first (one conditional UPDATE on its own table: it also
             # locks the row until commit), so no mint can slip in between check and DELETE.
