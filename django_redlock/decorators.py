@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 
 from django_redlock.conf import get_async_manager, get_manager, get_settings
@@ -33,6 +34,7 @@ from django_redlock.exceptions import (
     LockNotAcquired,
     QuorumUnreachable,
 )
+from django_redlock.fencing import release_when_transaction_ends
 from django_redlock.redlock import Lease, LockManager
 
 __all__ = ["LockedViewMixin", "locked_command", "locked_view"]
@@ -107,9 +109,28 @@ def _view_origin(view: Callable[..., Any]) -> str:
     return f"view:{view.__module__}.{view.__qualname__}"
 
 
+def _open_transaction() -> str | None:
+    """The alias of a database whose transaction is open around the view (with
+    ``ATOMIC_REQUESTS``, Django's handler wraps the decorated view in ``atomic``), or None."""
+    for alias in connections:
+        if connections[alias].in_atomic_block:
+            return alias
+    return None
+
+
 def _finish(lease: Lease) -> None:
     """Release after the view; a lease lost meanwhile is logged (and signalled), not raised:
-    the response is already made, and turning it into a 500 would hide what was done."""
+    the response is already made, and turning it into a 500 would hide what was done.
+
+    Inside a transaction (``ATOMIC_REQUESTS``) the view's writes commit only after it
+    returns: the lock is kept until that transaction commits or rolls back, as a fenced
+    ``lock_for`` does, or the next request would read what is not committed yet and its
+    write would overwrite ours (a lost update).
+    """
+    alias = _open_transaction()
+    if alias is not None and not lease.released and not lease.lost:
+        release_when_transaction_ends(lease, alias)
+        return
     lost, error = lease._lost_reason, None
     try:
         lease.release()

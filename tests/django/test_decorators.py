@@ -203,3 +203,30 @@ def test_a_lease_lost_while_the_view_ran_is_logged_and_the_response_kept(
     lost = [r for r in caplog.records if "was lost while the view ran" in r.getMessage()]
     assert len(lost) == 1
     assert "'lose:3'" in lost[0].getMessage()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_locked_view_in_a_request_transaction_holds_its_lock_until_the_commit():
+    # ATOMIC_REQUESTS wraps the decorated view in atomic(): its writes commit after it
+    # returns. Released before that, the next request reads the old value and its write
+    # overwrites ours (a lost update, found by an adversarial test on PostgreSQL).
+    from django.db import transaction
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from django_redlock import locked_view
+
+    at_commit: list[bool] = []
+
+    @locked_view("counter")
+    def view(request):
+        transaction.on_commit(lambda: at_commit.append(get_manager().locked("counter")))
+        return HttpResponse("ok")
+
+    with transaction.atomic():  # what the handler does around the view with ATOMIC_REQUESTS
+        assert view(RequestFactory().get("/")).status_code == 200
+        assert get_manager().locked("counter")  # the writes are not committed yet
+    assert at_commit == [True]
+    assert not get_manager().locked("counter")  # released by the commit
+    view(RequestFactory().get("/"))  # no transaction: released when the view returns
+    assert not get_manager().locked("counter")
