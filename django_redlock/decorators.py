@@ -23,9 +23,10 @@ from typing import Any, Literal, TypeVar, cast
 from asgiref.sync import iscoroutinefunction
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 
 from django_redlock.conf import get_async_manager, get_manager, get_settings
+from django_redlock.core.arguments import validate_name
 from django_redlock.core.options import AcquireOptions
 from django_redlock.exceptions import (
     LeaseReleased,
@@ -95,7 +96,20 @@ def _resolve_name(
             raise TypeError(
                 f"locked_view name callable must return a str, not {type(resolved).__name__}"
             )
-        return resolved
+    else:
+        resolved = _format_name(name, kwargs)
+    try:
+        return validate_name(resolved)
+    except ValueError as error:
+        raise _RequestNameError(str(error)) from None
+
+
+def _format_name(name: str, kwargs: dict[str, Any]) -> str:
+    """``name`` formatted over a view's URL kwargs.
+
+    Raises:
+        ValueError: it refers to a kwarg the view was not given (a bug of the view's).
+    """
     try:
         return name.format(**kwargs)
     except (KeyError, IndexError) as exc:
@@ -103,6 +117,17 @@ def _resolve_name(
             f"locked_view name {name!r} refers to {exc}, which is not among the view's keyword "
             f"arguments ({', '.join(kwargs) or 'none'})"
         ) from None
+
+
+class _RequestNameError(ValueError):
+    """The lock name built from a request's values is not a valid name (control characters,
+    over 1024 bytes): the client's input, answered with 400, not a server error."""
+
+
+def _bad_name(error: _RequestNameError) -> HttpResponseBase:
+    return HttpResponseBadRequest(
+        f"the lock name made from this request is not valid: {error}", content_type="text/plain"
+    )
 
 
 def _view_origin(view: Callable[..., Any]) -> str:
@@ -208,7 +233,10 @@ def locked_view(
             async def _async_view_wrapper(
                 request: HttpRequest, *args: Any, **kwargs: Any
             ) -> HttpResponseBase:
-                lock = _resolve_name(name, view, request, args, kwargs)
+                try:
+                    lock = _resolve_name(name, view, request, args, kwargs)
+                except _RequestNameError as error:
+                    return _bad_name(error)
                 try:
                     lease = await get_async_manager().acquire(lock, **options)
                 except LockNotAcquired as error:
@@ -221,7 +249,10 @@ def locked_view(
             return cast(F, wraps(view)(_async_view_wrapper))
 
         def _view_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            lock = _resolve_name(name, view, request, args, kwargs)
+            try:
+                lock = _resolve_name(name, view, request, args, kwargs)
+            except _RequestNameError as error:
+                return _bad_name(error)
             try:
                 lease = get_manager().acquire(lock, **options)
             except LockNotAcquired as error:
@@ -252,7 +283,7 @@ class LockedViewMixin:
     def get_lock_name(self, request: HttpRequest, *args: Any, **kwargs: Any) -> str:
         if self.lock_name is None:
             return f"{type(self).__module__}.{type(self).__qualname__}"
-        return self.lock_name.format(**kwargs)
+        return _format_name(self.lock_name, kwargs)
 
     def on_locked(self, request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
         return default_on_locked(request, error)

@@ -230,3 +230,31 @@ def test_a_locked_view_in_a_request_transaction_holds_its_lock_until_the_commit(
     assert not get_manager().locked("counter")  # released by the commit
     view(RequestFactory().get("/"))  # no transaction: released when the view returns
     assert not get_manager().locked("counter")
+
+
+def test_a_lock_name_made_invalid_by_the_request_is_a_400_not_a_500():
+    # URL values are the client's: control characters or a huge value make no valid lock
+    # name, and that is a bad request (found by an adversarial test: it was a 500).
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+    from django.views import View
+
+    from django_redlock import LockedViewMixin, locked_view
+
+    @locked_view("order:{pk}")
+    def view(request, pk):
+        return HttpResponse("ok")
+
+    request = RequestFactory().get("/")
+    assert view(request, pk="7").status_code == 200
+    assert view(request, pk="a\nb").status_code == 400
+    assert view(request, pk="x" * 1100).status_code == 400
+
+    class Misnamed(LockedViewMixin, View):
+        lock_name = "order:{missing}"
+
+        def get(self, request, pk):
+            return HttpResponse("ok")
+
+    with pytest.raises(ValueError, match="refers to 'missing'"):  # the view's own bug
+        Misnamed.as_view()(request, pk="7")
