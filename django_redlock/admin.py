@@ -164,16 +164,20 @@ class ActiveLockAdmin(_ModelAdmin):
                     "row": row,
                 },
             )
-        deleted = manager.force_release(name)
-        detail = f"force-released on {deleted}/{len(manager.addresses)} nodes"
+        # Fence the evicted holder off first, then free the lock: the other way round, a
+        # waiter woken by the release mints its token before our bump, which then fences
+        # off that new, legitimate holder instead.
+        bumped = ""
         if row is not None:
             from django_redlock.fencing import mint_for_row
 
             try:
                 token = mint_for_row(row, name)
-                detail += f"; fencing token of {row._meta.label}({row.pk}) bumped to {token}"
+                bumped = f"; fencing token of {row._meta.label}({row.pk}) bumped to {token}"
             except FencingUnavailable as exc:
-                detail += f"; fencing token NOT bumped: {exc}"
+                bumped = f"; fencing token NOT bumped: {exc}"
+        deleted = manager.force_release(name)
+        detail = f"force-released on {deleted}/{len(manager.addresses)} nodes{bumped}"
         assert request.user.pk is not None  # admin_view: a logged-in staff user
         LogEntry.objects.log_actions(
             user_id=request.user.pk,

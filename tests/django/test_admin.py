@@ -119,3 +119,31 @@ def test_semaphore_slots_and_readers_show_without_tokens_or_a_release_button(
     assert admin_client.get(reverse(PAGE)).content.decode().count("Force release") == 1
     for lease in (slot, reader, lock):
         lease.release()
+
+
+def test_force_release_fences_the_evicted_holder_before_it_frees_the_lock(
+    admin_client: Client, redlock_nodes, monkeypatch
+):
+    # Released first, a waiter woken by the release could mint before the admin's bump,
+    # which would then fence off that new, legitimate holder (found by an adversarial test).
+    import django_redlock.fencing as fencing
+    from django_redlock.redlock import LockManager
+
+    ledger = Ledger.objects.create()
+    name = f"testapp.ledger:{ledger.pk}"
+    get_manager().acquire(name, ttl=30.0)
+    order: list[str] = []
+    mint, force_release = fencing.mint_for_row, LockManager.force_release
+
+    def record_mint(row, lock):
+        order.append("mint")
+        return mint(row, lock)
+
+    def record_release(self, lock):
+        order.append("release")
+        return force_release(self, lock)
+
+    monkeypatch.setattr(fencing, "mint_for_row", record_mint)
+    monkeypatch.setattr(LockManager, "force_release", record_release)
+    admin_client.post(reverse(RELEASE), {"name": name, "confirm": "yes"})
+    assert order == ["mint", "release"]
