@@ -295,6 +295,14 @@ def _cache_node(alias: object, reading: _Reading) -> NodeAddress | None:
         )
         return None
     cache = reading.caches[alias]
+    if not isinstance(cache, Mapping) or not isinstance(cache.get("OPTIONS") or {}, Mapping):
+        reading.report(
+            bad,
+            f"REDLOCK node names cache {alias!r}, whose CACHES entry is not a dict "
+            "(or its OPTIONS is not)",
+            "Each CACHES entry, and its OPTIONS, is a dict.",
+        )
+        return None
     backend = cache.get("BACKEND", "")
     if backend not in _CACHE_BACKENDS:
         reading.report(

@@ -63,6 +63,18 @@ def test_a_cache_with_another_backend_is_refused(settings):
     assert "django_redlock.E004" in ids(settings, {"NODES": [{"CACHE": "default"}]}, caches)
 
 
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "redis://127.0.0.1:6379/0",
+        {"BACKEND": "django.core.cache.backends.redis.RedisCache", "OPTIONS": ["x"]},
+    ],
+)
+def test_a_malformed_caches_entry_is_an_error_not_a_crash(settings, entry):
+    # Found by an adversarial test: an AttributeError escaped the check.
+    assert "django_redlock.E004" in ids(settings, {"NODES": [{"CACHE": "x"}]}, {"x": entry})
+
+
 def test_a_missing_setting_is_an_error(settings):
     del settings.REDLOCK
     assert [message.id for message in check_settings()] == ["django_redlock.E003"]

@@ -167,3 +167,10 @@ def test_semaphore_slots_and_readers_are_listed_without_tokens(redlock_nodes):
     for lease in (*slots, *readers, lock):
         lease.release()
     assert manager.locks().locks == []
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-1", "0", "soon"])
+def test_a_bad_timeout_is_a_clear_error(redlock_nodes, bad):
+    # A health check must not crash with a traceback (found by an adversarial test).
+    with pytest.raises(CommandError, match="--timeout"):
+        call_command("redlock_status", "--timeout", bad)

@@ -28,7 +28,7 @@ The ``--json`` output is a stable schema::
 from __future__ import annotations
 
 import json
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -41,6 +41,17 @@ from django_redlock.core import metrics
 from django_redlock.core.operators import list_locks, status
 
 
+def _timeout(text: str) -> float:
+    """``--timeout``: a finite number of seconds, 0 < S <= 60 (argparse reports the error)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < seconds <= 60:  # also refuses nan and inf
+        raise ArgumentTypeError(f"must be above 0 and at most 60 seconds, not {text}")
+    return seconds
+
+
 class Command(BaseCommand):
     help = "Show every lock node's health, the quorum verdict and the active locks."
     # It must work as a health check even while other apps' checks fail.
@@ -50,7 +61,10 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the stable JSON schema")
         parser.add_argument("--prefix", default="", help="only locks whose name starts so")
         parser.add_argument(
-            "--timeout", type=float, default=0.25, help="seconds per command on each node"
+            "--timeout",
+            type=_timeout,
+            default=0.25,
+            help="seconds per command on each node (0 < S <= 60)",
         )
 
     def handle(self, *args: Any, json: bool, prefix: str, timeout: float, **options: Any) -> None:
