@@ -34,8 +34,9 @@ logger = logging.getLogger("django_redlock")
 RELEASE_PERMISSION = "django_redlock.release_activelock"
 
 
-def fenced_row(name: str) -> FencedModel | None:
-    """The FencedModel row a lock name ``"<app_label>.<model_name>:<pk>"`` guards, if any."""
+def _fenced_target(name: str) -> tuple[type[FencedModel], Any] | None:
+    """(FencedModel, canonical pk) of the row a lock name ``"<app_label>.<model_name>:<pk>"``
+    guards, or None when the name is not the one ``lock_for`` gives such a row."""
     label, sep, pk = name.partition(":")
     if not sep or "." not in label:
         return None
@@ -51,15 +52,36 @@ def fenced_row(name: str) -> FencedModel | None:
     try:
         # Only the name lock_for gives that row (its pk as the field makes it): "07" or a
         # full-width digit is some other lock, and must not bump row 7's or row 1's token.
-        if str(canonical_pk(model, pk)) != pk:
-            return None
+        value = canonical_pk(model, pk)
     except ValueError:
         return None
-    try:
-        instance: FencedModel | None = model._base_manager.filter(pk=pk).first()
-    except (ValueError, TypeError):  # a pk of the wrong type for that model
+    return (model, value) if str(value) == pk else None
+
+
+def fenced_row(name: str) -> FencedModel | None:
+    """The FencedModel row a lock name ``"<app_label>.<model_name>:<pk>"`` guards, if any."""
+    target = _fenced_target(name)
+    if target is None:
         return None
+    model, pk = target
+    instance: FencedModel | None = model._base_manager.filter(pk=pk).first()
     return instance
+
+
+def fenced_tokens(names: list[str]) -> dict[str, int]:
+    """Lock name -> fencing token of the row it guards, for the names that guard one: one
+    query per model, not one per lock (the page refreshes every few seconds)."""
+    wanted: dict[type[FencedModel], dict[Any, str]] = {}
+    for name in names:
+        target = _fenced_target(name)
+        if target is not None:
+            wanted.setdefault(target[0], {})[target[1]] = name
+    tokens: dict[str, int] = {}
+    for model, by_pk in wanted.items():
+        rows = model._base_manager.filter(pk__in=list(by_pk)).values_list("pk", "fencing_token")
+        for pk, token in rows:
+            tokens[by_pk[pk]] = token
+    return tokens
 
 
 if TYPE_CHECKING:
@@ -116,13 +138,13 @@ class ActiveLockAdmin(_ModelAdmin):
         )
         locks = [lock for lock in listing.locks if query.lower() in lock.name.lower()]
         rows = []
+        tokens = fenced_tokens([lock.name for lock in locks])
         for lock in locks:
-            row = fenced_row(lock.name)
             since = lock.owner.get("acquired_at")
             rows.append(
                 {
                     "lock": lock,
-                    "fencing_token": row.fencing_token if row else None,
+                    "fencing_token": tokens.get(lock.name),
                     "acquired": datetime.fromtimestamp(since, UTC)
                     if isinstance(since, int | float)
                     else None,
