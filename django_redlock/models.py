@@ -250,13 +250,16 @@ class FencedModel(models.Model):
 
     def _do_insert(self, manager: Any, using: str, *args: Any, **kwargs: Any) -> Any:
         fence = active_token(self)
-        if fence is not None:
+        owner = fence_model(type(self))
+        if fence is not None and manager.model._meta.concrete_model is owner:
             # Held rows exist when the lock is taken (the mint needs the row), so an INSERT
-            # of one (update_or_create, get_or_create, save(force_insert=True)) means it was
-            # deleted meanwhile, by a newer holder or by this one: a fenced holder never
-            # re-creates it (README: a row deleted meanwhile is never re-created).
+            # of one into the table that carries the token (update_or_create, get_or_create)
+            # means it was deleted meanwhile, by a newer holder or by this one: a fenced
+            # holder never re-creates it (README: a row deleted meanwhile is never
+            # re-created). A child's own table is another matter: making a held row a
+            # multi-table child inserts only there, after its fenced parent's update.
             token, name = fence
-            raise _stale(name, token, fence_model(type(self)), fence_key(self)[1])
+            raise _stale(name, token, owner, fence_key(self)[1])
         return super()._do_insert(manager, using, *args, **kwargs)  # type: ignore[misc]
 
     def delete(self, using: Any = None, keep_parents: bool = False) -> tuple[int, dict[str, int]]:

@@ -71,3 +71,17 @@ def test_update_never_lowers_a_token():
     assert Ledger.objects.get(pk=ledger.pk).fencing_token == 1
     with lock_for(ledger) as lease:
         assert lease.fencing_token == 2  # never 1 again
+
+
+def test_a_held_row_can_become_a_multi_table_child():
+    # Only the token's own table refuses an insert of a held row: the child's table gets
+    # its first row after the parent's fenced update.
+    from tests.testapp.models import Account
+
+    account = Account.objects.create(owner="a")
+    with lock_for(account) as lease:
+        child = SavingsAccount(account_ptr=account, rate=2)
+        child.owner, child.balance = account.owner, account.balance
+        child.save()
+    assert SavingsAccount.objects.get(pk=account.pk).rate == 2
+    assert Account.objects.get(pk=account.pk).fencing_token == lease.fencing_token
