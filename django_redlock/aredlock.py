@@ -301,12 +301,8 @@ class AsyncLockManager:
                     if strays is not None:
                         connections.post(strays)
                     make = partial(AsyncLease, self)
-                    try:
-                        return sync._grant(make, attempt, step, results, scope, checked)
-                    except BaseException:
-                        # Won, but never returned (see LockManager._rounds): free it.
-                        connections.post(attempt.interrupted())
-                        raise
+                    free = connections.post
+                    return sync._grant(make, free, attempt, step, results, scope, checked)
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 error = sync._failed(step, checked.origin)

@@ -498,12 +498,8 @@ class LockManager:
                 if strays is not None:
                     connections.clean_up(strays)
                 make = partial(Lease, self)
-                try:
-                    return self._grant(make, attempt, step, exchange.results, scope, checked)
-                except BaseException:
-                    # Won, but the caller never gets the lease (_own let it go): free it.
-                    connections.clean_up(attempt.interrupted())
-                    raise
+                free = connections.clean_up
+                return self._grant(make, free, attempt, step, exchange.results, scope, checked)
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.clean_up(step.clean_up)
@@ -575,6 +571,7 @@ class LockManager:
     def _grant(
         self,
         make: Callable[..., _L],
+        free: Callable[[list[Command | None]], None],
         attempt: flow.Acquire,
         granted: flow.Granted,
         results: Sequence[Any],
@@ -583,23 +580,28 @@ class LockManager:
     ) -> _L:
         """The lease a round of ``attempt`` won, made by ``make`` (``Lease`` or
         ``AsyncLease`` bound to its manager) and its owner's: reported, registered for
-        re-entry, renewed if asked."""
-        lease = make(
-            name=attempt.name,
-            key=attempt.key,
-            token=granted.token,
-            ttl=attempt.ttl,
-            expires_at=granted.expires_at,
-            acquired_at=granted.acquired_at,
-            origin=checked.origin,
-            shape=attempt.kind,
-        )
-        self._reporter.granted(lease.name, results, attempt.votes)
-        # Our place in line may remain on nodes that did not grant this attempt; the release
-        # drops it there (see release.lua), at no extra round trip.
-        lease._waiter = attempt.waiter
-        waited = lease.acquired_at - attempt.started
-        return self._own(lease, scope, checked.auto_extend, checked.hold, waited)
+        re-entry, renewed if asked. If that raises, the caller never gets the lease (``_own``
+        let it go): its keys are freed by ``free`` (the manager's send-without-waiting)."""
+        try:
+            lease = make(
+                name=attempt.name,
+                key=attempt.key,
+                token=granted.token,
+                ttl=attempt.ttl,
+                expires_at=granted.expires_at,
+                acquired_at=granted.acquired_at,
+                origin=checked.origin,
+                shape=attempt.kind,
+            )
+            self._reporter.granted(lease.name, results, attempt.votes)
+            # Our place in line may remain on nodes that did not grant this attempt; the
+            # release drops it there (see release.lua), at no extra round trip.
+            lease._waiter = attempt.waiter
+            waited = lease.acquired_at - attempt.started
+            return self._own(lease, scope, checked.auto_extend, checked.hold, waited)
+        except BaseException:
+            free(attempt.interrupted())
+            raise
 
     def _own(
         self,
