@@ -36,7 +36,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import DatabaseError, connections, models, transaction
+from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_redlock.exceptions import FencingUnavailable, LeaseReleased, LockLost
@@ -229,6 +229,8 @@ def mint_for_row(instance: models.Model, name: str) -> int:
         pk_column = quote(str(meta.pk.column))
         pk_value = meta.pk.get_db_prep_value(row_pk, connection)
         with connection.cursor() as cursor:
+            # First the row: the UPDATE takes its write lock, so mints of one row (ours, the
+            # admin's force release) run one at a time from here to the commit.
             cursor.execute(
                 f"UPDATE {table} SET {column} = {column} + 1 WHERE {pk_column} = %s",  # noqa: S608 - names quoted by the backend
                 [pk_value],
@@ -244,15 +246,72 @@ def mint_for_row(instance: models.Model, name: str) -> int:
                 f"SELECT {column} FROM {table} WHERE {pk_column} = %s",  # noqa: S608
                 [pk_value],
             )
-            (token,) = cursor.fetchone()
-        return int(token)
+            (in_row,) = cursor.fetchone()
+            # Then the row's counter, which outlives the row: the token is above every token
+            # ever minted for this row, even one minted before the row was deleted and
+            # created again under the same pk (which starts its column at 0).
+            token = _advance_counter(connection, cursor, row_counter_name(meta, row_pk), in_row)
+            if token != in_row:
+                cursor.execute(
+                    f"UPDATE {table} SET {column} = %s WHERE {pk_column} = %s",  # noqa: S608
+                    [token, pk_value],
+                )
+        return token
 
-    try:
-        return _durably(using, bump)
-    except DatabaseError as exc:
-        raise FencingUnavailable(
-            f"cannot mint a fencing token for {name!r}: {exc} ({_locked_hint(using)})"
-        ) from exc
+    last: DatabaseError | None = None
+    for _ in range(3):
+        try:
+            return _durably(using, bump)
+        except IntegrityError as exc:  # two first mints of one counter raced: try again
+            last = exc
+        except DatabaseError as exc:
+            raise FencingUnavailable(
+                f"cannot mint a fencing token for {name!r}: {exc} ({_locked_hint(using)})"
+            ) from exc
+    raise FencingUnavailable(f"cannot mint a fencing token for {name!r}: {last}") from last
+
+
+def row_counter_name(meta: Options[Any], pk: Any) -> str:
+    """The :class:`~django_redlock.models.FencingCounter` name of a fenced row (``meta`` of
+    the model whose table holds the token, ``pk`` canonical): the row's lock name,
+    ``"<app_label>.<model_name>:<pk>"``, cut to the counter's 1,024 characters. A string lock
+    of that name (``lock_for(name, fencing=True)``) shares the sequence, and so does a row
+    whose cut name collides: both only make tokens larger, never equal."""
+    return f"{meta.label_lower}:{pk}"[:1024]
+
+
+def _advance_counter(connection: BaseDatabaseWrapper, cursor: Any, name: str, at_least: int) -> int:
+    """Set the fencing counter ``name`` to ``max(its value + 1, at_least)`` (created at
+    ``at_least``) and return it, in the caller's transaction.
+
+    One conditional UPDATE, atomic on every backend (a concurrent one waits for the row and
+    re-reads it); the INSERT of a first use can lose a race to another first use, which
+    raises ``IntegrityError`` (the caller tries again in a new transaction).
+    """
+    from django_redlock.models import FencingCounter
+
+    meta = FencingCounter._meta
+    quote = connection.ops.quote_name
+    table = quote(meta.db_table)
+    name_column = quote(_column(meta, "name"))
+    value_column = quote(_column(meta, "value"))
+    floor = int(at_least)
+    cursor.execute(
+        f"UPDATE {table} SET {value_column} = CASE WHEN {value_column} + 1 > %s "  # noqa: S608
+        f"THEN {value_column} + 1 ELSE %s END WHERE {name_column} = %s",
+        [floor, floor, name],
+    )
+    if cursor.rowcount == 0:
+        cursor.execute(
+            f"INSERT INTO {table} ({name_column}, {value_column}) VALUES (%s, %s)",  # noqa: S608
+            [name, floor],
+        )
+    cursor.execute(
+        f"SELECT {value_column} FROM {table} WHERE {name_column} = %s",  # noqa: S608
+        [name],
+    )
+    (value,) = cursor.fetchone()
+    return int(value)
 
 
 def _locked_hint(using: str) -> str:
@@ -273,35 +332,10 @@ def mint_for_name(name: str, using: str = "default") -> int:
     Raises:
         FencingUnavailable: the database refused (e.g. the counter row stayed locked).
     """
-    from django_redlock.models import FencingCounter
-
-    meta = FencingCounter._meta
 
     def bump(connection: BaseDatabaseWrapper) -> int:
-        quote = connection.ops.quote_name
-        table = quote(meta.db_table)
-        name_column = quote(_column(meta, "name"))
-        value_column = quote(_column(meta, "value"))
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET {value_column} = {value_column} + 1 "  # noqa: S608
-                f"WHERE {name_column} = %s",
-                [name],
-            )
-            if cursor.rowcount == 0:
-                # First mint for this name. Two processes may race to create it: the loser's
-                # INSERT fails on the unique name inside this transaction, so it retries the
-                # UPDATE in a new one (see the loop below).
-                cursor.execute(
-                    f"INSERT INTO {table} ({name_column}, {value_column}) VALUES (%s, 1)",  # noqa: S608
-                    [name],
-                )
-            cursor.execute(
-                f"SELECT {value_column} FROM {table} WHERE {name_column} = %s",  # noqa: S608
-                [name],
-            )
-            (value,) = cursor.fetchone()
-        return int(value)
+            return _advance_counter(connection, cursor, name, 1)
 
     last: DatabaseError | None = None
     for _ in range(3):

@@ -132,6 +132,69 @@ def test_a_row_deleted_while_held_is_not_recreated():
     assert not Ledger.objects.filter(pk=ledger.pk).exists()
 
 
+def test_a_holder_paused_across_a_delete_and_re_create_of_its_row_is_refused(redlock_nodes):
+    """Tokens outlive the row: a row deleted and created again under the same pk starts its
+    column at 0, but its next mint is above every token minted for that pk before, so a
+    holder paused since before the delete can never match a new holder's token."""
+    ledger = Ledger.objects.create()
+    pk = ledger.pk
+    with lock_for(ledger):  # an earlier holder took token 1; the stale one below takes 2
+        pass
+    stale = Ledger.objects.get(pk=pk)
+    refused: list[StaleFencingToken] = []
+
+    def paused_holder() -> None:
+        with lock_for(stale, auto_extend=False) as lease:
+            assert lease.fencing_token == 2
+            # A pauses (GC, a stalled VM) past its lease; meanwhile others delete the row,
+            # create it again under the same pk, and lock it as often as A's token.
+            expire_everywhere(redlock_nodes, lease)
+            tokens: list[int | None] = []
+
+            def others() -> None:  # another thread: A's fence is A's alone
+                try:
+                    Ledger.objects.filter(pk=pk).delete()
+                    Ledger.objects.create(pk=pk, value=100, writer="new")
+                    for _ in range(2):
+                        with lock_for(Ledger.objects.get(pk=pk)) as newer:
+                            tokens.append(newer.fencing_token)
+                finally:
+                    connection.close()
+
+            thread = threading.Thread(target=others)
+            thread.start()
+            thread.join(30)
+            assert tokens == [3, 4]  # never 1, 2 again
+            # A wakes and writes: refused, and the new row keeps its data.
+            stale.value = -1
+            stale.writer = "stale"
+            try:
+                stale.save()
+            except StaleFencingToken as error:
+                refused.append(error)
+
+    with pytest.raises(LockLost):  # leaving the block: the lease was gone meanwhile
+        paused_holder()
+    assert [error.token for error in refused] == [2]
+    row = Ledger.objects.get(pk=pk)
+    assert (row.value, row.writer, row.fencing_token) == (100, "new", 4)
+    counter = FencingCounter.objects.get(name=f"testapp.ledger:{pk}")
+    assert counter.value == 4
+
+
+def test_a_row_token_raised_outside_the_counter_still_orders_the_next_mint():
+    """Rows fenced before the counter kept each row's last token (or tokens set by hand):
+    the next mint is above both the row's token and the counter."""
+    ledger = Ledger.objects.create()
+    Ledger.objects.filter(pk=ledger.pk).update(fencing_token=41)  # plain queryset: unfenced
+    with lock_for(ledger) as lease:
+        assert lease.fencing_token == 42
+    FencingCounter.objects.filter(name=f"testapp.ledger:{ledger.pk}").update(value=99)
+    with lock_for(ledger) as lease:
+        assert lease.fencing_token == 100
+    assert Ledger.objects.get(pk=ledger.pk).fencing_token == 100
+
+
 def test_fenced_delete_and_stale_delete():
     kept, gone = Ledger.objects.create(), Ledger.objects.create()
     with lock_for(gone):
