@@ -568,7 +568,7 @@ class LoopConnections:
                 if over is not None and over[0] and not fallback.when_over:
                     conn.reload()  # too late to run, not to load
                     return
-                self._expect(conn, index, (fallback.build(), None), record, over)
+                self._expect(conn, index, (fallback.build(), None), record, over, fallback.identify)
                 conn.reload()
                 return
             record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)

@@ -132,7 +132,7 @@ def _granting(script: Script, keys: Sequence[str], args: Sequence[str | int]) ->
     """A command of a granting script: EVALSHA counting the two identity arguments the
     transport appends (``identify=True``), and an EVAL fallback that is never sent once the
     operation is over (a late grant would take a key nobody releases)."""
-    fallback = Fallback(partial(script.eval, keys, (*args, *_IDENTITY_UNKNOWN)), False)
+    fallback = Fallback(partial(script.eval, keys, args, trailing=2), False, identify=True)
     return (script.evalsha(keys, args, trailing=2), fallback)
 
 

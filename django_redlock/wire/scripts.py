@@ -98,8 +98,14 @@ class Script:
             ),
         )
 
-    def eval(self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int]) -> bytes:
-        return encode_command(b"EVAL", self.source, len(keys), *keys, *args)
+    def eval(
+        self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int], trailing: int = 0
+    ) -> bytes:
+        """EVAL of ``keys`` and ``args``; ``trailing`` as for :meth:`evalsha`."""
+        if not trailing:
+            return encode_command(b"EVAL", self.source, len(keys), *keys, *args)
+        parts = (b"EVAL", self.source, len(keys), *keys, *args)
+        return b"*%d\r\n" % (len(parts) + trailing) + encode_parts(parts)
 
 
 class Fallback:
@@ -110,14 +116,26 @@ class Fallback:
     as the EVAL at once. Nobody may ever read its NOSCRIPT (the manager may not be used
     again), so an EVALSHA of a script not loaded on every new connection could leave the
     keys it was sent to free held until they run out.
+
+    ``identify``: the EVAL, like the EVALSHA it replaces, is completed by the sender with the
+    connection's identity (the run_id and persistence the granting scripts' vote gate reads).
+    Sent without it, a script not preloaded (a semaphore's, a read-write lock's) met a
+    brand-new durable node on its first use as "durability not checked yet": refused.
     """
 
-    __slots__ = ("build", "eager", "when_over")
+    __slots__ = ("build", "eager", "identify", "when_over")
 
-    def __init__(self, build: Callable[[], bytes], when_over: bool, eager: bool = False) -> None:
+    def __init__(
+        self,
+        build: Callable[[], bytes],
+        when_over: bool,
+        eager: bool = False,
+        identify: bool = False,
+    ) -> None:
         self.build = build
         self.when_over = when_over
         self.eager = eager
+        self.identify = identify
 
 
 def fire_and_forget(command: Command) -> Command:

@@ -598,8 +598,13 @@ class ConnectionSet:
         """The node had no copy of a script (NOSCRIPT): send the EVAL fallback for node
         ``slot`` of ``exchange``, and load the scripts again. False if the node was dropped."""
         now = self.clock()
-        sends: list[tuple[bytes, _Slot]] = [(fallback.build(), (exchange, slot, None, now))]
-        sends += [(command, (None, kind, None, now)) for command, kind in conn.reload_commands()]
+        # Completed with the connection's identity when the command it replaces was.
+        try:
+            conn.send(fallback.build(), (exchange, slot, None, now), fallback.identify)
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        sends = [(command, (None, kind, None, now)) for command, kind in conn.reload_commands()]
         return self._send_or_drop(index, conn, sends)
 
     def _send_or_drop(

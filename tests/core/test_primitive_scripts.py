@@ -129,14 +129,21 @@ def test_a_quarantined_node_refuses_every_granting_script_like_acquire(node, wha
     assert node.hget(scripts.NODE_KEY, "q") == str(FOREVER).encode()  # the longest q kept
 
 
-def test_the_eval_fallback_names_no_process_so_the_node_checks_itself(node):
+def test_the_eval_fallback_is_completed_with_the_connections_identity(node):
+    """The EVAL sent after a NOSCRIPT ends, like its EVALSHA, with the identity the transport
+    appends (issue 23: sent without it, a brand-new durable node refused every first use of
+    a script it had not loaded yet as "durability not checked yet"). An unknown identity
+    makes the node check itself: with no marker and an endless quarantine, QUARANTINED."""
     node.delete(scripts.NODE_KEY)
     for command in granting_commands(FOREVER).values():
         fallback = command[1]
         assert fallback is not None
         assert not fallback.when_over
+        assert fallback.identify
         reader = PythonReader()
         reader.feed(fallback.build())
+        assert reader.gets() is False  # counted in the header, left for the transport
+        reader.feed(encode_parts(["", ""]))
         with pytest.raises(redis.ResponseError, match="QUARANTINED"):
             node.execute_command(*reader.gets())
     # Releases are idempotent: their fallback is sent even when the round is over.

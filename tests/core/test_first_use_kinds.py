@@ -1,0 +1,66 @@
+"""The first single try of every lease kind on brand-new durable nodes is granted (issue 23).
+
+Nodes started as an operator starts them (``appendonly yes`` + ``appendfsync always``, no
+declaration, nothing written to them first) prove their durability to the first client that
+connects. A plain lock's script is preloaded on every new connection, so its first try
+carried the connection's identity; the other kinds' scripts were not, so their first try
+went as the EVAL fallback of a NOSCRIPT without it, and every node refused it as "durability
+not checked yet". A skip-if-busy job using a semaphore skipped on every first run after a
+deploy. Each case gets its own brand-new nodes: a grant records the node as known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from django_redlock import AsyncLockManager, LockManager
+from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
+
+TAKE = {
+    "lock": lambda m: m.acquire("first", timeout=0),
+    "semaphore": lambda m: m.semaphore("first", 2).acquire(timeout=0),
+    "read": lambda m: m.rwlock("first").read(timeout=0),
+    "write": lambda m: m.rwlock("first").write(timeout=0),
+    "many": lambda m: m.lock_many(["first:a", "first:b"], timeout=0),
+}
+
+
+@pytest.fixture
+def brand_new() -> Iterator[LocalCluster]:
+    with LocalCluster(3, fresh=False, extra_args=DURABLE_ARGS) as cluster:
+        yield cluster
+
+
+@pytest.mark.parametrize("kind", sorted(TAKE))
+def test_the_first_single_try_is_granted_without_a_warning(brand_new, kind, caplog):
+    caplog.set_level(logging.WARNING, logger="django_redlock")
+    manager = LockManager(brand_new.urls, node_timeout=0.5)
+    try:
+        lease = TAKE[kind](manager)
+        assert lease.kind == kind
+        lease.release()
+    finally:
+        manager.close()
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+@pytest.mark.parametrize("kind", sorted(TAKE))
+def test_asyncio_the_first_single_try_is_granted_without_a_warning(brand_new, kind, caplog):
+    caplog.set_level(logging.WARNING, logger="django_redlock")
+
+    async def first() -> None:
+        manager = AsyncLockManager(brand_new.urls, node_timeout=0.5)
+        try:
+            lease = await TAKE[kind](manager)
+            assert lease.kind == kind
+            await lease.release()
+        finally:
+            await manager.aclose()
+
+    asyncio.run(first())
+    assert [r.getMessage() for r in caplog.records] == []
+
