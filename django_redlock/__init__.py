@@ -18,6 +18,7 @@ from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.exceptions import (
     FencingUnavailable,
     LeaseInherited,
+    LeaseNotExtended,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -44,6 +45,7 @@ __all__ = [
     "Lease",
     "LeaseHandle",
     "LeaseInherited",
+    "LeaseNotExtended",
     "LeaseReleased",
     "LockContended",
     "LockLost",

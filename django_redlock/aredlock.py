@@ -106,7 +106,9 @@ class AsyncLease(BaseLease):
 
         Raises:
             LeaseReleased: the lease was released.
-            LockLost: the lease was not renewed in time on a quorum; it is now lost.
+            LockLost: the lease had ended (its validity ran out, or a quorum of nodes no
+                longer holds it); it is now lost and its keys are freed.
+            LeaseNotExtended: no quorum either way: the lease keeps its validity and keys.
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
         # Before the guard, as Lease.extend: a child forked while the extender renewed the
@@ -380,17 +382,17 @@ class AsyncLockManager:
     async def _extend(self, lease: AsyncLease) -> float:
         sync = self.sync
         size = len(sync.addresses)
+        if lease._expired_before_renewal():
+            self._connections().post(lease._shape.clean_up(lease.token, None, size))
+            raise lease._lost_error()
+        commands = sync._extend_round(lease)
         start = sync._clock()
-        results, extended, refused = await self._connections().run(
-            flow.extend_round(size, lease._shape, lease.token, lease.ttl),
-            sync.node_timeout,
-            1,
-            sync.quorum,
-        )
+        results, _, _ = await self._connections().run(commands, sync.node_timeout, 1, sync.quorum)
         try:
-            return lease._settle_extend(start, sync._clock(), results, extended, refused)
+            return lease._settle_extend(start, sync._clock(), results)
         except LockLost:
-            # Best effort, no await: free the keys we may still hold.
+            # The lease has ended (never on a mere miss, LockManager._extend): best effort,
+            # no await, free the keys we may still hold.
             self._connections().post(lease._shape.clean_up(lease.token, None, size))
             raise
 

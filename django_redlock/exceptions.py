@@ -7,7 +7,10 @@ import them without import loops. The tree::
     ├── LockNotAcquired           acquire gave up; carries name, votes, quorum, per-node errors
     │   ├── LockContended         another holder has it (trying later may work)
     │   └── QuorumUnreachable     too many nodes failed or timed out (infrastructure)
-    ├── LockLost                  extend/release/check found the lease no longer held on a quorum
+    │       └── LeaseNotExtended  an extend reached no quorum either way: the lease keeps the
+    │                             validity it had (a failed renewal is not a loss)
+    ├── LockLost                  the lease ended: its validity ran out, or a quorum of nodes
+    │                             says it no longer holds it (cause: expired, taken, gone)
     ├── LeaseReleased             extend/release/check on a lease this process already released
     ├── LeaseInherited            extend/release/check in a forked child, on its parent's lease
     ├── StaleFencingToken         a FencedModel write was refused: a newer holder exists
@@ -27,6 +30,7 @@ from collections.abc import Mapping
 __all__ = [
     "FencingUnavailable",
     "LeaseInherited",
+    "LeaseNotExtended",
     "LeaseReleased",
     "LockContended",
     "LockLost",
@@ -107,17 +111,71 @@ class QuorumUnreachable(LockNotAcquired):
     """Too many nodes failed or timed out for a quorum: an infrastructure problem."""
 
 
+class LeaseNotExtended(QuorumUnreachable):
+    """An extend (``lease.extend()``, or a renewal of the extender) was not confirmed by a
+    quorum, and no quorum refused it either: nodes did not answer, or too few of them still
+    held the key to renew it. Nothing changed on the lease: it keeps the validity it had
+    (``lease.validity``) and its keys, and may be extended again before that runs out.
+
+    A subclass of :class:`QuorumUnreachable` (an infrastructure problem); never a
+    :class:`LockLost`, because the lease has not ended: no other holder can take it while
+    its validity lasts (the keys are still on the nodes that granted it).
+
+    Attributes (beyond :class:`LockNotAcquired`'s; ``votes`` is the nodes that renewed it):
+        validity: seconds of validity the lease still had when the round was judged.
+        refused: nodes that answered they do not hold the lease (absent or another token).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        votes: int,
+        quorum: int,
+        node_errors: Mapping[str, str] | None = None,
+        validity: float = 0.0,
+        refused: int = 0,
+        detail: str = "",
+    ) -> None:
+        self.validity = validity
+        self.refused = refused
+        self.detail = detail
+        super().__init__(name, votes, quorum, node_errors)
+        self.args = (name, votes, quorum, self.node_errors, validity, refused, detail)
+
+    def _message(self) -> str:
+        return (
+            f"lease on {self.name!r} not extended: {self.detail or f'{self.votes} renewed it'}"
+            f", a quorum needs {self.quorum}; it keeps its validity ({self.validity:.3f} s left)"
+        )
+
+
 class LockLost(RedlockError):
-    """The lease is no longer held on a quorum (it expired, was lost, or was taken over).
+    """The lease is no longer held on a quorum: it ended.
 
     Raised by ``Lease.check``, ``Lease.extend`` and ``Lease.release``. After this error another
     client may hold the lock: work done under the lease must be treated as possibly concurrent.
+    A renewal that merely failed to reach a quorum is not a loss (:class:`LeaseNotExtended`):
+    a lease ends only when its validity runs out, or when a quorum of nodes says so.
+
+    Attributes:
+        name: the lock name.
+        reason: what happened, in words (counts of nodes that renewed, refused, or did not
+            answer, where a round found it).
+        cause: ``"expired"`` (its validity ran out, with or without failed renewals),
+            ``"taken"`` (a quorum of nodes holds it for another token), ``"gone"`` (a quorum
+            of nodes no longer holds it: force-released, or the nodes lost it), or ``""``
+            when not known (an error rebuilt from an older message).
+        at: when the lease ended, seconds on the manager's monotonic clock (for
+            ``"expired"``, the instant its validity ran out; otherwise when a round found
+            it), or None when not known.
     """
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, cause: str = "", at: float | None = None) -> None:
         self.name = name
         self.reason = reason
-        super().__init__(name, reason)
+        self.cause = cause
+        self.at = at
+        super().__init__(name, reason, cause, at)
         self._text = f"lock {name!r} lost: {reason}"
 
 

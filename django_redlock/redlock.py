@@ -123,15 +123,20 @@ class Lease(BaseLease):
     def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
 
-        Only keys that still hold this lease's token are renewed; an expired key is never
-        re-created (lease continuity), so an extend can not resurrect a lock someone else may
-        have taken in between.
+        Keys that hold this lease's token are renewed; a key a node lost (a restart without
+        data) is set again there, unless another holder has the name on that node, and counts
+        only while the nodes that held the lease can still make a quorum
+        (``scripts/extend.lua`` and ``core/flow.judge_extend`` give the rule and why it is
+        safe). A key held by anyone else is never touched.
 
         Raises:
             LeaseReleased: the lease was released.
-            LockLost: the lease had expired, or fewer than a quorum still held it, or the
-                renewal finished after the old validity ran out. The lease is then released
-                everywhere (best effort) and stays lost.
+            LockLost: the lease had ended: its validity ran out (also when the renewal
+                finished after it), or a quorum of nodes answered that they no longer hold
+                it. Its keys are then released everywhere (best effort) and it stays lost.
+            LeaseNotExtended: neither a quorum renewed it nor a quorum refused it (nodes
+                did not answer): nothing changed, the lease keeps the validity it had and
+                its keys; try again before ``validity`` runs out.
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
         self._refuse_inherited()
@@ -593,11 +598,13 @@ class LockManager:
                 origin=checked.origin,
                 shape=attempt.kind,
             )
-            self._reporter.granted(lease.name, results, attempt.votes)
+            lease._owner = attempt.owner
+            lease._held = attempt.kind.granted_on(results)
+            waited = lease.acquired_at - attempt.started
+            self._reporter.granted(lease.name, results, attempt.votes, waited)
             # Our place in line may remain on nodes that did not grant this attempt; the
             # release drops it there (see release.lua), at no extra round trip.
             lease._waiter = attempt.waiter
-            waited = lease.acquired_at - attempt.started
             return self._own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:
             free(attempt.interrupted())
@@ -702,24 +709,35 @@ class LockManager:
         and asyncio leases alike); the new validity in seconds.
 
         Raises:
-            LockLost: not renewed on a quorum in time (its keys are then freed, best effort).
+            LockLost: the lease ended (its validity ran out, or a quorum no longer holds it);
+                its keys are then freed, best effort (compare-and-delete: only ours).
+            LeaseNotExtended: no quorum either way; nothing is freed: the lease keeps its
+                validity, and its keys keep others out until it runs out.
         """
         connections = self._connections.get()
         size = len(self.addresses)
+        if lease._expired_before_renewal():
+            connections.clean_up(lease._shape.clean_up(lease.token, None, size))
+            raise lease._lost_error()
+        commands = self._extend_round(lease)
         start = self._clock()
-        exchange = connections.run(
-            flow.extend_round(size, lease._shape, lease.token, lease.ttl),
-            time.monotonic() + self.node_timeout,
-            1,
-            self.quorum,
-        )
+        exchange = connections.run(commands, time.monotonic() + self.node_timeout, 1, self.quorum)
         now = self._clock()
         try:
-            return lease._settle_extend(start, now, exchange.results, exchange.yes, exchange.no)
+            return lease._settle_extend(start, now, exchange.results)
         except LockLost:
-            # Best effort: free the keys we may still hold so the next holder need not wait.
+            # The lease has ended, so what keys of ours are left only keep the next holder
+            # waiting. Never on a mere miss: those keys are what keeps others out meanwhile.
             connections.clean_up(lease._shape.clean_up(lease.token, None, size))
             raise
+
+    def _extend_round(self, lease: BaseLease) -> list[Command]:
+        """The commands of a renewal round of ``lease`` (sync and asyncio alike): renew, or
+        re-create where a node lost the key (with ``lease``'s owner record)."""
+        if not lease._owner:
+            lease._owner = self._owners.record(lease.origin)
+        size = len(self.addresses)
+        return flow.extend_round(size, lease._shape, lease.token, lease.ttl, lease._owner)
 
     def _owned(self, lease: BaseLease) -> bool:
         """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
@@ -838,6 +856,7 @@ class LockManager:
             origin=adoption.origin,
         )
         lease.fencing_token = taken.fencing_token
+        lease._held = tuple(type(reply) is int and reply > 0 for reply in results)
         self._reporter.adopted(lease)
         return self._own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 

@@ -4,8 +4,11 @@ Every signal is sent with ``sender`` = the :class:`~django_redlock.LockManager` 
 
 - ``lock_acquired``: ``lease``, ``name``, ``origin``, ``waited`` (seconds spent acquiring);
 - ``lock_released``: ``lease``, ``name``, ``origin``, ``held`` (seconds held);
-- ``lock_lost``: ``lease``, ``name``, ``origin``, ``reason``; sent from the thread that
-  found out (the auto-extension thread when a renewal fails);
+- ``lock_lost``: ``lease``, ``name``, ``origin``, ``reason``, ``cause`` (``"expired"``: its
+  validity ran out; ``"taken"``: a quorum holds it for another token; ``"gone"``: a quorum
+  no longer holds it) and ``at`` (when it ended, on the manager's monotonic clock); sent
+  from the thread that found out (the auto-extension thread when the validity of a lease
+  it could not renew runs out);
 - ``lock_busy``: ``name``, ``origin``, ``error`` (the ``LockNotAcquired``), ``waited``.
 
 The lease signals also carry ``kind``: ``"lock"``, ``"semaphore"``, ``"read"``, ``"write"``
@@ -97,7 +100,7 @@ class SignalObserver:
 
     def lost(self, lease: BaseLease, reason: str) -> None:
         metrics.record("lost", self._label(lease.name))
-        _send_for(lock_lost, lease, reason=reason)
+        _send_for(lock_lost, lease, reason=reason, cause=lease.lost_cause, at=lease.lost_at)
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
         outcome = "quorum_unreachable" if isinstance(error, QuorumUnreachable) else "contended"

@@ -58,6 +58,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 
 from django_redlock.core.arguments import MAX_ORIGIN_BYTES
 from django_redlock.exceptions import (
+    LeaseNotExtended,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -328,8 +329,11 @@ class _MarkerKeeper:
     """Extends the ``once`` lease every third of its ttl while the task runs.
 
     A thread of this process: a worker killed with SIGKILL takes it along, and the lease runs
-    out within its ttl. Stops at the first failed renewal (the lease is then lost, and a
-    second copy may be enqueued; the run lock still keeps the runs apart).
+    out within its ttl. A renewal that reaches no quorum (``LeaseNotExtended``) keeps the
+    lease as it was and is tried again sooner, as the extender does for every lease
+    (``BaseLease.renew_once``); the keeper stops when the lease has ended (``LockLost``: its
+    validity ran out, or a quorum no longer holds it; a second copy may then be enqueued,
+    and the run lock still keeps the runs apart).
     """
 
     def __init__(self, marker: Lease) -> None:
@@ -341,9 +345,14 @@ class _MarkerKeeper:
         self.thread.start()
 
     def _run(self) -> None:
-        while not self.stop.wait(self.marker.ttl / 3):
+        wait = self.marker.ttl / 3
+        while not self.stop.wait(wait):
+            wait = self.marker.ttl / 3
             try:
                 self.marker.extend()
+            except LeaseNotExtended as error:
+                logger.warning("the once lease %r: %s; trying again", self.marker.name, error)
+                wait = self.marker._retry_in(error.validity)
             except (LockLost, LeaseReleased) as error:
                 logger.warning(
                     "the once lease %r could not be renewed: %s", self.marker.name, error
@@ -395,14 +404,17 @@ def _adopt_marker(manager: LockManager, request: Any) -> tuple[Lease, bool] | No
     )
     try:
         lease.extend()
-    except LockLost as error:
+    except (LockLost, LeaseNotExtended) as error:
+        # LeaseNotExtended: too few nodes answered; the lease's validity stays unknown
+        # (infinite here), which only matters for a confirmed lease: this one is never
+        # renewed, only handed on or freed.
         logger.warning(
             "the once lease %r could not be renewed when task %s started (%s): it ran out in "
             "the queue (raise once_ttl above the time tasks wait there) or too few nodes "
             "answered",
             name,
             getattr(request, "id", None),
-            error.reason,
+            error,
         )
         return lease, False
     return lease, True
@@ -427,7 +439,7 @@ class _MarkerState:
             self.keeper.close()
         try:
             self.marker.extend()
-        except (LockLost, LeaseReleased) as error:
+        except (LockLost, LeaseReleased, LeaseNotExtended) as error:
             name = self.marker.name
             logger.info("handing the once lease %r on to a retry unrenewed: %s", name, error)
         self.handed_off = True

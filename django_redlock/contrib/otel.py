@@ -138,6 +138,7 @@ class OtelObserver:
         attributes = self._lease_attributes(lease)
         attributes["redlock.outcome"] = "lost"
         attributes["redlock.reason"] = reason
+        attributes["redlock.lost_cause"] = lease.lost_cause or ""
         self._record("redlock.lost", attributes, error=reason)
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:

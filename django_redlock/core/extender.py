@@ -6,8 +6,10 @@ runs out). Leases are held weakly: a lease dropped without release stops being r
 expires by itself. After ``fork()`` the child starts with no scheduled leases and no thread:
 it owns nothing of the parent's.
 
-Renewal keeps lease continuity (``Lease.extend``): it never re-creates an expired key. A failed
-renewal marks the lease lost at once (the manager's observer hears of it) and stops renewing.
+A renewal is ``Lease.extend`` (``BaseLease.renew_once``): one that reaches no quorum leaves the
+lease as valid as it was and is tried again, sooner as the validity left shrinks; the lease is
+lost (the manager's observer hears of it) and renewal stops only when its validity runs out or
+a quorum of nodes answers that it no longer holds it.
 """
 
 from __future__ import annotations

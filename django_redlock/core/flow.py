@@ -37,19 +37,26 @@ from django_redlock.wire.scripts import (
     LINE,
     Command,
 )
-from django_redlock.wire.sync import TIMED_OUT, NodeError
+from django_redlock.wire.sync import PENDING, TIMED_OUT, NodeError
 
 __all__ = [
     "DRIFT_SECONDS",
+    "EXPIRED",
+    "GONE",
     "NEVER_YES",
+    "TAKEN",
     "Acquire",
+    "ExtendTally",
     "Failed",
     "Granted",
+    "Lost",
+    "Missed",
     "Nodes",
     "ReleaseVerdict",
     "clean_up_round",
     "error_text",
     "extend_round",
+    "extend_tally",
     "failure",
     "force_release_round",
     "handoff_round",
@@ -126,10 +133,10 @@ def release_round(size: int, shape: Shape, token: str, waiter: str = "") -> list
     return [shape.release(token, waiter)] * size
 
 
-def extend_round(size: int, shape: Shape, token: str, ttl: float) -> list[Command]:
-    """Renew to ``ttl`` seconds where the lease still holds ``token`` (``scripts/extend.lua``
-    for a lock)."""
-    return [shape.extend(token, ttl)] * size
+def extend_round(size: int, shape: Shape, token: str, ttl: float, owner: str) -> list[Command]:
+    """Renew to ``ttl`` seconds where the lease holds ``token``, re-creating it where a node
+    lost it (``scripts/extend.lua`` for a lock; ``owner`` is stored then)."""
+    return [shape.extend(token, ttl, owner)] * size
 
 
 def owns_round(size: int, shape: Shape, token: str) -> list[Command]:
@@ -337,6 +344,76 @@ def failure(
     )
 
 
+EXPIRED = "expired"
+"""``LockLost.cause``: the lease's validity ran out (with or without failed renewals)."""
+TAKEN = "taken"
+"""``LockLost.cause``: a quorum of nodes holds the lock for another token."""
+GONE = "gone"
+"""``LockLost.cause``: a quorum of nodes no longer holds the lease (absent or another token)."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """A round found the lease ended: ``cause`` (:data:`EXPIRED`, :data:`TAKEN`,
+    :data:`GONE`) and ``reason`` (words for ``LockLost``, the log and the signal)."""
+
+    cause: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Missed:
+    """An extend round that neither renewed the lease on a quorum nor heard a quorum refuse
+    it: the lease keeps the validity it had. ``renewed``/``refused``: node counts;
+    ``reason``: the counts in words; ``node_errors``: label -> error of the silent nodes."""
+
+    renewed: int
+    refused: int
+    reason: str
+    node_errors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ExtendTally:
+    """An extend round's replies counted (``scripts/extend.lua``): ``renewed`` (1: the key
+    was there and is renewed), ``recreated`` (2: it was absent and is set again), ``taken``
+    (-1: another holder has it), ``silent`` (an error, a timeout, or a reply not waited for:
+    of those, ``waived`` were not waited for)."""
+
+    renewed: int
+    recreated: int
+    taken: int
+    silent: int
+    waived: int
+
+    def words(self, size: int) -> str:
+        text = (
+            f"renewed on {self.renewed} of {size} nodes, {self.recreated} had lost it "
+            f"(set again), {self.taken} held it for another token, "
+            f"{self.silent - self.waived} did not answer"
+        )
+        if self.waived:
+            text += f", {self.waived} not waited for (the outcome was known)"
+        return text
+
+
+def extend_tally(results: Sequence[Any]) -> ExtendTally:
+    """Count an extend round's replies (see :class:`ExtendTally`)."""
+    renewed = recreated = taken = waived = 0
+    for reply in results:
+        if type(reply) is int:
+            if reply == 1:
+                renewed += 1
+            elif reply == 2:
+                recreated += 1
+            elif reply < 0:
+                taken += 1
+        elif reply is PENDING:
+            waived += 1
+    silent = len(results) - renewed - recreated - taken
+    return ExtendTally(renewed, recreated, taken, silent, waived)
+
+
 def judge_extend(
     nodes: Nodes,
     ttl: float,
@@ -344,20 +421,62 @@ def judge_extend(
     start: float,
     now: float,
     results: Sequence[Any],
-    yes: int,
-    no: int,
-) -> float | str:
+    held: Sequence[bool] | None = None,
+) -> float | Lost | Missed:
     """An extend round of a lease valid until ``expires_at``, sent at ``start`` and decided
-    at ``now``: the new validity in seconds, or why the lease is lost (text)."""
-    left = validity(ttl, now - start, nodes.drift_factor)
-    if yes >= nodes.quorum and now < expires_at and left > 0:
-        return left
+    at ``now`` (seconds on the manager's monotonic clock): the new validity in seconds, or
+    why the lease ended (:class:`Lost`), or :class:`Missed` when the round decided nothing.
+    ``held``: which nodes held the lease after the round that granted or last renewed it
+    (None: every node); a node that never had it may answer "absent" without a loss.
+
+    The rules (issue 22), with Q the quorum:
+
+    * Replies after the validity ran out count for nothing: the lease has ended.
+    * Renewed (its keys were there) on Q nodes: the lease goes on from ``start``.
+    * Renewed plus re-created on Q nodes, while the nodes that held it and did not answer
+      "absent" or "another token" are still at least Q: it goes on too. The lease was valid,
+      so its keys were on a quorum and no one else could hold one; those keys are either
+      renewed or on nodes that did not answer, so the nodes that said "absent" did not hold
+      another lease of this name, and our key there is what our acquire's late SET would be.
+    * Another token on Q nodes: taken, lost at once.
+    * Fewer than Q of the nodes that held it still do (renewed or silent): they answered
+      that they lost it (force-released, or the nodes lost it), so someone else may have
+      taken it, whatever the local clock says: gone, lost at once (and the keys it just set
+      are freed by the caller's clean-up, as every key of a lost lease).
+    * Otherwise (nodes did not answer): nothing changed. The lease keeps the validity it had:
+      its keys are still on the quorum that granted it, so no other holder can be granted
+      the lock meanwhile. Nothing is freed, and the caller tries again.
+    """
+    tally = extend_tally(results)
+    counts = tally.words(nodes.size)
     if now >= expires_at:
-        return "the lease expired while it was being extended"
-    return (
-        f"not extended on {no} of {nodes.size} nodes, a quorum needs {nodes.quorum} "
-        f"({summarise(nodes, results, of_lease=True)})"
+        return Lost(
+            EXPIRED,
+            f"the lease expired: its validity ran out before a renewal reached a quorum in "
+            f"time ({counts})",
+        )
+    quorum = nodes.quorum
+    left = validity(ttl, now - start, nodes.drift_factor)
+    # The nodes that held it and may still: they renewed it, or did not answer.
+    had = sum(
+        1
+        for index, reply in enumerate(results)
+        if (held is None or held[index]) and not (type(reply) is int and reply in (2, -1))
     )
+    if left > 0 and had >= quorum and tally.renewed + tally.recreated >= quorum:
+        return left
+    details = summarise(nodes, results, of_lease=True)
+    if tally.taken >= quorum:
+        return Lost(TAKEN, f"taken by another holder ({counts}: {details})")
+    if had < quorum:
+        return Lost(GONE, f"no longer held by a quorum ({counts}: {details})")
+    errors = {
+        label: error_text(reply, nodes.node_timeout)
+        for label, reply in zip(nodes.labels, results, strict=True)
+        if reply is TIMED_OUT or isinstance(reply, NodeError)
+    }
+    refused = nodes.size - had
+    return Missed(tally.renewed + tally.recreated, refused, f"{counts} ({details})", errors)
 
 
 NEVER_YES = object()
@@ -503,6 +622,10 @@ def summarise(nodes: Nodes, results: Sequence[Any], *, of_lease: bool = False) -
     for label, reply in zip(nodes.labels, results, strict=True):
         if reply is TIMED_OUT or isinstance(reply, NodeError):
             parts.append(f"{label}: {error_text(reply, nodes.node_timeout)}")
+        elif type(reply) is int and of_lease and reply == -1:
+            parts.append(f"{label}: held for another token")  # the extend scripts' -1
+        elif type(reply) is int and of_lease and reply == 2:
+            parts.append(f"{label}: had lost it (set again)")  # the extend scripts' 2
         elif type(reply) is int and (reply == 0 or (of_lease and reply < 0)):
             parts.append(f"{label}: not held")
         elif type(reply) is int and not of_lease:

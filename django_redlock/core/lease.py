@@ -20,7 +20,7 @@ from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.reporting import Reporter
 from django_redlock.core.shapes import Shape
-from django_redlock.exceptions import LeaseInherited, LeaseReleased, LockLost
+from django_redlock.exceptions import LeaseInherited, LeaseNotExtended, LeaseReleased, LockLost
 from django_redlock.wire.process import current_pid
 
 __all__ = ["BaseLease", "LeaseHost"]
@@ -83,6 +83,11 @@ class BaseLease:
         self.fencing_token: int | None = None
         self._released = False
         self._lost_reason: str | None = None
+        self._lost_cause = ""
+        self._lost_at: float | None = None
+        # Why the last renewal reached no quorum (cleared by a successful one): the words of
+        # the loss if the validity runs out before a renewal gets through.
+        self._missed: str | None = None
         # Set for auto-extended leases only: serialises the extender's renewals with the
         # owner's extend and release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
@@ -90,6 +95,13 @@ class BaseLease:
         self._depth = 1
         self._scope: tuple[object, ...] | None = None
         self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
+        # The owner record stored with the keys (JSON; never the token): what a renewal
+        # stores where it re-creates a key a node lost. Set by the acquire; made on first
+        # use for a lease built otherwise (adopted, or from a Celery message).
+        self._owner = ""
+        # Which nodes held the lease after the round that granted or last renewed it (None:
+        # not known, every node): judge_extend tells a lost key from one never granted.
+        self._held: tuple[bool, ...] | None = None
         # The process that took the lease owns it; a forked child has a copy of this object
         # but not the lease (see _refuse_inherited).
         self._pid = current_pid()
@@ -118,7 +130,11 @@ class BaseLease:
 
     @property
     def validity(self) -> float:
-        """Seconds the lease is still known valid by the local monotonic clock (≥ 0)."""
+        """Seconds the lease is still known valid by the local monotonic clock (≥ 0); 0 once
+        it was found lost (a quorum no longer holds it), whatever time its last renewal
+        left."""
+        if self._lost_reason is not None:
+            return 0.0
         return max(0.0, self._expires_at - self._manager._clock())
 
     def remaining(self) -> float:
@@ -128,11 +144,33 @@ class BaseLease:
 
     @property
     def lost(self) -> bool:
-        """True once the lease may no longer be held (expired, or an extend/release found it
-        gone). A released lease is not lost."""
+        """True once the lease may no longer be held: its validity ran out, or a round found a
+        quorum of nodes no longer holding it (see :attr:`lost_cause`). A renewal that merely
+        failed to reach a quorum does not make it lost. A released lease is not lost."""
         if self._released:
             return False
         return self._lost_reason is not None or self._expires_at <= self._manager._clock()
+
+    @property
+    def lost_cause(self) -> str | None:
+        """Why the lease ended: ``"expired"`` (its validity ran out), ``"taken"`` (a quorum
+        of nodes holds it for another token) or ``"gone"`` (a quorum no longer holds it);
+        None while it has not (and for a lease released while it still held). Kept after a
+        release that found it lost."""
+        if self._lost_reason is not None:
+            return self._lost_cause or flow.EXPIRED
+        if not self._released and self._expires_at <= self._manager._clock():
+            return flow.EXPIRED
+        return None
+
+    @property
+    def lost_at(self) -> float | None:
+        """When the lease ended, on the manager's monotonic clock (seconds): for an expired
+        lease the instant its validity ran out, otherwise when a round found it lost; None
+        while :attr:`lost_cause` is None."""
+        if self.lost_cause is None:
+            return None
+        return self._expires_at if self._lost_at is None else self._lost_at
 
     @property
     def released(self) -> bool:
@@ -166,11 +204,10 @@ class BaseLease:
         self._refuse_inherited()
         if self._released:
             raise LeaseReleased(self.name)
+        if self._lost_reason is None and self._expires_at <= self._manager._clock():
+            self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
         if self._lost_reason is not None:
-            raise LockLost(self.name, self._lost_reason)
-        if self._expires_at <= self._manager._clock():
-            self._mark_lost("the lease expired")
-            raise LockLost(self.name, "the lease expired")
+            raise self._lost_error()
 
     def handle(self) -> LeaseHandle:
         """Give this lease to another process: returns a :class:`LeaseHandle` (picklable;
@@ -211,7 +248,10 @@ class BaseLease:
         asyncio leases alike; returns when the next one is due (a ``time.monotonic()``
         instant), or None to stop renewing (released, lost, or ``max_hold`` reached).
 
-        A failed renewal marks the lease lost (and is logged); it never raises.
+        A renewal that reaches no quorum (:class:`LeaseNotExtended`) leaves the lease as
+        valid as it was and is tried again, sooner as the validity left shrinks, and once
+        more at the instant it runs out, so that the loss is reported then (``lock_lost``)
+        and not at the next scheduled renewal. It never raises.
         """
         guard = self._guard
         if guard is None:
@@ -228,7 +268,17 @@ class BaseLease:
             except (LockLost, LeaseReleased) as error:
                 reporter.renewal_failed(self, error)
                 return None
+            except LeaseNotExtended as error:
+                reporter.renewal_missed(self, error)
+                return time.monotonic() + self._retry_in(error.validity)
         return time.monotonic() + self.ttl / 3
+
+    def _retry_in(self, left: float) -> float:
+        """Seconds until the next renewal after one that reached no quorum, with ``left``
+        seconds of validity: a third of what is left (so several tries fit before it runs
+        out), at least 50 ms apart, never later than the instant it runs out, nor later
+        than the usual ``ttl / 3``."""
+        return min(self.ttl / 3, left, max(left / 3, 0.05))
 
     # -- for the two lease types ----------------------------------------------------------
 
@@ -250,10 +300,28 @@ class BaseLease:
         self._manager._reporter.left_inherited(self, current_pid(), self._pid)
         return True
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, cause: str, at: float | None = None) -> None:
+        """Record once that the lease ended (``cause`` as ``LockLost.cause``; ``at`` on the
+        manager's clock, now when not given) and report it."""
         if self._lost_reason is None:
             self._lost_reason = reason
+            self._lost_cause = cause
+            self._lost_at = self._manager._clock() if at is None else at
             self._manager._reporter.lost(self, reason)
+
+    def _lost_error(self) -> LockLost:
+        """The :class:`LockLost` of this lease's end (also after its release noticed it)."""
+        reason = self._lost_reason or self._expiry_reason()
+        at = self._expires_at if self._lost_at is None else self._lost_at
+        return LockLost(self.name, reason, self._lost_cause or flow.EXPIRED, at)
+
+    def _expiry_reason(self) -> str:
+        if self._missed is not None:
+            return (
+                "the lease expired: its validity ran out before a renewal reached a quorum "
+                f"(last: {self._missed})"
+            )
+        return "the lease expired: its validity ran out"
 
     def _end_hold(self) -> bool:
         """The owner lets go once: True when the keys must now be released (the last exit),
@@ -284,29 +352,62 @@ class BaseLease:
         verdict = flow.judge_release(manager._nodes, results, deleted, expired)
         manager._reporter.released(self, manager._clock() - self.acquired_at)
         if verdict.lost is not None:
-            self._mark_lost(verdict.lost)
-            raise LockLost(self.name, verdict.lost)
+            cause = flow.EXPIRED if expired else flow.GONE
+            self._mark_lost(verdict.lost, cause, self._expires_at if expired else None)
+            raise self._lost_error()
         manager._reporter.released_cleanly(self, deleted, verdict.partial)
 
-    def _settle_extend(
-        self, start: float, now: float, results: Sequence[Any], yes: int, no: int
-    ) -> float:
+    def _expired_before_renewal(self) -> bool:
+        """True (the lease now marked lost) when its validity ran out before a renewal round
+        could start: no round is sent then. A renewal re-creates keys a node lost; sent for
+        a lease already ended it would only set keys that the clean-up must delete again."""
+        if self._expires_at > self._manager._clock():
+            return False
+        self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
+        return True
+
+    def _settle_extend(self, start: float, now: float, results: Sequence[Any]) -> float:
         """Judge and report an extend round sent at ``start`` and decided at ``now``;
         returns the new validity in seconds.
 
         Raises:
-            LockLost: not renewed on a quorum in time; the lease is now marked lost (the
-                caller frees what keys may be left).
+            LockLost: the lease ended (its validity ran out, or a quorum of nodes no longer
+                holds it); it is now marked lost, and the caller frees what keys may be left.
+            LeaseNotExtended: no quorum either way: nothing changed, the lease keeps its
+                validity and its keys (the caller frees nothing).
         """
         manager = self._manager
         outcome = flow.judge_extend(
-            manager._nodes, self.ttl, self._expires_at, start, now, results, yes, no
+            manager._nodes, self.ttl, self._expires_at, start, now, results, self._held
         )
-        if isinstance(outcome, str):
-            self._mark_lost(outcome)
-            raise LockLost(self.name, outcome)
+        if isinstance(outcome, flow.Lost):
+            at = self._expires_at if outcome.cause == flow.EXPIRED else now
+            if outcome.cause == flow.EXPIRED and self._missed is not None:
+                reason = f"{outcome.reason}; the renewal before: {self._missed}"
+            else:
+                reason = outcome.reason
+            self._mark_lost(reason, outcome.cause, at)
+            raise self._lost_error()
+        if isinstance(outcome, flow.Missed):
+            self._missed = outcome.reason
+            raise LeaseNotExtended(
+                self.name,
+                outcome.renewed,
+                manager._nodes.quorum,
+                outcome.node_errors,
+                max(0.0, self._expires_at - now),
+                outcome.refused,
+                outcome.reason,
+            )
+        self._missed = None
         self._expires_at = now + outcome
-        manager._reporter.extended(self, outcome, yes)
+        previous = self._held
+        self._held = tuple(
+            reply in (1, 2) if type(reply) is int else previous is None or previous[i]
+            for i, reply in enumerate(results)
+        )
+        tally = flow.extend_tally(results)
+        manager._reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
 
     def _block_ended(
@@ -329,4 +430,4 @@ class BaseLease:
             self._manager._reporter.release_failed_after_error(self, release_error)
             return
         if exc is None and lost is not None:
-            raise LockLost(self.name, lost)
+            raise self._lost_error()

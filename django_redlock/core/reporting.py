@@ -19,7 +19,7 @@ from django_redlock.core.flow import Nodes, has_node_errors, summarise
 
 if TYPE_CHECKING:
     from django_redlock.core.lease import BaseLease
-    from django_redlock.exceptions import LockNotAcquired
+    from django_redlock.exceptions import LeaseNotExtended, LockNotAcquired
 
 __all__ = ["WARN_EVERY", "LockObserver", "Reporter", "logger"]
 
@@ -80,9 +80,20 @@ class Reporter:
         self._last_warning = now
         return True
 
-    def granted(self, name: str, results: Sequence[Any], votes: int) -> None:
-        """An attempt won lock ``name`` with ``votes`` yes votes."""
-        logger.info("acquired %r on %d/%d nodes", name, votes, self.nodes.size)
+    def granted(self, name: str, results: Sequence[Any], votes: int, waited: float) -> None:
+        """An attempt won lock ``name`` with ``votes`` yes votes, ``waited`` seconds after the
+        acquire began.
+
+        An acquire returns as soon as a quorum said yes, so ``votes`` is usually the quorum
+        while the other nodes' answers are still on their way: the line says "quorum", and
+        only nodes that really failed are reported (the warning below)."""
+        logger.info(
+            "acquired %r: quorum %d of %d nodes in %.1f ms",
+            name,
+            votes,
+            self.nodes.size,
+            waited * 1000,
+        )
         if has_node_errors(results) and self._warn_now():
             logger.warning(
                 "acquired %r despite node errors (at most one such warning per %g s): %s",
@@ -124,6 +135,10 @@ class Reporter:
 
     def renewal_failed(self, lease: BaseLease, error: Exception) -> None:
         logger.warning("auto-extension of %r failed: %s", lease.name, error)
+
+    def renewal_missed(self, lease: BaseLease, error: LeaseNotExtended) -> None:
+        """A renewal reached no quorum: the lease keeps its validity and is tried again."""
+        logger.warning("auto-extension of %r: %s; trying again", lease.name, error)
 
     def renewal_stopped(self, lease: BaseLease) -> None:
         logger.info("max_hold reached for %r: renewal stops, the lease runs out", lease.name)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from django_redlock.wire import primitives
-from django_redlock.wire.errors import NotSent
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.scripts import (
     GRANTED,
     Command,
@@ -35,6 +35,12 @@ __all__ = ["Many", "Mutex", "ReadWrite", "Shape", "SlotDecider", "Slots", "lock_
 def lock_refusal(reply: object) -> int | None:
     """A lock's refusal (``acquire.lua``): an integer, the ms the holder has left."""
     return reply if type(reply) is int else None
+
+
+def heard(reply: object) -> bool:
+    """Whether a node's reply was heard: not a timeout, a reply not waited for, or an I/O
+    error (then what the command did on the node is unknown)."""
+    return not (reply is PENDING or reply is TIMED_OUT or isinstance(reply, NodeError))
 
 
 class Shape:
@@ -93,6 +99,12 @@ class Shape:
         """The ``yes_value`` of an acquire round (a reply equal to it is a yes vote)."""
         return GRANTED
 
+    def granted_on(self, results: Sequence[Any]) -> tuple[bool, ...]:
+        """Which nodes may hold the lease after a won acquire round (its replies, in order):
+        those that granted it, and those whose answer was not heard (the round returned at
+        a quorum, or they timed out: their SET may have landed). Only a refusal says no."""
+        return tuple(reply == GRANTED or not heard(reply) for reply in results)
+
     def need(self, quorum: int) -> int:
         """How many yes votes decide an acquire round."""
         return quorum
@@ -133,9 +145,11 @@ class Shape:
         """Free the lease where it holds ``token``, and drop ``waiter``'s place in line."""
         return release_command(self.key, token, waiter)
 
-    def extend(self, token: str, ttl: float) -> Command:
-        """Renew the lease to ``ttl`` seconds where it still holds ``token``; reply 1 or 0."""
-        return extend_command(self.key, token, math.ceil(ttl * 1000))
+    def extend(self, token: str, ttl: float, owner: str) -> Command:
+        """Renew the lease to ``ttl`` seconds where it holds ``token``, or re-create it where a
+        node lost it (``owner``: the owner record it then stores). Reply 1 renewed, 2
+        re-created, -1 held by another here."""
+        return extend_command(self.key, token, math.ceil(ttl * 1000), owner)
 
     def owns(self, token: str) -> Command:
         """Does a node still hold the lease for ``token``; reply 1 or 0."""
@@ -230,6 +244,11 @@ class Slots(Shape):
     def decider(self, quorum: int) -> object:
         return SlotDecider(self.size, quorum)
 
+    def granted_on(self, results: Sequence[Any]) -> tuple[bool, ...]:
+        return tuple(
+            primitives.slot_granted(reply) == self.slot or not heard(reply) for reply in results
+        )
+
     def need(self, quorum: int) -> int:
         return 1  # the decider says yes once, when the round is decided
 
@@ -264,9 +283,9 @@ class Slots(Shape):
     def release(self, token: str, waiter: str) -> Command:
         return primitives.semaphore_release_command(self.key, self.limit, token, waiter)
 
-    def extend(self, token: str, ttl: float) -> Command:
+    def extend(self, token: str, ttl: float, owner: str) -> Command:
         return primitives.semaphore_extend_command(
-            self.key, self._held(), token, math.ceil(ttl * 1000)
+            self.key, self._held(), token, math.ceil(ttl * 1000), owner
         )
 
     def owns(self, token: str) -> Command:
@@ -319,8 +338,8 @@ class ReadWrite(Shape):
     def release(self, token: str, waiter: str) -> Command:
         return primitives.rw_release_command(self.key, self.rw, token, waiter)
 
-    def extend(self, token: str, ttl: float) -> Command:
-        return primitives.rw_extend_command(self.key, self.rw, token, math.ceil(ttl * 1000))
+    def extend(self, token: str, ttl: float, owner: str) -> Command:
+        return primitives.rw_extend_command(self.key, self.rw, token, math.ceil(ttl * 1000), owner)
 
     def owns(self, token: str) -> Command:
         return primitives.rw_owns_command(self.key, self.rw, token)
@@ -361,8 +380,8 @@ class Many(Shape):
     def release(self, token: str, waiter: str) -> Command:
         return primitives.release_many_command(self.keys, token)
 
-    def extend(self, token: str, ttl: float) -> Command:
-        return primitives.extend_many_command(self.keys, token, math.ceil(ttl * 1000))
+    def extend(self, token: str, ttl: float, owner: str) -> Command:
+        return primitives.extend_many_command(self.keys, token, math.ceil(ttl * 1000), owner)
 
     def owns(self, token: str) -> Command:
         return primitives.owns_many_command(self.keys, token)

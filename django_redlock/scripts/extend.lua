@@ -1,13 +1,50 @@
--- Extend a Redlock lease on one node: compare-and-pexpire.
+-- Renew a Redlock lease on one node: compare-and-pexpire, or re-create a key this node lost.
 --
--- KEYS[1]  the lock key
+-- KEYS[1]  the lock key (a lock, a write lease, a semaphore slot)
+-- KEYS[2]  the readers of the read-write lock of the same name (KEYS[1] .. "\0r", readers.lua)
 -- ARGV[1]  the lease token
 -- ARGV[2]  the new lease length in milliseconds (positive integer), counted from now
+-- ARGV[3]  owner metadata (JSON), stored when the key is re-created; never the token
 --
--- Returns 1 when the key held this token and its expiry was reset, 0 otherwise. An absent key
--- is never re-created: a lease that expired on this node stays expired (lease continuity).
-if redis.call('HGET', KEYS[1], 't') == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- Returns 1 when the key held this token and its expiry was reset; 2 when the key was absent
+-- and is now re-created for this token; -1 when another holder has taken its place here
+-- (another token, a key of another type, or live readers where the key is gone), and then
+-- nothing is written. The client judges the round (core/flow.py, judge_extend).
+--
+-- Why re-create (issue 22): a node that restarts without its data forgets the key. The
+-- restart quarantine keeps it from voting for max_ttl, which covers every lease that ends
+-- within max_ttl, but not one that is renewed: without re-creation each restart takes a key
+-- away for good, and once a majority of nodes restarted (a rolling restart of non-durable
+-- nodes) a rival wins them while the holder's validity still runs (found by
+-- tests/core/test_fault_storm.py). So every renewal puts the key back where it is missing,
+-- at once, quarantine or not: the quarantine protects other holders' forgotten keys, and
+-- while this lease is valid there is no other holder of this name to protect.
+--
+-- Why it is safe: the client counts the round only if its replies arrive while the lease is
+-- valid, and counts a re-created key only when the keys the lease already had (renewed here
+-- or on nodes that did not answer) can still make a quorum: then no other client can hold a
+-- quorum of this name, and setting our key where it is absent is what our acquire's SET NX
+-- arriving late would have done, which Redlock already allows. Otherwise (an operator's
+-- force release, keys gone from a quorum) the lease is lost and the client deletes the keys
+-- it re-created. A key held by anyone else is never touched.
+local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
+local held = redis.pcall('HGET', key, 't')
+if held == token then
+    redis.call('PEXPIRE', key, ttl)
     return 1
 end
-return 0
+if held or redis.call('EXISTS', key) == 1 then
+    return -1 -- another token, or a key that is not a lock of ours: never overwritten
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then
+    -- Live readers (their expiry is their score, ms on this node's clock: readers.lua).
+    local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    if #last == 2 and tonumber(last[2]) > now then
+        return -1
+    end
+end
+redis.call('HSET', key, 't', token, 'o', ARGV[3])
+redis.call('PEXPIRE', key, ttl)
+return 2

@@ -1,32 +1,52 @@
--- Extend a read or a write lease of a read-write lock on one node.
+-- Renew a read or a write lease of a read-write lock on one node, or re-create it where this
+-- node lost it.
 --
 -- KEYS[1]  the writer hash (the lock key)
 -- KEYS[2]  the readers (key .. "\0r"), KEYS[3] their owners (key .. "\0o")
 -- ARGV[1]  the kind: "r" or "w"
 -- ARGV[2]  the lease token
 -- ARGV[3]  the new lease length in milliseconds (positive integer), counted from now
+-- ARGV[4]  owner metadata (JSON), stored when the grant is re-created; never the token
 --
--- Returns 1 when this token held the lease here and its expiry was reset, 0 otherwise. An
--- expired or absent grant is never re-created (lease continuity, as extend.lua): a reader
--- past its expiry is purged, not renewed.
+-- Returns 1 when this token held the lease here and its expiry was reset; 2 when the grant
+-- was absent and is now re-created (a reader past its expiry is purged first, then re-created
+-- like any absent grant); -1 when another holder has taken its place here (another writer's
+-- token; for a write lease, live readers where its key is gone; for a read lease, a writer),
+-- and then nothing is written. Re-creation follows the grant rules of rw_acquire.lua (a read
+-- beside no writer, a write beside no writer and no live reader) without the line or the
+-- quarantine; extend.lua says why that is needed and safe.
 -- @include wait_line.lua
 -- @include readers.lua
 local key, readers, owners = KEYS[1], KEYS[2], KEYS[3]
 local kind, token, ttl = ARGV[1], ARGV[2], ARGV[3]
+if kind ~= 'r' and kind ~= 'w' then
+    return redis.error_reply('ERR kind must be r or w, not ' .. kind)
+end
+local writer = redis.pcall('HGET', key, 't')
 if kind == 'w' then
-    if redis.pcall('HGET', key, 't') == token then
+    if writer == token then
         redis.call('PEXPIRE', key, ttl)
         return 1
     end
-    return 0
-end
-if kind ~= 'r' then
-    return redis.error_reply('ERR kind must be r or w, not ' .. kind)
+    if writer or redis.call('EXISTS', key) == 1 then
+        return -1
+    end
+    if purge_readers(readers, owners) > 0 then
+        return -1
+    end
+    redis.call('HSET', key, 't', token, 'o', ARGV[4])
+    redis.call('PEXPIRE', key, ttl)
+    return 2
 end
 purge_readers(readers, owners)
+local renewed = 1
 if not redis.call('ZSCORE', readers, token) then
-    return 0
+    if writer or redis.call('EXISTS', key) == 1 then
+        return -1
+    end
+    redis.call('HSET', owners, token, ARGV[4])
+    renewed = 2
 end
-redis.call('ZADD', readers, 'XX', string.format('%d', clock() + tonumber(ttl)), token)
+redis.call('ZADD', readers, string.format('%d', clock() + tonumber(ttl)), token)
 keep_readers(readers, owners, ttl)
-return 1
+return renewed

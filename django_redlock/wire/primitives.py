@@ -213,9 +213,10 @@ def semaphore_leave_command(key: str, limit: int, waiter: str) -> Command:
     return semaphore_release_command(key, limit, "", waiter)
 
 
-def semaphore_extend_command(key: str, slot: int, token: str, ttl_ms: int) -> Command:
-    """Extend the lease on slot ``slot``: a slot is a lock, so this is ``extend.lua``."""
-    return extend_command(slot_key(key, slot), token, ttl_ms)
+def semaphore_extend_command(key: str, slot: int, token: str, ttl_ms: int, owner: str) -> Command:
+    """Renew the lease on slot ``slot`` (or re-create it where a node lost it): a slot is a
+    lock, so this is ``extend.lua``."""
+    return extend_command(slot_key(key, slot), token, ttl_ms, owner)
 
 
 def semaphore_owns_command(key: str, slot: int, token: str) -> Command:
@@ -305,11 +306,13 @@ def rw_leave_command(key: str, kind: Kind, waiter: str) -> Command:
     return rw_release_command(key, kind, "", waiter)
 
 
-def rw_extend_command(key: str, kind: Kind, token: str, ttl_ms: int) -> Command:
-    """Renew a read or write lease to ``ttl_ms`` from now. Reply: 1 renewed, 0 not held."""
-    return RW_EXTEND.command(
-        (key, key + READERS, key + READER_OWNERS), (check_kind(kind), token, ttl_ms)
-    )
+def rw_extend_command(key: str, kind: Kind, token: str, ttl_ms: int, owner: str) -> Command:
+    """Renew a read or write lease to ``ttl_ms`` from now, or re-create it where a node lost
+    it (``scripts/rw_extend.lua``). Reply: 1 renewed, 2 re-created, -1 another holder has it
+    here."""
+    keys = (key, key + READERS, key + READER_OWNERS)
+    args = (check_kind(kind), token, ttl_ms, owner)
+    return (RW_EXTEND.evalsha(keys, args), Fallback(partial(RW_EXTEND.eval, keys, args), False))
 
 
 def rw_owns_command(key: str, kind: Kind, token: str) -> Command:
@@ -371,9 +374,14 @@ def release_many_command(keys: Iterable[str], token: str) -> Command:
     return RELEASE_MANY.command(_triplets(many_keys(keys)), (token,), fallback_when_over=True)
 
 
-def extend_many_command(keys: Iterable[str], token: str, ttl_ms: int) -> Command:
-    """Renew every key of ``keys`` or none; reply: 1 renewed, 0 not held here."""
-    return EXTEND_MANY.command(many_keys(keys), (token, ttl_ms))
+def extend_many_command(keys: Iterable[str], token: str, ttl_ms: int, owner: str) -> Command:
+    """Renew every key of ``keys`` or none, re-creating keys a node lost
+    (``scripts/extend_many.lua``). Reply: 1 renewed, 2 some re-created, -1 another holder has
+    one of them here."""
+    names = [part for key in many_keys(keys) for part in (key, key + READERS)]
+    args = (token, ttl_ms, owner)
+    fallback = Fallback(partial(EXTEND_MANY.eval, names, args), False)
+    return (EXTEND_MANY.evalsha(names, args), fallback)
 
 
 def owns_many_command(keys: Iterable[str], token: str) -> Command:

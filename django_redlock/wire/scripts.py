@@ -179,7 +179,6 @@ LINE = "\x00q"
 LAPSE = "\x00e"
 READERS = "\x00r"
 _RELEASE_HEAD = RELEASE.head(3, 2)
-_EXTEND_HEAD = EXTEND.head(1, 2)
 
 NODE_KEY = "\x00django_redlock:node"
 """Each node's marker hash (see ``scripts/node_rule.lua``): the server process found fit to
@@ -252,13 +251,14 @@ def owns_command(key: str, token: str) -> Command:
     return OWNS.command((key,), (token,))
 
 
-def extend_command(key: str, token: str, ttl_ms: int) -> Command:
-    fallback = Fallback(partial(EXTEND.eval, (key,), (token, ttl_ms)), False)
-    if key.isascii():
-        ttl = str(ttl_ms)
-        text = f"{_EXTEND_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n"
-        return (text.encode(), fallback)
-    return (EXTEND.evalsha((key,), (token, ttl_ms)), fallback)
+def extend_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
+    """Renew the lease on ``key`` to ``ttl_ms`` from now, or re-create it where the node lost
+    it (``scripts/extend.lua``; ``owner`` is stored then). Reply: 1 renewed, 2 re-created, -1
+    another holder has it here. The EVAL fallback is never sent once the round is over (a
+    late re-creation would be a key nobody counted)."""
+    keys = (key, key + "\x00r")
+    args = (token, ttl_ms, owner)
+    return (EXTEND.evalsha(keys, args), Fallback(partial(EXTEND.eval, keys, args), False))
 
 
 HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS)

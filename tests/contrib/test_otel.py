@@ -106,7 +106,8 @@ def test_a_lost_lease_is_an_error_span_with_its_reason(cluster3, observer, expor
     lost = exporter.get_finished_spans()[-1]
     assert lost.name == "redlock.lost"
     assert lost.status.status_code == StatusCode.ERROR
-    assert lost.attributes["redlock.reason"] == "the lease expired"
+    assert lost.attributes["redlock.reason"] == "the lease expired: its validity ran out"
+    assert lost.attributes["redlock.lost_cause"] == "expired"
 
 
 def test_no_span_carries_a_token_or_a_password(guarded, observer, exporter):
@@ -121,7 +122,7 @@ def test_no_span_carries_a_token_or_a_password(guarded, observer, exporter):
             other.acquire("secret:1", blocking=False)
     lost = manager.acquire("secret:2", ttl=10.0)
     tokens.append(lost.token)
-    lost._mark_lost("the lease expired")  # as the extender does when a renewal fails
+    lost._mark_lost("its validity ran out", "expired")  # as when a renewal came too late
     lost.release()
     # Two nodes down (their URLs still carry the password): the give-up names them.
     guarded[1].stop()

@@ -8,6 +8,7 @@ import pickle
 import pytest
 
 from django_redlock import (
+    LeaseNotExtended,
     LeaseReleased,
     LockContended,
     LockLost,
@@ -29,7 +30,9 @@ from django_redlock import (
             origin="view:x",
         ),
         QuorumUnreachable("orders:1", votes=0, quorum=2),
+        LeaseNotExtended("orders:1", 2, 3, {"n0": "no answer within 50 ms"}, 1.5, 2, "counts"),
         LockLost("orders:1", "the lease expired"),
+        LockLost("orders:1", "taken by another holder", "taken", 12.5),
         LeaseReleased("orders:1"),
         StaleFencingToken("orders:1", 7, "row 3"),
     ],
@@ -45,7 +48,9 @@ def test_errors_survive_pickle(error):
     "error",
     [
         LockContended("orders:1", 1, 2, {"redis://a:1/0": "refused"}, 2.5, 3, "view:x"),
+        LeaseNotExtended("orders:1", 2, 3, {"n0": "no answer within 50 ms"}, 1.5, 2, "counts"),
         LockLost("orders:1", "the lease expired"),
+        LockLost("orders:1", "taken by another holder", "taken", 12.5),
         LeaseReleased("orders:1"),
         StaleFencingToken("orders:1", 7, "row 3"),
     ],

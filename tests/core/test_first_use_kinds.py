@@ -64,3 +64,17 @@ def test_asyncio_the_first_single_try_is_granted_without_a_warning(brand_new, ki
     asyncio.run(first())
     assert [r.getMessage() for r in caplog.records] == []
 
+
+def test_the_grant_log_line_says_quorum_not_a_node_count(cluster3, caplog):
+    """An acquire returns at a quorum, so its INFO line must not read like a node failure
+    ("acquired on 2/3 nodes" with all three healthy)."""
+    caplog.set_level(logging.INFO, logger="django_redlock")
+    manager = LockManager(cluster3.urls)
+    try:
+        manager.acquire("logged", blocking=False).release()
+    finally:
+        manager.close()
+    (line,) = [r.getMessage() for r in caplog.records if "acquired" in r.getMessage()]
+    assert line.startswith("acquired 'logged': quorum ")
+    assert " of 3 nodes in " in line
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []

@@ -136,13 +136,54 @@ def test_contended_or_unreachable_depends_on_how_many_nodes_failed():
 
 
 def test_an_extend_is_judged_on_a_quorum_in_time():
-    assert flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 1, 0], 2, 1) == (
+    assert flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 1, -1]) == (
         pytest.approx(10.0 - 0.5 - 0.102)
     )
-    refused = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 0, 0], 1, 2)
-    assert refused == "not extended on 2 of 3 nodes, a quorum needs 2 (n1: not held; n2: not held)"
-    late = flow.judge_extend(NODES, 10.0, 150.2, 150.0, 150.5, [1, 1, 1], 3, 0)
-    assert late == "the lease expired while it was being extended"
+    late = flow.judge_extend(NODES, 10.0, 150.2, 150.0, 150.5, [1, 1, 1])
+    assert isinstance(late, flow.Lost)
+    assert late.cause == "expired"
+
+
+def test_keys_a_node_lost_are_set_again_while_the_lease_can_still_hold_its_quorum():
+    """Re-created keys (2) count with the renewed ones only while the renewed and the silent
+    nodes could still be the quorum the lease held."""
+    # One renewed, one set again, one silent: it may still hold node 2, so it holds now.
+    kept = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 2, TIMED_OUT])
+    assert kept == pytest.approx(10.0 - 0.5 - 0.102)
+    # Gone from two of three (an operator's force release): lost, whatever it set again.
+    gone = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [1, 2, 2])
+    assert gone == flow.Lost(
+        "gone",
+        "no longer held by a quorum (renewed on 1 of 3 nodes, 2 had lost it (set again), 0 held "
+        "it for another token, 0 did not answer: n1: had lost it (set again); n2: had lost it "
+        "(set again))",
+    )
+
+
+def test_an_extend_taken_by_another_token_on_a_quorum_is_lost_at_once():
+    taken = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.5, [-1, -1, 1])
+    assert isinstance(taken, flow.Lost)
+    assert taken.cause == "taken"
+    assert "renewed on 1 of 3 nodes, 0 had lost it (set again), 2 held it for another token" in (
+        taken.reason
+    )
+
+
+def test_an_extend_without_a_quorum_either_way_decides_nothing():
+    """One renewed, two silent: the lease keeps its validity (Missed), and the text counts
+    each answer apart."""
+    missed = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.05, [1, TIMED_OUT, TIMED_OUT])
+    assert isinstance(missed, flow.Missed)
+    assert (missed.renewed, missed.refused) == (1, 0)
+    assert missed.node_errors == {"n1": "no answer within 50 ms", "n2": "no answer within 50 ms"}
+    assert missed.reason.startswith(
+        "renewed on 1 of 3 nodes, 0 had lost it (set again), 0 held it for another token, "
+        "2 did not answer"
+    )
+    # Replies not waited for (the round ended early) count as silent, and are said apart.
+    waived = flow.judge_extend(NODES, 10.0, 200.0, 150.0, 150.05, [1, PENDING, TIMED_OUT])
+    assert isinstance(waived, flow.Missed)
+    assert "1 did not answer, 1 not waited for" in waived.reason
 
 
 def test_a_release_is_lost_when_too_many_nodes_no_longer_held_it():

@@ -66,7 +66,10 @@ def user_keys(client: redis.Redis) -> list[bytes]:
 
 # -- every granting script: headers, and the node rule of acquire.lua ---------------------
 
-SCRIPTS = {  # each new script, and whether it grants (so must apply the node rule)
+# Each new script, and whether it grants (so must apply the node rule). The extend scripts
+# re-create keys a node lost, but only for a lease that is valid, whose keys the node rule
+# exists to protect (scripts/extend.lua): no node rule there.
+SCRIPTS = {
     "semaphore_acquire": True,
     "semaphore_release": False,
     "rw_acquire": True,
@@ -190,10 +193,13 @@ def test_a_semaphore_release_frees_whichever_slot_the_token_holds_and_nothing_el
     assert node.exists(p.slot_key(KEY, 1)) == 0
     assert node.exists(p.slot_key(KEY, 0)) == 1
     assert sem_release(node, token("b")) == 0
-    # Extend and owns of a slot are those of a lock (the slot is one).
-    assert run(node, p.semaphore_extend_command(KEY, 0, token("a"), 30_000)) == 1
-    assert run(node, p.semaphore_extend_command(KEY, 1, token("a"), 30_000)) == 0
-    assert node.exists(p.slot_key(KEY, 1)) == 0  # never re-created
+    # Extend and owns of a slot are those of a lock (the slot is one): a renewal of a slot
+    # this node lost re-creates it (extend.lua), one held by another is refused.
+    assert run(node, p.semaphore_extend_command(KEY, 0, token("a"), 30_000, "{}")) == 1
+    assert run(node, p.semaphore_extend_command(KEY, 0, token("b"), 30_000, "{}")) == -1
+    assert run(node, p.semaphore_extend_command(KEY, 1, token("b"), 30_000, "{}")) == 2
+    assert node.hget(p.slot_key(KEY, 1), "t") == token("b").encode()
+    assert sem_release(node, token("b")) == 1
     assert run(node, p.semaphore_owns_command(KEY, 0, token("a"))) == 1
     assert run(node, p.semaphore_owns_command(KEY, 0, token("b"))) == 0
 
@@ -413,17 +419,20 @@ def test_an_expired_reader_is_purged_and_never_renewed(node):
     node.zadd(KEY + p.READERS, {token("a"): 1})  # its expiry is in the past on the node clock
     assert run(node, p.rw_owns_command(KEY, "r", token("a"))) == 0
     assert run(node, p.rw_owns_command(KEY, "r", token("b"))) == 1
-    assert run(node, p.rw_extend_command(KEY, "r", token("a"), 30_000)) == 0
-    assert node.zscore(KEY + p.READERS, token("a")) is None
-    assert node.hget(KEY + p.READER_OWNERS, token("a")) is None
-    assert run(node, p.rw_extend_command(KEY, "r", token("b"), 30_000)) == 1
+    # A renewal purges it, then re-creates it (no writer holds the lock).
+    assert run(node, p.rw_extend_command(KEY, "r", token("a"), 30_000, '{"pid":7}')) == 2
+    assert node.zscore(KEY + p.READERS, token("a")) > 1
+    assert node.hget(KEY + p.READER_OWNERS, token("a")) == b'{"pid":7}'
+    assert rw_release(node, "r", token("a")) == 1
+    assert run(node, p.rw_extend_command(KEY, "r", token("b"), 30_000, "{}")) == 1
     assert node.pttl(KEY + p.READERS) > 20_000
     assert node.pttl(KEY + p.READER_OWNERS) > 20_000
     node.zadd(KEY + p.READERS, {token("b"): 1})
     assert rw_release(node, "r", token("b")) == 0  # it was lost, not released
     assert rw_acquire(node, "w", token("c")) == b"OK"  # no live reader holds it back
-    assert run(node, p.rw_extend_command(KEY, "w", token("c"), 30_000)) == 1
-    assert run(node, p.rw_extend_command(KEY, "w", token("a"), 30_000)) == 0
+    assert run(node, p.rw_extend_command(KEY, "w", token("c"), 30_000, "{}")) == 1
+    assert run(node, p.rw_extend_command(KEY, "w", token("a"), 30_000, "{}")) == -1  # c's
+    assert run(node, p.rw_extend_command(KEY, "r", token("d"), 30_000, "{}")) == -1  # a writer
     assert run(node, p.rw_owns_command(KEY, "w", token("c"))) == 1
 
 
@@ -540,15 +549,16 @@ def test_a_multi_lock_extends_all_or_none_and_releases_only_its_own(node):
     many(node, token("a"))
     assert run(node, p.owns_many_command(MANY, token("a"))) == 1
     assert run(node, p.owns_many_command(MANY, token("b"))) == 0
-    assert run(node, p.extend_many_command(MANY, token("a"), 30_000)) == 1
+    assert run(node, p.extend_many_command(MANY, token("a"), 30_000, "{}")) == 1
     assert min(node.pttl(k) for k in user_keys(node)) > 20_000
-    assert run(node, p.extend_many_command(MANY, token("b"), 60_000)) == 0
-    node.delete("redlock:b")  # as if it ran out on this node
-    assert run(node, p.extend_many_command(MANY, token("a"), 60_000)) == 0
-    assert run(node, p.owns_many_command(MANY, token("a"))) == 0  # one key lost: not held
-    assert max(node.pttl(k) for k in user_keys(node)) <= 30_000  # none was renewed
-    assert node.exists("redlock:b") == 0  # never re-created
+    assert run(node, p.extend_many_command(MANY, token("b"), 60_000, "{}")) == -1  # a's
+    node.delete("redlock:b")  # as if this node lost it: the renewal re-creates it
+    assert run(node, p.extend_many_command(MANY, token("a"), 60_000, '{"pid":3}')) == 2
+    assert node.hgetall("redlock:b") == {b"t": token("a").encode(), b"o": b'{"pid":3}'}
+    assert min(node.pttl(k) for k in user_keys(node)) > 50_000
     node.hset("redlock:b", mapping={"t": token("z"), "o": "{}"})  # another holder's now
+    assert run(node, p.extend_many_command(MANY, token("a"), 90_000, "{}")) == -1
+    assert max(node.pttl(k) for k in user_keys(node)) <= 60_000  # none was renewed
     assert run(node, p.release_many_command(MANY, token("a"))) == 2
     assert user_keys(node) == [b"redlock:b"]
 
@@ -598,13 +608,13 @@ def test_a_hand_off_keeps_the_time_left_and_the_old_token_loses_the_lease(node):
     assert node.pttl(KEY) <= 10_000  # the expiry was kept, not renewed
     # The first process no longer owns it: its release and extend are refused here.
     assert run(node, scripts.release_command(KEY, token("a"))) == 0
-    assert run(node, scripts.extend_command(KEY, token("a"), 60_000)) == 0
+    assert run(node, scripts.extend_command(KEY, token("a"), 60_000, "{}")) == -1  # b's now
     assert run(node, scripts.owns_command(KEY, token("a"))) == 0
     # A retry of the same adoption answers the same; another adoption of the old one fails.
     assert 0 < run(node, p.handoff_command([KEY], token("a"), token("b"), "{}", Q)) <= 10_000
     assert run(node, p.handoff_command([KEY], token("a"), token("c"), "{}", Q)) == p.HANDOFF_REFUSED
     assert node.hget(KEY, "t") == token("b").encode()
-    assert run(node, scripts.extend_command(KEY, token("b"), 60_000)) == 1
+    assert run(node, scripts.extend_command(KEY, token("b"), 60_000, "{}")) == 1
     assert run(node, scripts.release_command(KEY, token("b"))) == 1
     assert run(node, p.handoff_command([KEY], token("b"), token("c"), "{}", Q)) == p.HANDOFF_REFUSED
     assert node.exists(KEY) == 0  # never re-created

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import hiredis
 import pytest
@@ -75,14 +77,34 @@ def test_release_deletes_only_its_own_token(node):
     assert release(node, "k", "a" * 40) == 0
 
 
-def test_extend_renews_only_its_own_live_key(node):
+def extend(node, key: str, token: str, ttl_ms: int, owner: str = "{}") -> Any:
+    return node.eval(scripts.EXTEND.source, 2, key, key + "\x00r", token, ttl_ms, owner)
+
+
+def test_extend_renews_its_own_key_and_never_overwrites_another(node):
     acquire(node, "k", "a" * 40, ttl_ms=2_000)
-    assert node.eval(scripts.EXTEND.source, 1, "k", "a" * 40, 30_000) == 1
+    assert extend(node, "k", "a" * 40, 30_000) == 1
     assert node.pttl("k") > 25_000
-    assert node.eval(scripts.EXTEND.source, 1, "k", "b" * 40, 30_000) == 0
+    assert extend(node, "k", "b" * 40, 30_000) == -1  # a's, not b's
+    assert node.hget("k", "t") == b"a" * 40
+    node.set("user-key", "x")  # not a lock of ours: never overwritten
+    assert extend(node, "user-key", "a" * 40, 30_000) == -1
+    assert node.get("user-key") == b"x"
+
+
+def test_extend_re_creates_a_key_the_node_lost(node):
+    """Answered 2, so the client can tell a renewal from a re-creation (core/flow.py)."""
+    acquire(node, "k", "a" * 40, ttl_ms=2_000)
+    node.delete("k")  # this node lost it (a restart without data, an eviction)
+    assert extend(node, "k", "a" * 40, 30_000, owner='{"pid":9}') == 2
+    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":9}'}
+    assert node.pttl("k") > 25_000
+    # Live readers of the read-write lock of the same name hold it back: taken by them.
     node.delete("k")
-    assert node.eval(scripts.EXTEND.source, 1, "k", "a" * 40, 30_000) == 0
-    assert node.exists("k") == 0  # never re-created
+    far = int(time.time() * 1000) + 60_000
+    node.zadd("k\x00r", {"r" * 40: far})
+    assert extend(node, "k", "a" * 40, 30_000) == -1
+    assert node.exists("k") == 0
 
 
 def test_hostile_names_are_data_not_code(cluster3):
@@ -109,7 +131,9 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
     assert scripts.release_command(key, token, "w1")[0] == scripts.RELEASE.evalsha(
         (key, key + scripts.LINE, key + scripts.LAPSE), (token, "w1")
     )
-    assert scripts.extend_command(key, token, 7)[0] == scripts.EXTEND.evalsha((key,), (token, 7))
+    assert scripts.extend_command(key, token, 7, owner)[0] == encode_command(
+        b"EVALSHA", scripts.EXTEND.sha, 2, key, key + "\x00r", token, 7, owner
+    )
 
 
 def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():

@@ -58,9 +58,11 @@ def test_a_busy_lock_times_out_with_lock_contended(held_elsewhere):
 def test_a_failed_renewal_sends_lock_lost_and_leaving_raises(redlock_nodes):
     lost = threading.Event()
     reasons: list[str] = []
+    causes: list[str] = []
 
-    def on_lost(sender, name, reason, **kwargs):
+    def on_lost(sender, name, reason, cause, at, **kwargs):
         reasons.append(reason)
+        causes.append(cause)
         lost.set()
 
     def lose_it():
@@ -78,7 +80,8 @@ def test_a_failed_renewal_sends_lock_lost_and_leaving_raises(redlock_nodes):
     finally:
         lock_lost.disconnect(on_lost)
     assert reasons
-    assert "not extended" in reasons[0]
+    assert "no longer held by a quorum" in reasons[0]
+    assert causes == ["gone"]
 
 
 def test_an_error_in_the_block_wins_over_a_lost_lease(redlock_nodes):

@@ -1,0 +1,173 @@
+"""A seeded fault storm on five real nodes: no two holders overlap within validity (issue 22).
+
+Nine client processes (``tests/storm_worker.py``) take a mutex, a semaphore of 2 and the two
+sides of a read-write lock over and over, auto-extended, each hold often longer than the
+ttl, while this test pauses (SIGSTOP), resumes, kills and restarts a minority of the nodes
+(at most two of five faulty at once; a restarted node has lost its keys and is judged by the
+restart rule) and stops clients for longer than their lease (a GC pause). Each client logs
+the interval in which it held each lease within its validity, on the machine's one
+monotonic clock; afterwards the intervals must never break the lease's rule: one holder of
+the mutex, at most two of the semaphore, no writer beside anyone. Before the fix of issue 22,
+every run broke it: a renewal that missed its quorum freed keys of a still-valid lease.
+
+Each interval ends when the holder released it, when its validity ran out, or when a round
+told it that a quorum no longer holds its keys (``lease.lost``, and ``lease.validity`` 0
+from then on). ``REDLOCK_STORM_STRICT=1`` ignores the last: a lease whose keys vanished from
+a majority while it was valid counts until its validity ends, so an overlap then shows that
+the keys vanished (beyond the fault model, or a defect). Strict runs on this machine still
+found such overlaps at a low rate (a lease lost as "gone" about half a second after its
+grant); the cause is not found yet (see the closing note of issue 22).
+
+The seed is printed on failure (``REDLOCK_STORM_SEED=<seed>`` replays that schedule of
+faults; the servers' and the clients' own timing still varies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SECONDS = 14.0
+# The clients' validity already sets aside the drift term (ttl * 0.01 + 2 ms); this allows
+# for the instants a process reads its clock around a round, nothing more.
+TOLERANCE = 0.005
+CLIENTS = ("lock", "lock", "lock", "semaphore", "semaphore", "semaphore", "read", "write", "write")
+LIMITS = {"lock": 1, "semaphore": 2}
+# Seconds a node still counts as faulty after it resumed or restarted: the clients renew every
+# ttl / 3 (1 s ttl) and put back keys a node lost at their next renewal.
+GRACE = 0.6
+Interval = dict[str, Any]  # one line of a client's log (tests/storm_worker.py)
+
+
+def overlaps(intervals: list[Interval], limit: int) -> list[tuple[Interval, ...]]:
+    """Sets of more than ``limit`` intervals of different processes that share an instant
+    (by more than the tolerance)."""
+    events = sorted(
+        [(i["start"] + TOLERANCE, 1, n) for n, i in enumerate(intervals)]
+        + [(i["end"], -1, n) for n, i in enumerate(intervals)],
+        key=lambda event: (event[0], event[1]),
+    )
+    live: set[int] = set()
+    found = []
+    for _, step, index in events:
+        if step < 0:
+            live.discard(index)
+            continue
+        if intervals[index]["end"] <= intervals[index]["start"] + TOLERANCE:
+            continue
+        live.add(index)
+        if len(live) > limit:
+            found.append(tuple(intervals[n] for n in sorted(live)))
+    return found
+
+
+def writer_overlaps(intervals: list[Interval]) -> list[tuple[Interval, Interval]]:
+    writes = [i for i in intervals if i["kind"] == "write"]
+    return [
+        (w, o)
+        for w in writes
+        for o in intervals
+        if o is not w and o["start"] + TOLERANCE < w["end"] and w["start"] + TOLERANCE < o["end"]
+    ]
+
+
+def test_no_two_holders_overlap_within_validity_under_a_fault_storm(cluster5, tmp_path):
+    seed = int(os.environ.get("REDLOCK_STORM_SEED", random.randrange(1 << 30)))
+    rng = random.Random(seed)
+    log = tmp_path / "leases.jsonl"
+    root = Path(__file__).resolve().parents[2]
+    clients = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.storm_worker",
+                kind,
+                str(seed + n),
+                str(SECONDS),
+                str(log),
+                *cluster5.urls,
+            ],
+            cwd=root,
+            stdin=subprocess.DEVNULL,
+        )
+        for n, kind in enumerate(CLIENTS)
+    ]
+    # A node counts as faulty from the fault until a renewal had the time to put back what
+    # it lost (keys expire on a node paused longer than the ttl, and a restart loses them):
+    # node index -> None while paused, else the instant it stops counting. Redlock tolerates
+    # a minority of faulty nodes, so at most two at once.
+    faulty: dict[int, float | None] = {}
+    stopped: dict[int, float] = {}  # client index -> when to resume it
+    faults = []
+
+    def resume(index: int, now: float) -> None:
+        cluster5[index].resume()
+        faulty[index] = now + GRACE
+
+    try:
+        end = time.monotonic() + SECONDS
+        while time.monotonic() < end:
+            time.sleep(rng.uniform(0.05, 0.3))
+            now = time.monotonic()
+            for index, until in list(stopped.items()):
+                if now >= until:
+                    clients[index].send_signal(signal.SIGCONT)
+                    del stopped[index]
+            for index, healed in list(faulty.items()):
+                if healed is not None and now >= healed:
+                    del faulty[index]
+            action = rng.choice(("pause", "resume", "restart", "client", "client"))
+            node = rng.randrange(5)
+            if action == "pause" and len(faulty) < 2 and node not in faulty:
+                cluster5[node].pause()
+                faulty[node] = None
+            elif action == "resume" and node in faulty and faulty[node] is None:
+                resume(node, now)
+            elif action == "restart" and (len(faulty) < 2 or node in faulty):
+                cluster5[node].restart()  # lost its keys: quarantined for max_ttl (2 s)
+                faulty[node] = time.monotonic() + GRACE
+            elif action == "client":
+                index = rng.randrange(len(clients))
+                if index not in stopped and clients[index].poll() is None:
+                    clients[index].send_signal(signal.SIGSTOP)  # longer than its 1 s ttl
+                    stopped[index] = now + rng.uniform(0.3, 2.0)
+            faults.append(action)
+    finally:
+        for index in list(stopped):
+            clients[index].send_signal(signal.SIGCONT)
+        for index, healed in faulty.items():
+            if healed is None:
+                cluster5[index].resume()
+        for client in clients:
+            try:
+                client.wait(SECONDS + 30)
+            except subprocess.TimeoutExpired:
+                client.kill()
+    assert all(client.returncode == 0 for client in clients), f"seed {seed}"
+    leases = [json.loads(line) for line in log.read_text().splitlines()]
+    if not os.environ.get("REDLOCK_STORM_STRICT"):
+        for lease in leases:
+            lease["end"] = lease["told"]
+    by_kind = {kind: [i for i in leases if i["kind"] == kind] for kind in ("lock", "semaphore")}
+    rw = [i for i in leases if i["kind"] in ("read", "write")]
+    # Not vacuous: every kind was held many times, through faults.
+    assert all(len(by_kind[kind]) >= 8 for kind in by_kind), (seed, len(leases))
+    assert sum(i["kind"] == "write" for i in rw) >= 2, (seed, len(rw))
+    assert {"pause", "restart", "client"} <= set(faults), (seed, faults)
+    for kind, limit in LIMITS.items():
+        found = overlaps(by_kind[kind], limit)
+        assert found == [], f"seed {seed}: {kind} overlap: {found[:3]}"
+    beside = writer_overlaps(rw)
+    assert beside == [], f"seed {seed}: a writer beside another holder: {beside[:3]}"
