@@ -38,6 +38,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import random
 import string
 import threading
 from collections.abc import Callable, Mapping
@@ -141,6 +142,7 @@ class _Policy:
     once_ttl: float | None
     once_raise: bool
     retry_max_countdown: float
+    retry_first_countdown: float
     manager: ManagerOption
 
     def get_manager(self) -> LockManager:
@@ -170,6 +172,7 @@ def _make_policy(
     once_ttl: object = None,
     once_raise: object = False,
     retry_max_countdown: object = 60.0,
+    retry_first_countdown: object = 0.5,
     manager: object = None,
 ) -> _Policy:
     if not isinstance(key, str) and not callable(key):
@@ -197,6 +200,7 @@ def _make_policy(
         once_ttl=_optional_seconds(once_ttl, "once_ttl"),
         once_raise=cast(bool, once_raise),
         retry_max_countdown=_seconds(retry_max_countdown, "retry_max_countdown"),
+        retry_first_countdown=_seconds(retry_first_countdown, "retry_first_countdown"),
         manager=cast(ManagerOption, manager),
     )
 
@@ -311,10 +315,24 @@ def _describe_holder(manager: LockManager, name: str) -> str:
     )
 
 
-def _countdown(retry_after: float | None, policy: _Policy) -> float:
-    """Seconds until the retry: the holder's remaining lease (when the nodes told it), at
-    least 0.1 s (never a hot loop) and at most ``retry_max_countdown``."""
-    seconds = retry_after if retry_after is not None else 1.0
+def _countdown(
+    retry_after: float | None,
+    policy: _Policy,
+    retries: int,
+    uniform: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds until retry number ``retries + 1`` of a task whose lock was busy.
+
+    ``retry_first_countdown`` doubled each retry, with ±25 % jitter (copies that met the
+    same holder do not all come back at once), but never past the holder's remaining lease
+    (``retry_after``, when the nodes told it: by then the lock is free even if its holder
+    died), at least 0.1 s (never a hot loop) and at most ``retry_max_countdown``. Waiting
+    for the holder's whole lease, as before, retried a task 30 s after a holder that was
+    done in 3 s (issue 23); now the retry comes within about one doubling of the release.
+    """
+    seconds = policy.retry_first_countdown * 2.0 ** min(retries, 30) * uniform(0.75, 1.25)
+    if retry_after is not None:
+        seconds = min(seconds, retry_after)
     return min(max(seconds, 0.1), policy.retry_max_countdown)
 
 
@@ -528,13 +546,13 @@ def _acquire(
         if policy.on_busy == "error":
             logger.warning("failing %s: lock %r is %s", origin, name, holder)
             raise
-        countdown = _countdown(error.retry_after, policy)
+        countdown = _countdown(error.retry_after, policy, task.request.retries or 0)
         logger.info("retrying %s in %.1f s: lock %r is %s", origin, countdown, name, holder)
         raise task.retry(countdown=countdown, exc=error) from None
     except QuorumUnreachable as error:
         if policy.on_busy != "retry":
             raise
-        countdown = _countdown(None, policy)
+        countdown = _countdown(None, policy, task.request.retries or 0)
         logger.warning(
             "retrying %s in %.1f s: no quorum for %r: %s", origin, countdown, name, error
         )
@@ -553,6 +571,7 @@ def locked_task(
     once_ttl: float | None = None,
     once_raise: bool = False,
     retry_max_countdown: float = 60.0,
+    retry_first_countdown: float = 0.5,
     manager: ManagerOption = None,
 ) -> Callable[[F], F]:
     """Decorate a Celery task's function (under ``@app.task``): one run at a time per key.
@@ -562,9 +581,10 @@ def locked_task(
             (``"{0}"``) and by name (``"report:{account_id}"``, defaults included), or a
             callable ``(*args, **kwargs) -> str`` given the task's arguments.
         on_busy: ``"skip"`` (default: log the holder, return None), ``"retry"`` (Celery's
-            ``self.retry``, countdown = the holder's remaining lease, within
-            ``retry_max_countdown``; after ``max_retries`` the task fails with
-            ``LockContended``) or ``"error"`` (fail with ``LockContended``).
+            ``self.retry``: ``retry_first_countdown`` doubling each retry, jittered, never
+            past the holder's remaining lease nor ``retry_max_countdown``; after
+            ``max_retries`` the task fails with ``LockContended``) or ``"error"`` (fail with
+            ``LockContended``).
         ttl: the run lock's lease in seconds (default: the manager's).
         timeout: seconds to wait for a busy lock before ``on_busy`` applies (default 0).
         auto_extend: renew the run lock while the task runs (default True).
@@ -574,6 +594,7 @@ def locked_task(
             long a queued copy keeps the key before it must have started.
         once_raise: raise :class:`AlreadyQueued` instead of returning the existing result.
         retry_max_countdown: upper bound of the retry countdown in seconds (default 60).
+        retry_first_countdown: the first retry's countdown in seconds (default 0.5).
         manager: a ``LockManager``, or a callable returning one (default:
             ``django_redlock.get_manager()``, from the ``REDLOCK`` setting).
 
@@ -592,6 +613,7 @@ def locked_task(
         once_ttl=once_ttl,
         once_raise=once_raise,
         retry_max_countdown=retry_max_countdown,
+        retry_first_countdown=retry_first_countdown,
         manager=manager,
     )
     return _decorator(policy, bound=None)
