@@ -21,6 +21,7 @@ from functools import wraps
 from typing import Any, Literal, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
@@ -71,13 +72,21 @@ def default_on_locked(request: HttpRequest, error: LockNotAcquired) -> HttpRespo
 
 
 def default_on_unavailable(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
-    """503 Service Unavailable with Retry-After: the lock service has no quorum."""
-    response = HttpResponse(
-        "Service Unavailable: the lock service cannot be reached.\n",
-        status=503,
-        content_type="text/plain; charset=utf-8",
-    )
-    response["Retry-After"] = _retry_after(None)
+    """503 Service Unavailable with Retry-After: the lock service has no quorum.
+
+    Retry-After is the time until enough nodes vote again when they said so (a restart
+    quarantine), else 1 s. With ``DEBUG`` the body says what the error says (quarantined,
+    for how long, what to do); without it, only that the service is unavailable (the log
+    has the rest: see :func:`locked_view`)."""
+    if error.quarantined is not None:
+        reason = "the lock nodes are quarantined after a restart"
+    else:
+        reason = "the lock service cannot be reached"
+    body = f"Service Unavailable: {reason}.\n"
+    if settings.DEBUG:
+        body += f"{error}\n"
+    response = HttpResponse(body, status=503, content_type="text/plain; charset=utf-8")
+    response["Retry-After"] = _retry_after(error.retry_after)
     return response
 
 
@@ -215,6 +224,8 @@ def locked_view(
 
     def refuse(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
         if isinstance(error, QuorumUnreachable):
+            # Always logged, whatever the response says: the operator's cue.
+            logger.warning("%s %s: %s", request.method, request.path, error)
             return unavailable(request, error)
         return locked(request, error)
 

@@ -25,6 +25,7 @@ node's redacted label (``host:port/db`` or the socket path).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 __all__ = [
@@ -70,6 +71,9 @@ class LockNotAcquired(RedlockError):
             renew; ``None`` when unknown. Used for ``Retry-After`` headers.
         attempts: how many attempts were made before giving up.
         origin: where the acquire came from (a view or command name), when given.
+        quarantined: when nodes refused because they restarted without proof that they kept
+            their locks (QUARANTINED), the seconds until enough of them vote again for a
+            quorum; else None. ``retry_after`` is then the same.
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class LockNotAcquired(RedlockError):
         retry_after: float | None = None,
         attempts: int = 1,
         origin: str | None = None,
+        quarantined: float | None = None,
     ) -> None:
         self.name = name
         self.origin = origin
@@ -89,7 +94,10 @@ class LockNotAcquired(RedlockError):
         self.node_errors: dict[str, str] = dict(node_errors or {})
         self.retry_after = retry_after
         self.attempts = attempts
-        super().__init__(name, votes, quorum, self.node_errors, retry_after, attempts, origin)
+        self.quarantined = quarantined
+        super().__init__(
+            name, votes, quorum, self.node_errors, retry_after, attempts, origin, quarantined
+        )
         self._text = self._message()
 
     def _message(self) -> str:
@@ -97,6 +105,12 @@ class LockNotAcquired(RedlockError):
             f"lock {self.name!r} not acquired: {self.votes} of {self.quorum} votes needed"
             f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
         )
+        if self.quarantined is not None:
+            text += (
+                f"; nodes are quarantined after a restart (not proven to have kept their "
+                f"locks): a quorum votes again in {math.ceil(self.quarantined)} s; declare "
+                "brand-new nodes fresh (manage.py redlock_declare_fresh)"
+            )
         if self.node_errors:
             details = "; ".join(f"{node}: {error}" for node, error in self.node_errors.items())
             text += f" (node errors: {details})"

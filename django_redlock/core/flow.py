@@ -20,7 +20,9 @@ sent), a :class:`~django_redlock.wire.sync.NodeError` (``NotSent`` when it never
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 import secrets
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +72,7 @@ __all__ = [
     "leave_round",
     "owned",
     "owns_round",
+    "quarantine_left",
     "release_round",
     "retry_delay",
     "summarise",
@@ -279,6 +282,13 @@ class Acquire:
         clean_up = shape.clean_up(self.token, results, nodes.size)
         if not self.blocking or (self.deadline is not None and end >= self.deadline):
             return Failed(error, clean_up, True, 0.0, end - self.started)
+        quarantined = error.quarantined
+        if quarantined is not None:
+            # The nodes said when a quorum votes again: never wait out a timeout that the
+            # quarantine is known to outlast, and do not poll them before it ends.
+            if self.deadline is not None and end + quarantined > self.deadline:
+                return Failed(error, clean_up, True, 0.0, end - self.started)
+            return Failed(error, clean_up, False, quarantined, end - self.started)
         delay = retry_delay(nodes.retry_delay, end, self.deadline, self.polls, self.uniform)
         return Failed(error, clean_up, False, delay, end - self.started)
 
@@ -330,10 +340,15 @@ def failure(
         if reply is TIMED_OUT or isinstance(reply, NodeError)
     }
     kind: type[LockNotAcquired] = QuorumUnreachable
+    quarantined = None
     if granted >= nodes.quorum:
         errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
     elif len(errors) <= nodes.size - nodes.quorum:
         kind = LockContended
+    else:
+        quarantined = quarantine_left(nodes.quorum, results)
+        if quarantined is not None and retry_after is None:
+            retry_after = quarantined
     return kind(
         name,
         votes=granted,
@@ -341,7 +356,38 @@ def failure(
         node_errors=errors,
         retry_after=retry_after,
         attempts=attempts,
+        quarantined=quarantined,
     )
+
+
+_VOTES_AGAIN = re.compile(r"^QUARANTINED .*? votes again in (\d+) s")
+
+
+def quarantine_left(quorum: int, results: Sequence[Any]) -> float | None:
+    """Seconds until a quorum of nodes votes again, when nodes refused with QUARANTINED
+    (``scripts/node_rule.lua`` says in how many seconds each votes again); None when no node
+    did, or when the nodes that did not answer leave it unknown.
+
+    A node that answered anything else votes now; one not waited for is counted as voting
+    (the round had its outcome without it); one that timed out or failed otherwise never.
+    """
+    ready: list[float] = []
+    quarantined = False
+    for reply in results:
+        if reply is TIMED_OUT or isinstance(reply, NodeError):
+            found = _VOTES_AGAIN.match(str(reply))
+            if found is None:
+                ready.append(math.inf)
+            else:
+                quarantined = True
+                ready.append(float(found[1]))
+        else:
+            ready.append(0.0)
+    if not quarantined:
+        return None
+    ready.sort()
+    left = ready[quorum - 1]
+    return left if math.isfinite(left) and left > 0 else None
 
 
 EXPIRED = "expired"
