@@ -92,9 +92,10 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 return 2
             reports = tell_the_story(cluster, args, seed)
-            print(f"\nThe site: http://{args.addr}/  (admin: admin / admin)", flush=True)
             if args.no_serve:
+                print("\n--no-serve: the story is told, nothing is served.", flush=True)
                 return 0 if reports[0]["doubles"] == 0 else 1
+            print(f"\nThe site: http://{args.addr}/  (admin: admin / admin)", flush=True)
             print("serving until Ctrl-C", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 while server.poll() is None:

@@ -32,7 +32,7 @@ from django_redlock.redlock import Lease, LockManager
 
 if TYPE_CHECKING:
     from django_redlock.aredlock import AsyncLease, AsyncLockManager
-    from django_redlock.conf import get_manager
+    from django_redlock.conf import get_async_manager, get_manager
     from django_redlock.decorators import LockedViewMixin, locked_command, locked_view
     from django_redlock.locks import alock_for, lock_for
 
@@ -60,6 +60,7 @@ __all__ = [
     "UnfencedWrite",
     "__version__",
     "alock_for",
+    "get_async_manager",
     "get_manager",
     "lock_for",
     "locked_command",
@@ -72,6 +73,7 @@ _LAZY: dict[str, str] = {
     "AsyncLockManager": "django_redlock.aredlock",
     "AsyncLease": "django_redlock.aredlock",
     "get_manager": "django_redlock.conf",
+    "get_async_manager": "django_redlock.conf",
     "lock_for": "django_redlock.locks",
     "alock_for": "django_redlock.locks",
     "locked_view": "django_redlock.decorators",

@@ -209,5 +209,7 @@ class ActiveLockAdmin(_ModelAdmin):
             single_object=True,
         )
         logger.warning("%s by %s: %s", name, request.user, detail)
-        messages.success(request, f"{name}: {detail}.")
+        # Django's admin capitalises the first letter of a message: start with a word, not
+        # the lock name ("shop.seat:1" read "Shop.seat:1").
+        messages.success(request, f"Lock {name!r} {detail}.")
         return HttpResponseRedirect(reverse("admin:django_redlock_activelock_changelist"))

@@ -279,7 +279,11 @@ def _node(spec: object, reading: _Reading) -> NodeAddress | None:
             spec.get("PASSWORD", address.password),
         )
     except (TypeError, ValueError) as exc:
-        reading.report(bad, str(exc), "Write a redis://, rediss:// or unix:// URL.")
+        # The parser names the LockManager argument ("nodes: ..."): here it is the setting.
+        text = str(exc).removeprefix("nodes: ")
+        reading.report(
+            bad, f"REDLOCK['NODES']: {text}", "Write a redis://, rediss:// or unix:// URL."
+        )
         return None
 
 

@@ -99,6 +99,10 @@ def test_force_release_confirms_then_releases_bumps_the_fence_and_logs(
     assert entry.object_repr == name
     assert "bumped to 1" in entry.change_message
     assert lease.token not in entry.change_message
+    # The page's message keeps the lock name as it is (the admin capitalises a message's
+    # first letter: it used to read "Testapp.ledger:1").
+    shown = operator.get(done["Location"]).content.decode()
+    assert f"Lock &#x27;{name}&#x27; force-released on" in shown
 
 
 def test_semaphore_slots_and_readers_show_without_tokens_or_a_release_button(

@@ -104,3 +104,11 @@ def test_every_check_id_is_unique_and_documented():
     rows = re.findall(r"^\| ([EW]\d{3}) \|", table, flags=re.MULTILINE)
     assert len(rows) == len(set(rows)), "an id is used for two problems"
     assert {f"django_redlock.{row}" for row in rows} == used
+
+
+def test_a_bad_node_url_is_named_as_the_setting_names_it(settings):
+    """E004 said ``nodes:`` (the LockManager argument) where every other message says
+    ``REDLOCK['NODES']`` (issue 23)."""
+    settings.REDLOCK = {"NODES": ["http://127.0.0.1:1"]}
+    (message,) = [m for m in check_settings() if m.id == "django_redlock.E004"]
+    assert message.msg.startswith("REDLOCK['NODES']: unsupported URL scheme 'http'")
