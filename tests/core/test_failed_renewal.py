@@ -164,10 +164,10 @@ def test_a_renewal_without_a_quorum_frees_nothing_and_the_lease_ends_when_its_va
         # Nothing was freed: before the fix the miss deleted these at once.
         assert holds(cluster5, 1, a, names, lease.token)
         assert holds(cluster5, 2, a, names, lease.token)
-        assert (
-            "renewed on 2 of 5 nodes, 0 had lost it (set again), 0 held it for another token, "
-            in (lease._missed)
-        )
+        # Nodes 1 and 2 renewed it (or set it again: the acquire returned at a quorum, and a
+        # node whose grant was not waited for may have refused it); the three others are
+        # silent.
+        assert "0 held it for another token, 3 did not answer" in str(lease._missed)
         assert events.lost.wait(WAIT)
         assert lease.lost_cause == "expired"
         assert lease.lost_at == pytest.approx(lease._expires_at)
