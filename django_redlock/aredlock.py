@@ -387,7 +387,10 @@ class AsyncLockManager:
             raise lease._lost_error()
         commands = sync._extend_round(lease)
         start = sync._clock()
-        results, _, _ = await self._connections().run(commands, sync.node_timeout, 1, sync.quorum)
+        # Never given up early on refusals (LockManager._extend says why).
+        results, _, _ = await self._connections().run(
+            commands, sync.node_timeout, 1, sync.quorum, give_up=size
+        )
         try:
             return lease._settle_extend(start, sync._clock(), results)
         except LockLost:

@@ -721,7 +721,10 @@ class LockManager:
             raise lease._lost_error()
         commands = self._extend_round(lease)
         start = self._clock()
-        exchange = connections.run(commands, time.monotonic() + self.node_timeout, 1, self.quorum)
+        # Never given up early on refusals: a node that never held the lease may answer
+        # "set again" (2) without any loss, so only every answer (or the deadline) decides.
+        deadline = time.monotonic() + self.node_timeout
+        exchange = connections.run(commands, deadline, 1, self.quorum, size)
         now = self._clock()
         try:
             return lease._settle_extend(start, now, exchange.results)

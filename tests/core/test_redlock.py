@@ -186,7 +186,7 @@ def test_a_lease_gone_from_a_majority_is_lost_and_frees_every_key(cluster3):
     for node in cluster3.nodes[:2]:
         with node_client(node) as client:
             client.delete(lease.key)  # it expired on a majority
-    with pytest.raises(LockLost, match=r"no longer held by a quorum \(renewed on 1 of 3") as lost:
+    with pytest.raises(LockLost, match="no longer held by a quorum") as lost:
         lease.extend()
     assert lost.value.cause == "gone"
     assert lease.lost
