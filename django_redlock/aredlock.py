@@ -107,7 +107,8 @@ class AsyncLease(BaseLease):
         Raises:
             LeaseReleased: the lease was released.
             LockLost: the lease had ended (its validity ran out, or a quorum of nodes no
-                longer holds it); it is now lost and its keys are freed.
+                longer holds it); it is now lost and its keys are freed (for a lease found
+                gone, only those this renewal set again: see ``core/flow.lost_clean_up``).
             LeaseNotExtended: no quorum either way: the lease keeps its validity and keys.
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
@@ -395,8 +396,10 @@ class AsyncLockManager:
             return lease._settle_extend(start, sync._clock(), results)
         except LockLost:
             # The lease has ended (never on a mere miss, LockManager._extend): best effort,
-            # no await, free the keys we may still hold.
-            self._connections().post(lease._shape.clean_up(lease.token, None, size))
+            # no await, free the keys flow.lost_clean_up says to.
+            self._connections().post(
+                flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
+            )
             raise
 
     async def _owned(self, lease: AsyncLease) -> bool:

@@ -133,7 +133,9 @@ class Lease(BaseLease):
             LeaseReleased: the lease was released.
             LockLost: the lease had ended: its validity ran out (also when the renewal
                 finished after it), or a quorum of nodes answered that they no longer hold
-                it. Its keys are then released everywhere (best effort) and it stays lost.
+                it. It stays lost, and its keys are freed (best effort): everywhere, but for
+                a lease found gone only the keys this renewal set again (the others expire by
+                themselves; see ``core/flow.lost_clean_up``).
             LeaseNotExtended: neither a quorum renewed it nor a quorum refused it (nodes
                 did not answer): nothing changed, the lease keeps the validity it had and
                 its keys; try again before ``validity`` runs out.
@@ -710,7 +712,8 @@ class LockManager:
 
         Raises:
             LockLost: the lease ended (its validity ran out, or a quorum no longer holds it);
-                its keys are then freed, best effort (compare-and-delete: only ours).
+                its keys are then freed, best effort (compare-and-delete: only ours), as
+                :func:`~django_redlock.core.flow.lost_clean_up` says.
             LeaseNotExtended: no quorum either way; nothing is freed: the lease keeps its
                 validity, and its keys keep others out until it runs out.
         """
@@ -729,9 +732,12 @@ class LockManager:
         try:
             return lease._settle_extend(start, now, exchange.results)
         except LockLost:
-            # The lease has ended, so what keys of ours are left only keep the next holder
-            # waiting. Never on a mere miss: those keys are what keeps others out meanwhile.
-            connections.clean_up(lease._shape.clean_up(lease.token, None, size))
+            # The lease has ended: free what keys of ours only keep the next holder waiting
+            # (flow.lost_clean_up: all of them, but for a lease found gone only those this
+            # round re-created). Never on a mere miss: those keys keep others out meanwhile.
+            connections.clean_up(
+                flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, exchange.results)
+            )
             raise
 
     def _extend_round(self, lease: BaseLease) -> list[Command]:

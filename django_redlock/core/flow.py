@@ -70,6 +70,7 @@ __all__ = [
     "judge_extend",
     "judge_release",
     "leave_round",
+    "lost_clean_up",
     "owned",
     "owns_round",
     "quarantine_left",
@@ -488,7 +489,8 @@ def judge_extend(
     * Fewer than Q of the nodes that held it still do (renewed or silent): they answered
       that they lost it (force-released, or the nodes lost it), so someone else may have
       taken it, whatever the local clock says: gone, lost at once (and the keys it just set
-      are freed by the caller's clean-up, as every key of a lost lease).
+      are freed by the caller's clean-up; the keys it still holds are not, see
+      :func:`lost_clean_up`).
     * Otherwise (nodes did not answer): nothing changed. The lease keeps the validity it had:
       its keys are still on the quorum that granted it, so no other holder can be granted
       the lock meanwhile. Nothing is freed, and the caller tries again.
@@ -523,6 +525,28 @@ def judge_extend(
     }
     refused = nodes.size - had
     return Missed(tally.renewed + tally.recreated, refused, f"{counts} ({details})", errors)
+
+
+def lost_clean_up(
+    shape: Shape, token: str, cause: str, results: Sequence[Any]
+) -> list[Command | None]:
+    """The releases to send after an extend round (its ``results``) found the lease lost
+    with ``cause``.
+
+    Expired or taken: every key of ours that is left only keeps the next holder waiting, so
+    all of them are freed. Gone (fewer than a quorum of the nodes that held the lease still
+    do): only the keys this very round re-created (reply 2) are freed, so the nodes are left
+    as the round found them. The verdict is a suspicion, not a proof: the nodes that lost
+    the key may be ones that restarted (quarantined: they grant nobody) or ones that never
+    granted the lease (they refused it, quarantined), and while the lease's validity runs
+    the keys it still has on the other nodes are what keeps a rival from a quorum. Freeing
+    them would turn the suspicion into an overlap (tests/core/test_fault_storm.py, strict):
+    they expire by themselves within a ttl.
+    """
+    command = shape.release(token, "")
+    if cause != GONE:
+        return [command] * len(results)
+    return [command if type(reply) is int and reply == 2 else None for reply in results]
 
 
 NEVER_YES = object()

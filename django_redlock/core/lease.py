@@ -372,7 +372,8 @@ class BaseLease:
 
         Raises:
             LockLost: the lease ended (its validity ran out, or a quorum of nodes no longer
-                holds it); it is now marked lost, and the caller frees what keys may be left.
+                holds it); it is now marked lost, and the caller frees the keys
+                ``flow.lost_clean_up`` names.
             LeaseNotExtended: no quorum either way: nothing changed, the lease keeps its
                 validity and its keys (the caller frees nothing).
         """

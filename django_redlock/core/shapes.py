@@ -38,9 +38,17 @@ def lock_refusal(reply: object) -> int | None:
 
 
 def heard(reply: object) -> bool:
-    """Whether a node's reply was heard: not a timeout, a reply not waited for, or an I/O
-    error (then what the command did on the node is unknown)."""
-    return not (reply is PENDING or reply is TIMED_OUT or isinstance(reply, NodeError))
+    """Whether what a command did on a node is known from its reply: not for a timeout, a
+    reply not waited for, or an I/O error; known for a command that never left (NotSent)
+    and for a QUARANTINED refusal (the vote gate runs before any write in every granting
+    script, so such a node wrote nothing)."""
+    if reply is PENDING or reply is TIMED_OUT:
+        return False
+    if isinstance(reply, NotSent):
+        return True
+    if isinstance(reply, NodeError):
+        return str(reply).startswith("QUARANTINED")
+    return True
 
 
 class Shape:

@@ -241,3 +241,15 @@ def test_an_adopt_too_few_nodes_answered_is_quorum_unreachable():
         assert isinstance(verdict, QuorumUnreachable)
         assert (verdict.name, verdict.votes, verdict.quorum) == ("x", 1, 2)
         assert verdict.node_errors
+
+
+def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
+    """A node may hold a won lease when it granted it, or when its answer was not heard (a
+    timeout, a reply not waited for: its SET may have landed). A QUARANTINED refusal or a
+    command that never left wrote nothing (the vote gate runs before any write), so such a
+    node does not hold it: counting it would let a renewal think the lease still held there."""
+    from django_redlock.core.shapes import Shape
+
+    quarantined = NodeError("QUARANTINED restarted 1 s ago and is not proven durable")
+    replies = [GRANTED, quarantined, TIMED_OUT, NotSent("refused"), PENDING, 3_000]
+    assert Shape("k").granted_on(replies) == (True, False, True, False, True, False)

@@ -176,10 +176,11 @@ def test_extend_renews_the_full_ttl(cluster3, clock: FakeClock):
     lease.release()
 
 
-def test_a_lease_gone_from_a_majority_is_lost_and_frees_every_key(cluster3):
+def test_a_lease_gone_from_a_majority_is_lost_and_frees_the_keys_it_set_again(cluster3):
     """An extend that finds the keys gone from a majority (an operator's force release, or
     nodes that lost them) ends the lease, even while its validity runs; the keys the
-    renewal set again on those nodes are freed with the rest (compare-and-delete)."""
+    renewal set again on those nodes are freed (compare-and-delete). The key it still held
+    stays until its ttl: the freed nodes are a quorum, so a rival is not kept waiting."""
     manager = make(cluster3)
     lease = manager.acquire("continuity", ttl=10.0)
     lease.extend()  # all nodes hold it now
@@ -193,8 +194,38 @@ def test_a_lease_gone_from_a_majority_is_lost_and_frees_every_key(cluster3):
     with pytest.raises(LockLost):
         lease.check()
     deadline = time.monotonic() + 5  # the clean-up is sent without waiting for its replies
-    while holders(cluster3, lease.key) != [None] * 3:
+    while holders(cluster3, lease.key) != [None, None, lease.token.encode()]:
         assert time.monotonic() < deadline
+    make(cluster3).acquire("continuity", ttl=10.0, blocking=False).release()
+
+
+def test_a_lease_found_gone_keeps_the_keys_that_keep_a_rival_out(cluster5):
+    """A lease granted by exactly a quorum (two nodes refused it: an earlier holder's key)
+    loses one of its three keys to a restart. Its next renewal finds fewer than a quorum of
+    the nodes that granted it still holding it: lost, "gone". Yet no rival can have taken it:
+    the restarted node votes for no one (quarantine), and the lease's two other keys keep
+    every rival from a quorum until its validity ends. Freeing those keys with the lost
+    lease's clean-up let a rival in while the lease's validity still ran (issue 22's strict
+    fault storm, tests/core/test_fault_storm.py)."""
+    holder, rival = (make(cluster5, ttl=2.0, max_ttl=2.0) for _ in range(2))
+    key = "redlock:kept"
+    for node in cluster5.nodes[1:3]:
+        with node_client(node) as client:
+            client.hset(key, mapping={"t": "earlier", "o": "{}"})
+            client.pexpire(key, 300)
+    lease = holder.acquire("kept", ttl=2.0, blocking=False)  # granted by nodes 0, 3 and 4
+    cluster5[0].restart()  # loses its key, and is quarantined for max_ttl
+    time.sleep(0.35)  # the earlier holder's keys have run out
+    with pytest.raises(LockLost) as lost:
+        lease.extend()
+    assert lost.value.cause == "gone"
+    deadline = time.monotonic() + 5  # the clean-up is sent without waiting for its replies
+    token = lease.token.encode()
+    while holders(cluster5, key) != [None, None, None, token, token]:
+        assert time.monotonic() < deadline
+    assert lease._expires_at > time.monotonic()  # the validity it was granted still runs
+    with pytest.raises(RedlockError):
+        rival.acquire("kept", ttl=1.0, blocking=False)
 
 
 def test_extend_after_local_expiry_is_lost(cluster3, clock: FakeClock):
