@@ -71,6 +71,7 @@ __all__ = [
     "judge_release",
     "leave_round",
     "lost_clean_up",
+    "node_errors",
     "owned",
     "owns_round",
     "quarantine_left",
@@ -335,11 +336,7 @@ def failure(
     expiring = sorted(reply for reply in held if reply >= 0)
     need = nodes.quorum - granted
     retry_after = expiring[need - 1] / 1000 if 0 < need <= len(expiring) else None
-    errors = {
-        label: error_text(reply, nodes.node_timeout)
-        for label, reply in zip(nodes.labels, results, strict=True)
-        if reply is TIMED_OUT or isinstance(reply, NodeError)
-    }
+    errors = node_errors(nodes, results)
     kind: type[LockNotAcquired] = QuorumUnreachable
     quarantined = None
     if granted >= nodes.quorum:
@@ -518,11 +515,7 @@ def judge_extend(
         return Lost(TAKEN, f"taken by another holder ({counts}: {details})")
     if had < quorum:
         return Lost(GONE, f"no longer held by a quorum ({counts}: {details})")
-    errors = {
-        label: error_text(reply, nodes.node_timeout)
-        for label, reply in zip(nodes.labels, results, strict=True)
-        if reply is TIMED_OUT or isinstance(reply, NodeError)
-    }
+    errors = node_errors(nodes, results)
     refused = nodes.size - had
     return Missed(tally.renewed + tally.recreated, refused, f"{counts} ({details})", errors)
 
@@ -582,11 +575,7 @@ def judge_adopt(
     """
     left = sorted((r for r in results if type(r) is int and r > 0), reverse=True)
     if len(left) < nodes.quorum:
-        errors = {
-            label: error_text(reply, nodes.node_timeout)
-            for label, reply in zip(nodes.labels, results, strict=True)
-            if reply is TIMED_OUT or isinstance(reply, NodeError)
-        }
+        errors = node_errors(nodes, results)
         if len(left) + len(errors) >= nodes.quorum:
             # The nodes that refused are too few to say the lease is gone: an outage, not a
             # loss. The failed adopt hands the keys back, so the handle can be tried again.
@@ -676,6 +665,15 @@ def error_text(reply: object, node_timeout: float) -> str:
     if reply is TIMED_OUT:
         return f"no answer within {node_timeout * 1000:g} ms"
     return str(reply)
+
+
+def node_errors(nodes: Nodes, results: Sequence[Any]) -> dict[str, str]:
+    """Node label -> error text, for the nodes of a round that failed or timed out."""
+    return {
+        label: error_text(reply, nodes.node_timeout)
+        for label, reply in zip(nodes.labels, results, strict=True)
+        if reply is TIMED_OUT or isinstance(reply, NodeError)
+    }
 
 
 def has_node_errors(results: Iterable[Any]) -> bool:
