@@ -1,16 +1,17 @@
 """Celery tasks that run one at a time per lock name, and enqueue once per key.
 
-``pip install django_redlock[celery]``. Two spellings, one implementation::
+``pip install ".[celery]"`` from the clone. Two spellings, one implementation::
 
     @app.task(bind=True)
-    @locked_task(key="report:{account_id}", on_busy="retry", ttl=30)
+    @locked_task(key="report:{account_id}", on_busy="retry", ttl=30, once=True)
     def build_report(self, account_id): ...
 
     @app.task(bind=True, base=LockedTask, redlock={"key": "report:{account_id}", "once": True})
     def build_report(self, account_id): ...
 
-(``base=LockedTask`` is needed for ``once=True``, which works in ``apply_async``; the
-decorator alone locks the run only.)
+(``once=True`` works in ``apply_async``: the decorator gives the task class Celery builds
+around it ``LockedTask``'s ``apply_async`` when that class is created, which needs
+``bind=True``; ``@app.task`` without it over ``once=True`` is refused when the task runs.)
 
 **The run lock.** The worker takes the lock ``key`` (formatted from the task's arguments)
 before the task's function runs, with the origin ``celery:<task name>[<task id>]`` (shown on
@@ -43,7 +44,8 @@ import string
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import wraps
+from functools import update_wrapper
+from types import MethodType
 from typing import Any, ClassVar, Literal, TypeVar, cast
 
 try:
@@ -491,10 +493,12 @@ def _run_locked(
     manager = policy.get_manager()
     state: _MarkerState | None = None
     if policy.once:
-        if not isinstance(task, LockedTask):
+        if not _has_once(task):
+            # Only @app.task without bind=True gets here (see _LockedFunction).
             raise TypeError(
-                f"{task.name}: once=True works in apply_async: declare the task with "
-                "@app.task(bind=True, base=LockedTask)"
+                f"{task.name}: once=True works in apply_async, which Celery's task class "
+                "lacks here: declare the task with @app.task(bind=True) over @locked_task, "
+                "or with base=LockedTask"
             )
         adopted = _adopt_marker(manager, request)
         if adopted is not None:
@@ -589,7 +593,8 @@ def locked_task(
         timeout: seconds to wait for a busy lock before ``on_busy`` applies (default 0).
         auto_extend: renew the run lock while the task runs (default True).
         max_hold: with ``auto_extend``, seconds after which renewal stops.
-        once: de-duplicate at enqueue (needs ``base=LockedTask``; see the module doc).
+        once: de-duplicate at enqueue (under ``@app.task(bind=True)`` or
+            ``base=LockedTask``; see the module doc).
         once_ttl: the ``once`` lease in seconds (default: the manager's ``max_ttl``): how
             long a queued copy keeps the key before it must have started.
         once_raise: raise :class:`AlreadyQueued` instead of returning the existing result.
@@ -623,24 +628,65 @@ def _decorator(policy: _Policy, *, bound: bool | None) -> Callable[[F], F]:
     def decorate(function: F) -> F:
         if hasattr(function, _POLICY_ATTR):
             raise TypeError(f"{function.__qualname__} is already a locked task")
-        namer = _Namer(policy.key, function, bound=bound)
-
-        @wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            task = get_current_task()
-            if task is None:
-                raise TypeError(
-                    f"{function.__qualname__} is a locked task's function: call the task "
-                    "(task(), task.delay()), not the function"
-                )
-            # bind=True passes the task itself first; it is not part of the key.
-            is_bound = bool(args) and args[0] is task
-            return _run_locked(policy, namer, task, function, args, kwargs, bound=is_bound)
-
-        setattr(wrapper, _POLICY_ATTR, (policy, namer))
-        return cast(F, wrapper)
+        return cast(F, _LockedFunction(function, policy, _Namer(policy.key, function, bound=bound)))
 
     return decorate
+
+
+class _LockedFunction:
+    """A locked task's function: runs the wrapped function under the run lock.
+
+    A callable object rather than a closure for one reason: ``__set_name__``. Celery builds a
+    task class around the function (``type(name, (base,), {"run": function, ...})``), and
+    Python calls ``__set_name__`` of every value in that class body, so with ``once=True``
+    under ``@app.task(bind=True)`` the decorator gets to give the new class the
+    ``apply_async`` that takes the ``once`` lease (:func:`_give_once`) before anything can
+    be sent: no ``base=LockedTask`` needed. (With ``bind=False`` Celery wraps the function
+    in a ``staticmethod``, which does not pass ``__set_name__`` on; that spelling is refused
+    with a ``TypeError`` naming ``bind=True``.)
+    """
+
+    def __init__(self, function: Callable[..., Any], policy: _Policy, namer: _Namer) -> None:
+        update_wrapper(self, function)
+        self.function = function
+        self.policy = policy
+        self.namer = namer
+        setattr(self, _POLICY_ATTR, (policy, namer))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        task = get_current_task()
+        if task is None:
+            raise TypeError(
+                f"{self.function.__qualname__} is a locked task's function: call the task "
+                "(task(), task.delay()), not the function"
+            )
+        # bind=True passes the task itself first; it is not part of the key.
+        is_bound = bool(args) and args[0] is task
+        return _run_locked(
+            self.policy, self.namer, task, self.function, args, kwargs, bound=is_bound
+        )
+
+    # Celery checks a call's arguments against the signature of a callable's __call__ (its
+    # head_from_fun): like a functools.wraps closure, this one takes what the task takes.
+    __call__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("args", inspect.Parameter.VAR_POSITIONAL),
+            inspect.Parameter("kwargs", inspect.Parameter.VAR_KEYWORD),
+        ]
+    )
+
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
+        # A method of the task under bind=True, as the plain function was.
+        return self if instance is None else MethodType(self, instance)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if (
+            name == "run"
+            and self.policy.once
+            and issubclass(owner, Task)
+            and not issubclass(owner, LockedTask)
+        ):
+            _give_once(owner)
 
 
 def current_lease() -> Lease | None:
@@ -665,10 +711,12 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
 
     Use ``@app.task(bind=True, base=LockedTask, redlock={"key": ...})``, or subclass it with
     a ``redlock`` attribute and a ``run`` method, or stack ``@locked_task(...)`` under
-    ``@app.task(base=LockedTask)`` (the spelling ``once=True`` needs with the decorator).
+    ``@app.task(base=LockedTask)``.
     """
 
     redlock: ClassVar[Mapping[str, Any] | None] = None
+    #: Its ``apply_async`` takes the ``once`` lease (see ``_has_once``).
+    __redlock_once__: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -697,10 +745,6 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         lease = getattr(self.request, _LEASE_ATTR, None)
         return lease if isinstance(lease, Lease) else None
 
-    def _redlock(self) -> tuple[_Policy, _Namer] | None:
-        found = getattr(self.run, _POLICY_ATTR, None)
-        return cast(tuple[_Policy, _Namer] | None, found)
-
     def apply_async(
         self,
         args: Any = None,
@@ -720,100 +764,152 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             QuorumUnreachable: no quorum for the ``once`` lease (nothing is sent: without the
                 lease no de-duplication could be promised).
         """
-        found = self._redlock()
-        if found is None or not found[0].once or self.app.conf.task_always_eager:
-            # Eager: Celery runs it here and now, not from a queue (documented bypass).
-            return super().apply_async(args, kwargs, task_id, *more, **options)
-        policy, namer = found
-        # bind=True: run is a method and the task is not among the arguments.
-        bound = inspect.ismethod(self.run)
-        task_id = task_id or uuid()
-        origin = f"{_ONCE_ORIGIN}{self.name}[{task_id}]"
-        if len(origin.encode("utf-8")) > MAX_ORIGIN_BYTES:
-            # The origin is how a second enqueue finds this copy's id: it must fit whole.
-            raise ValueError(
-                f"task_id is too long for once=True: the origin {_ONCE_ORIGIN}<task>[<id>] "
-                f"must fit in {MAX_ORIGIN_BYTES} bytes"
-            )
-        headers = dict(options.pop("headers", None) or {})
-        headers.pop(HEADER, None)  # a retry copies the request's headers: never reuse them
-        name = ONCE_PREFIX + namer.name(tuple(args or ()), dict(kwargs or {}), bound=bound)
-        handle = self._retry_hand_off(task_id, name)
-        if handle is None:
-            taken = self._take_once(policy, name, task_id, origin)
-            if isinstance(taken, AsyncResult):
-                if not (options.get("group_id") or options.get("chord")):
-                    return taken
-                # In a group or chord Celery has fixed this copy's id and waits for its
-                # result: it must be sent. It runs under the run lock like any other copy.
-                logger.info(
-                    "%s[%s] sent although %r is queued as %s: it is part of a group or chord",
-                    self.name,
-                    task_id,
-                    name,
-                    taken.id,
-                )
-                return super().apply_async(args, kwargs, task_id, *more, headers=headers, **options)
-            handle = _handle(taken)
-        headers[HEADER] = handle
-        try:
-            return super().apply_async(args, kwargs, task_id, *more, headers=headers, **options)
-        except BaseException:
-            # Not sent: free the key at once rather than after once_ttl.
-            marker = self._lease_from_handle(policy, handle)
-            _release_quietly(marker, "the once lease")
-            raise
+        return _apply_once(self, super().apply_async, args, kwargs, task_id, *more, **options)
 
-    def _retry_hand_off(self, task_id: str, name: str) -> dict[str, Any] | None:
-        """A retry of the request running now passes its ``once`` lease ``name`` on to the
-        retried message (the key stays taken while the retry waits in the queue). A message
-        with the same id but another key (``self.replace`` with new arguments) is no retry:
-        it takes a lease of its own, and this run's is freed when it ends."""
-        request = self.request
-        state = getattr(request, _MARKER_ATTR, None)
-        if not isinstance(state, _MarkerState) or getattr(request, "id", None) != task_id:
-            return None
-        if state.marker.name != name:
-            return None
-        return state.hand_off()
 
-    def _take_once(
-        self, policy: _Policy, name: str, task_id: str, origin: str
-    ) -> Lease | AsyncResult:
-        manager = policy.get_manager()
-        ttl = policy.once_ttl if policy.once_ttl is not None else manager.max_ttl
-        for _ in range(3):
-            try:
-                lease = manager.acquire(name, ttl=ttl, blocking=False, origin=origin)
-            except LockContended:
-                existing = _queued_task_id(manager, name)
-                if existing is None:
-                    continue  # ran out between our try and the read: try again
-                if policy.once_raise:
-                    raise AlreadyQueued(name, existing) from None
-                logger.info(
-                    "%s[%s] not sent: %r is queued as %s", self.name, task_id, name, existing
-                )
-                return cast(AsyncResult, self.AsyncResult(existing))
-            # The lease now belongs to the message, not to this thread: drop it from the
-            # manager's re-entry table, or a second enqueue from this thread would re-enter
-            # it instead of finding the key taken.
-            manager._forget_owner(lease)
-            return lease
-        raise AlreadyQueued(name, None)
+#: Set on a task class that takes the ``once`` lease in its ``apply_async``.
+_ONCE_ATTR = "__redlock_once__"
 
-    def _lease_from_handle(self, policy: _Policy, handle: Mapping[str, Any]) -> Lease:
-        manager = policy.get_manager()
-        now = manager._clock()
-        return Lease(
-            manager,
-            name=handle["name"],
-            key=manager.key(handle["name"]),
-            token=handle["token"],
-            ttl=handle["ttl"],
-            expires_at=now + handle["ttl"],
-            acquired_at=now,
+
+def _has_once(task: Task) -> bool:
+    return bool(getattr(type(task), _ONCE_ATTR, False))
+
+
+def _give_once(owner: type) -> None:
+    """Give the task class Celery built over a ``once=True`` function (``@app.task(bind=True)``
+    over ``@locked_task``) the ``apply_async`` of :class:`LockedTask`. The class is this one
+    task's own (Celery makes one per task), so nothing else changes."""
+    parent: Any = owner.__mro__[1]
+
+    def apply_async(
+        self: Task,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        *more: Any,
+        **options: Any,
+    ) -> AsyncResult:
+        send = MethodType(parent.apply_async, self)
+        return _apply_once(self, send, args, kwargs, task_id, *more, **options)
+
+    apply_async.__doc__ = LockedTask.apply_async.__doc__
+    apply_async.__qualname__ = f"{owner.__qualname__}.apply_async"
+    owner.apply_async = apply_async  # type: ignore[attr-defined]
+    setattr(owner, _ONCE_ATTR, True)
+
+
+def _policy_of(task: Task) -> tuple[_Policy, _Namer] | None:
+    """The policy of a locked task (either spelling), or None."""
+    found = getattr(task.run, _POLICY_ATTR, None)
+    return cast(tuple[_Policy, _Namer] | None, found)
+
+
+def _apply_once(
+    task: Task,
+    send: Callable[..., AsyncResult],
+    args: Any,
+    kwargs: Any,
+    task_id: str | None,
+    *more: Any,
+    **options: Any,
+) -> AsyncResult:
+    """``apply_async`` of a task with ``once=True``: take the ``once`` lease, then ``send``
+    (the class's own ``apply_async``) with its header; see :meth:`LockedTask.apply_async`."""
+    found = _policy_of(task)
+    if found is None or not found[0].once or task.app.conf.task_always_eager:
+        # Eager: Celery runs it here and now, not from a queue (documented bypass).
+        return send(args, kwargs, task_id, *more, **options)
+    policy, namer = found
+    # bind=True: run is a method and the task is not among the arguments.
+    bound = inspect.ismethod(task.run)
+    task_id = task_id or uuid()
+    origin = f"{_ONCE_ORIGIN}{task.name}[{task_id}]"
+    if len(origin.encode("utf-8")) > MAX_ORIGIN_BYTES:
+        # The origin is how a second enqueue finds this copy's id: it must fit whole.
+        raise ValueError(
+            f"task_id is too long for once=True: the origin {_ONCE_ORIGIN}<task>[<id>] "
+            f"must fit in {MAX_ORIGIN_BYTES} bytes"
         )
+    headers = dict(options.pop("headers", None) or {})
+    headers.pop(HEADER, None)  # a retry copies the request's headers: never reuse them
+    name = ONCE_PREFIX + namer.name(tuple(args or ()), dict(kwargs or {}), bound=bound)
+    handle = _retry_hand_off(task, task_id, name)
+    if handle is None:
+        taken = _take_once(task, policy, name, task_id, origin)
+        if isinstance(taken, AsyncResult):
+            if not (options.get("group_id") or options.get("chord")):
+                return taken
+            # In a group or chord Celery has fixed this copy's id and waits for its
+            # result: it must be sent. It runs under the run lock like any other copy.
+            logger.info(
+                "%s[%s] sent although %r is queued as %s: it is part of a group or chord",
+                task.name,
+                task_id,
+                name,
+                taken.id,
+            )
+            return send(args, kwargs, task_id, *more, headers=headers, **options)
+        handle = _handle(taken)
+    headers[HEADER] = handle
+    try:
+        return send(args, kwargs, task_id, *more, headers=headers, **options)
+    except BaseException:
+        # Not sent: free the key at once rather than after once_ttl.
+        marker = _lease_from_handle(policy, handle)
+        _release_quietly(marker, "the once lease")
+        raise
+
+
+def _retry_hand_off(task: Task, task_id: str, name: str) -> dict[str, Any] | None:
+    """A retry of the request running now passes its ``once`` lease ``name`` on to the
+    retried message (the key stays taken while the retry waits in the queue). A message
+    with the same id but another key (``self.replace`` with new arguments) is no retry:
+    it takes a lease of its own, and this run's is freed when it ends."""
+    request = task.request
+    state = getattr(request, _MARKER_ATTR, None)
+    if not isinstance(state, _MarkerState) or getattr(request, "id", None) != task_id:
+        return None
+    if state.marker.name != name:
+        return None
+    return state.hand_off()
+
+
+def _take_once(
+    task: Task, policy: _Policy, name: str, task_id: str, origin: str
+) -> Lease | AsyncResult:
+    manager = policy.get_manager()
+    ttl = policy.once_ttl if policy.once_ttl is not None else manager.max_ttl
+    for _ in range(3):
+        try:
+            lease = manager.acquire(name, ttl=ttl, blocking=False, origin=origin)
+        except LockContended:
+            existing = _queued_task_id(manager, name)
+            if existing is None:
+                continue  # ran out between our try and the read: try again
+            if policy.once_raise:
+                raise AlreadyQueued(name, existing) from None
+            logger.info("%s[%s] not sent: %r is queued as %s", task.name, task_id, name, existing)
+            return cast(AsyncResult, task.AsyncResult(existing))
+        # The lease now belongs to the message, not to this thread: drop it from the
+        # manager's re-entry table, or a second enqueue from this thread would re-enter
+        # it instead of finding the key taken.
+        manager._forget_owner(lease)
+        return lease
+    raise AlreadyQueued(name, None)
+
+
+def _lease_from_handle(policy: _Policy, handle: Mapping[str, Any]) -> Lease:
+    manager = policy.get_manager()
+    now = manager._clock()
+    return Lease(
+        manager,
+        name=handle["name"],
+        key=manager.key(handle["name"]),
+        token=handle["token"],
+        ttl=handle["ttl"],
+        expires_at=now + handle["ttl"],
+        acquired_at=now,
+    )
 
 
 def _queued_task_id(manager: LockManager, name: str) -> str | None:
@@ -837,14 +933,14 @@ def _free_once_of_revoked(
     else would free its ``once`` lease: free it now, or every enqueue with its key would be
     dropped for up to ``once_ttl``. A copy revoked while running (``terminate=True``) is
     freed the same way; its run lock runs out within its ttl."""
-    if not isinstance(sender, LockedTask):
+    if not isinstance(sender, Task) or not _has_once(sender):
         return
-    found = sender._redlock()
+    found = _policy_of(sender)
     handle = _header(request)
     if found is None or not found[0].once or handle is None:
         return
     try:
-        marker = sender._lease_from_handle(found[0], handle)
+        marker = _lease_from_handle(found[0], handle)
     except (KeyError, TypeError, ValueError):
         logger.warning("ignoring a malformed %s header", HEADER)
         return

@@ -118,6 +118,13 @@ def once_task(self: Task, job: str, gate: str | None = None) -> str:
     return work(self, job, gate)
 
 
+@app.task(bind=True)
+@locked_task(key="job:{job}", once=True, once_ttl=3, ttl=2)
+def once_decorated(self: Task, job: str, gate: str | None = None) -> str:
+    """``once=True`` in the spelling the README shows for ``locked_task``: no base class."""
+    return work(self, job, gate)
+
+
 @app.task(
     bind=True,
     base=LockedTask,

@@ -216,6 +216,32 @@ def test_once_dedupes_while_running_and_frees_the_key_when_done(
     assert count(journal.events(job), "start") == 2
 
 
+def test_once_under_app_task_bind_needs_no_base_class(
+    solo: Worker, celery_app: Any, journal: Journal, broker: Any
+):
+    """``@app.task(bind=True)`` over ``@locked_task(..., once=True)``, as the README shows it:
+    the second enqueue sends nothing and returns the first copy; the worker runs it once and
+    frees the key (it failed in the worker with a TypeError before)."""
+    job, gate = new_job(), journal.gate()
+    task = celery_app.once_decorated
+    first = task.apply_async((job,), {"gate": gate}, queue="nobody-listens")
+    second = task.delay(job, gate=gate)
+    assert second.id == first.id
+    with node_client(broker) as client:
+        assert client.llen("nobody-listens") == 1  # one message, not two
+    holder = get_manager().holder(f"once:job:{job}")
+    assert holder is not None
+    assert holder["origin"] == f"celery-once:{task.name}[{first.id}]"
+    # A worker runs the queued copy once, and frees the key when it ends.
+    running = task.apply_async((job + "-run",), {"gate": gate}, queue=solo.queue)
+    assert task.delay(job + "-run", gate=gate).id == running.id
+    journal.wait_for(job + "-run", lambda events: count(events, "start") == 1, "the task")
+    journal.open(gate)
+    assert running.get(timeout=WAIT) == running.id
+    assert count(journal.events(job + "-run"), "start") == 1
+    assert get_manager().holder(f"once:job:{job}-run") is None
+
+
 def test_once_key_is_handed_to_the_retry(solo: Worker, celery_app: Any, journal: Journal):
     job = new_job()
     first = celery_app.once_retry_itself.apply_async((job,), queue=solo.queue)
