@@ -74,6 +74,10 @@ class LockNotAcquired(RedlockError):
         quarantined: when nodes refused because they restarted without proof that they kept
             their locks (QUARANTINED), the seconds until enough of them vote again for a
             quorum; else None. ``retry_after`` is then the same.
+        node_answers: redacted node label -> what that node answered in the last attempt,
+            for every node (``granted``, ``held by another holder, 1200 ms left``, ``not
+            waited for``, or its error), so the text counts and names them all; empty when
+            the error was built without them.
     """
 
     def __init__(
@@ -86,6 +90,7 @@ class LockNotAcquired(RedlockError):
         attempts: int = 1,
         origin: str | None = None,
         quarantined: float | None = None,
+        node_answers: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.origin = origin
@@ -95,15 +100,25 @@ class LockNotAcquired(RedlockError):
         self.retry_after = retry_after
         self.attempts = attempts
         self.quarantined = quarantined
+        self.node_answers: dict[str, str] = dict(node_answers or {})
         super().__init__(
-            name, votes, quorum, self.node_errors, retry_after, attempts, origin, quarantined
+            name,
+            votes,
+            quorum,
+            self.node_errors,
+            retry_after,
+            attempts,
+            origin,
+            quarantined,
+            self.node_answers,
         )
         self._text = self._message()
 
     def _message(self) -> str:
         text = (
             f"lock {self.name!r} not acquired: {self.votes} of {self.quorum} votes needed"
-            f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
+            + (f" from {len(self.node_answers)} nodes" if self.node_answers else "")
+            + f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
         )
         if self.quarantined is not None:
             text += (
@@ -111,7 +126,15 @@ class LockNotAcquired(RedlockError):
                 f"locks): a quorum votes again in {math.ceil(self.quarantined)} s; declare "
                 "brand-new nodes fresh (manage.py redlock_declare_fresh)"
             )
-        if self.node_errors:
+        if self.node_answers:
+            # Every node, the ones that voted too: "0 of 2 votes" beside only the failed
+            # nodes read as if the others were down.
+            said = {**self.node_answers}
+            # Entries that are no node's answer (the "validity" of a round that took too long).
+            said.update((k, v) for k, v in self.node_errors.items() if k not in said)
+            details = "; ".join(f"{node}: {answer}" for node, answer in said.items())
+            text += f" (nodes: {details})"
+        elif self.node_errors:
             details = "; ".join(f"{node}: {error}" for node, error in self.node_errors.items())
             text += f" (node errors: {details})"
         return text

@@ -355,7 +355,31 @@ def failure(
         retry_after=retry_after,
         attempts=attempts,
         quarantined=quarantined,
+        node_answers=node_answers(nodes, results, read),
     )
+
+
+def node_answers(
+    nodes: Nodes, results: Sequence[Any], refused_ms: Callable[[object], int | None]
+) -> dict[str, str]:
+    """Node label -> what it answered to an acquire round, for every node of the round."""
+    answers = {}
+    for label, reply in zip(nodes.labels, results, strict=True):
+        if reply is TIMED_OUT or isinstance(reply, NodeError):
+            answers[label] = error_text(reply, nodes.node_timeout)
+        elif reply is PENDING:
+            answers[label] = "not waited for"
+        else:
+            left = refused_ms(reply)
+            if left is None:
+                answers[label] = "granted"
+            elif left > 0:
+                answers[label] = f"held by another holder, {left} ms left"
+            elif left == 0:
+                answers[label] = "refused: others are ahead in line"
+            else:
+                answers[label] = "held by another holder, no expiry"
+    return answers
 
 
 _VOTES_AGAIN = re.compile(r"^QUARANTINED .*? votes again in (\d+) s")

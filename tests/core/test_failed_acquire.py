@@ -212,3 +212,30 @@ def test_a_partial_release_names_only_the_nodes_that_did_not_answer(cluster3, ca
     assert warning.count("no answer within") == 2
     assert cluster3[0].url.split("//")[1].split("?")[0] not in warning
     manager.close()
+
+
+def test_the_error_counts_and_names_every_node_with_what_it_answered(cluster3):
+    """Issue 23: "0 of 2 votes needed" beside only the failed nodes read as if the node that
+    answered were down too. The text says how many nodes there are and what each answered."""
+    with (
+        LockManager(cluster3.urls, node_timeout=0.05) as manager,
+        LockManager([cluster3.urls[0]]) as rival,
+    ):
+        rival.acquire("counted", ttl=30.0)  # node 0 answers: held by another holder
+        cluster3[2].stop()
+        with pytest.raises(LockNotAcquired) as raised:
+            manager.acquire("counted", blocking=False)
+    cluster3[2].start(fresh=False)
+    error = raised.value
+    assert len(error.node_answers) == 3
+    text = str(error)
+    assert f"{error.votes} of 2 votes needed from 3 nodes" in text
+    answers = list(error.node_answers.values())
+    assert answers[0].startswith("held by another holder, ")
+    assert answers[0].endswith(" ms left")
+    # Node 1 is up and votes, unless the outcome was known before its answer came.
+    assert answers[1] in ("granted", "not waited for")
+    assert answers[2] not in ("granted", "not waited for")  # a stopped node: its error
+    assert list(error.node_errors.values()) == [answers[2]]
+    for label, said in error.node_answers.items():
+        assert f"{label}: {said}" in text
