@@ -95,3 +95,25 @@ def test_a_taken_port_is_a_clear_error_not_a_silent_demo(tmp_path):
     assert demo.returncode == 2
     assert f"the site could not be served on 127.0.0.1:{port}" in demo.stderr
     assert "pick another address with --addr" in demo.stderr
+
+
+@pytest.mark.slow
+def test_no_serve_tells_the_story_and_names_no_site(tmp_path):
+    """``./run demo --no-serve`` exits after the summary and prints no URL (it printed "The
+    site: http://..." though nothing served it)."""
+    env = {**os.environ, "REDLOCK_DEMO_DB": str(tmp_path / "demo.db")}
+    demo = subprocess.run(
+        [
+            *(sys.executable, "-m", "demo_site.run_demo", "--no-serve"),
+            *("--seats", "6", "--buyers", "2", "--seed", "3", "--limit", "20"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert demo.returncode == 0, demo.stdout + demo.stderr
+    assert "Summary" in demo.stdout
+    assert "nothing is served" in demo.stdout
+    assert "http://" not in demo.stdout

@@ -1,10 +1,10 @@
 """The README's commands and code blocks work as printed (issue 23, item 6): every spelling
 the docs show is one users will type.
 
-The Python blocks are snippets over a user's own objects (``account``, ``manager``), so they
-are compiled, not run: that catches what a user pasting them meets first (a top-level
-``async with`` is a SyntaxError). The install lines must name this project's folder and
-extras that exist, and the names the README imports must exist.
+The Python blocks also run, on real nodes, in tests/django/test_readme_blocks.py; here they
+are compiled without Django (a top-level ``async with`` is a SyntaxError). The install lines
+must name this project's folder and extras that exist, and the names the README imports must
+exist.
 """
 
 from __future__ import annotations

@@ -78,3 +78,24 @@ def test_the_grant_log_line_says_quorum_not_a_node_count(cluster3, caplog):
     assert line.startswith("acquired 'logged': quorum ")
     assert " of 3 nodes in " in line
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_new_managers_first_adopt_is_granted_without_a_warning(brand_new, caplog):
+    """The adopter is a process of its own (a new manager) whose first contact with the
+    brand-new durable nodes is the adopt, sync and asyncio."""
+    caplog.set_level(logging.WARNING, logger="django_redlock")
+    with LockManager(brand_new.urls, node_timeout=0.5) as giver:
+        handle = giver.acquire("first-adopt", ttl=30.0, timeout=0).handle()
+        with LockManager(brand_new.urls, node_timeout=0.5) as adopter:
+            adopter.adopt(handle).release()
+        text = giver.acquire("first-adopt-async", ttl=30.0, timeout=0).handle().dumps()
+
+    async def adopt() -> None:
+        adopter = AsyncLockManager(brand_new.urls, node_timeout=0.5)
+        try:
+            await (await adopter.adopt(text)).release()
+        finally:
+            await adopter.aclose()
+
+    asyncio.run(adopt())
+    assert [r.getMessage() for r in caplog.records] == []
