@@ -515,6 +515,18 @@ class LoopConnections:
                 decided.set_result(None)
 
         now = time.monotonic()
+        judged = [
+            conn
+            for conn, command in zip(self.connections, commands, strict=True)
+            if command is not None and conn is not None and conn.pending
+            if self._behind(conn, now, capped)
+        ]
+        if judged and _unread(judged):
+            # As the sync transport reads a node before it judges it stalled: this loop may
+            # have been blocked (a long garbage collection, a callback that does not yield)
+            # while the replies came, and that is no fault of the node.
+            await self._take_in(judged)
+            now = time.monotonic()
         for index, command in enumerate(commands):
             conn = self.connections[index]
             if command is not None and conn is not None and conn.age(now) > self.stall_reset:
@@ -574,6 +586,17 @@ class LoopConnections:
         if counts[0] < need and counts[1] <= give_up:  # undecided: the deadline passed
             outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
         return outcome, counts[0], counts[1]
+
+    def _behind(self, conn: _AsyncConnection, now: float, capped: bool) -> bool:
+        """Whether ``conn``, which owes replies, is about to be judged by them: replaced
+        (its oldest owed reply is older than the stall reset) or, when ``capped``, skipped
+        (see :func:`~django_redlock.wire.setup.refusal`)."""
+        age = conn.age(now)
+        return age > self.stall_reset or (
+            capped
+            and len(conn.pending) >= self.max_outstanding
+            and refusal(len(conn.pending), age, self.max_outstanding, self.stall_age) is not None
+        )
 
     async def _take_in(
         self, conns: Sequence[_AsyncConnection], settled: Callable[[], bool] | None = None

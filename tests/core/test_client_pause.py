@@ -25,6 +25,7 @@ import pytest
 from django_redlock import LockManager, QuorumUnreachable
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.scripts import PING
 from django_redlock.wire.sync import ConnectionSet
 from tests.helpers import node_client
 
@@ -159,3 +160,34 @@ def test_a_client_pause_longer_than_the_ttl_grants_nothing_and_releases_asyncio(
 
     run_paused(monkeypatch, main)
     assert released_everywhere(cluster3, "redlock:too-long")
+
+
+def test_a_node_whose_owed_reply_came_during_a_long_pause_keeps_its_connection_sync(cluster3):
+    """A node is judged stalled by its oldest owed reply; after a client pause past the stall
+    reset that reply sits in the socket, so the connection is read, not replaced."""
+    manager = LockManager(cluster3.urls, node_timeout=NODE_TIMEOUT)
+    manager.acquire("warm-up", ttl=10.0).release()
+    connections = manager._connections.get()
+    before = list(connections.connections)
+    connections.clean_up([PING] * 3)  # a reply owed by every node, read later
+    time.sleep(1.1)  # past the stall reset (max(1 s, 20 node timeouts))
+    manager.acquire("after", ttl=10.0, timeout=5.0).release()
+    assert all(a is b for a, b in zip(connections.connections, before, strict=True))
+
+
+def test_a_node_whose_owed_reply_came_during_a_long_pause_keeps_its_connection_asyncio(
+    cluster3,
+):
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls, node_timeout=NODE_TIMEOUT)
+        await (await manager.acquire("warm-up", ttl=10.0)).release()
+        connections = manager._connections()
+        before = list(connections.connections)
+        connections.post([PING] * 3)
+        time.sleep(1.1)  # the event loop blocked past the stall reset
+        await (await manager.acquire("after", ttl=10.0, timeout=5.0)).release()
+        assert all(a is b for a, b in zip(connections.connections, before, strict=True))
+        assert all(conn is not None and conn.broken is None for conn in connections.connections)
+        await manager.aclose()
+
+    asyncio.run(main())
