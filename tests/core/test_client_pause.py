@@ -88,8 +88,9 @@ def test_a_client_pause_longer_than_the_ttl_grants_nothing_and_releases_sync(clu
     pause_after_next_send(monkeypatch, 0.8)
     with pytest.raises(QuorumUnreachable, match="nothing left of the lease") as info:
         manager.acquire("too-long", ttl=0.5, blocking=False)
-    # The nodes' grants were read and counted (not judged timed out) ...
-    assert info.value.votes == 3
+    # A quorum of the nodes' grants was read and counted, not judged timed out (the round may
+    # stop at the quorum, leaving the third reply unread) ...
+    assert info.value.votes >= 2
     assert "no answer" not in str(info.value)
     # ... and released again.
     assert released_everywhere(cluster3, "redlock:too-long")
@@ -153,7 +154,7 @@ def test_a_client_pause_longer_than_the_ttl_grants_nothing_and_releases_asyncio(
         with pytest.raises(QuorumUnreachable, match="nothing left of the lease") as info:
             await manager.acquire("too-long", ttl=0.5, blocking=False)
         assert selector.paused
-        assert info.value.votes == 3
+        assert info.value.votes >= 2
         assert "no answer" not in str(info.value)
         await asyncio.sleep(0.05)  # the clean-up is written at once, its replies read later
         await manager.aclose()
