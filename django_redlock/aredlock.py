@@ -80,7 +80,9 @@ class AsyncLease(BaseLease):
     was, held until its current validity runs out (or renewed by auto-extension).
     """
 
-    _closing: asyncio.Task[None] | None = None
+    __slots__ = ("_async_manager", "_closing")
+    # The release a plain ``with`` started (see __enter__): set only then, never read.
+    _closing: asyncio.Task[None]
 
     def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
         # The sync manager is the lease's host (clock, reporter, the extender's renewals)

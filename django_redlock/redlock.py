@@ -54,7 +54,7 @@ from django_redlock.core.arguments import (
 )
 from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.kinds import RWLock, Semaphore
-from django_redlock.core.lease import BaseLease
+from django_redlock.core.lease import BaseLease, held_on
 from django_redlock.core.operators import LockListing, declare_fresh, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
@@ -118,6 +118,7 @@ class Lease(BaseLease):
     or by leaving its ``with`` block (see :class:`~django_redlock.core.lease.BaseLease` for
     the attributes)."""
 
+    __slots__ = ()
     _manager: LockManager
 
     def extend(self) -> float:
@@ -601,7 +602,7 @@ class LockManager:
                 shape=attempt.kind,
             )
             lease._owner = attempt.owner
-            lease._held = attempt.kind.granted_on(results)
+            lease._held = held_on(attempt.kind.granted_on(results))
             waited = lease.acquired_at - attempt.started
             self._reporter.granted(lease.name, results, attempt.votes, waited)
             # Our place in line may remain on nodes that did not grant this attempt; the
@@ -865,7 +866,7 @@ class LockManager:
             origin=adoption.origin,
         )
         lease.fencing_token = taken.fencing_token
-        lease._held = tuple(type(reply) is int and reply > 0 for reply in results)
+        lease._held = held_on(type(reply) is int and reply > 0 for reply in results)
         self._reporter.adopted(lease)
         return self._own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 

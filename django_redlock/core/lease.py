@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from django_redlock.core import flow
@@ -23,7 +23,24 @@ from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseInherited, LeaseNotExtended, LeaseReleased, LockLost
 from django_redlock.wire.process import current_pid
 
-__all__ = ["BaseLease", "LeaseHost"]
+__all__ = ["BaseLease", "LeaseHost", "held_on"]
+
+# The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
+_HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
+_HELD_KEPT = 1024
+
+
+def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
+    """``tuple(nodes)``, the same object for equal tuples: which nodes hold a lease, stored
+    on every held lease (``BaseLease._held``), where one tuple per lease is one more object
+    for each garbage collection to visit."""
+    held = tuple(nodes)
+    shared = _HELD.get(held)
+    if shared is not None:
+        return shared
+    if len(_HELD) < _HELD_KEPT:
+        _HELD[held] = held
+    return held
 
 
 class LeaseHost(Protocol):
@@ -56,6 +73,31 @@ class BaseLease:
         fencing_token: the database-minted fencing token, or ``None`` when not fenced.
     """
 
+    # Slots, no __dict__: a process may hold tens of thousands of leases, and every full
+    # garbage collection visits each of them (see test_lease_footprint.py). No attribute of
+    # a lease refers back to it, so a dropped lease is freed by reference counting alone.
+    __slots__ = (
+        "__weakref__",  # the re-entry registry and the extender hold leases weakly
+        "_depth",
+        "_expires_at",
+        "_fixed",
+        "_guard",
+        "_held",
+        "_lost_at",
+        "_lost_cause",
+        "_lost_reason",
+        "_manager",
+        "_missed",
+        "_names",
+        "_pid",
+        "_released",
+        "_renew_until",
+        "_scope",
+        "_special_shape",
+        "_waiter",
+        "fencing_token",
+    )
+
     def __init__(
         self,
         manager: LeaseHost,
@@ -70,15 +112,24 @@ class BaseLease:
         shape: Shape | None = None,
     ) -> None:
         self._manager = manager
-        # What the lease is on the nodes: a lock unless told (see core/shapes.py).
-        self._shape = Shape(key) if shape is None else shape
-        self.name = name
-        self.names: tuple[str, ...] = (name,)  # the locks of a lock_many lease, sorted
-        self.key = key
-        self._token = token
-        self.ttl = ttl
-        self.origin = clip_origin(origin)
-        self.acquired_at = acquired_at
+        # What the lease is on the nodes (see core/shapes.py and _shape): None for a lock
+        # on ``key``, the common case, whose shape is made again for each round.
+        self._special_shape = (
+            None if shape is None or (type(shape) is Shape and shape.key == key) else shape
+        )
+        # What never changes once the lease is made (but the owner record, set once after:
+        # see _owner), as one tuple of strings and floats: the garbage collector does not
+        # track such a tuple, and visits it as one object where it would visit seven.
+        self._fixed: tuple[str, str, str, float, float, str | None, str] = (
+            name,
+            key,
+            token,
+            ttl,
+            acquired_at,
+            clip_origin(origin),
+            "",
+        )
+        self._names: tuple[str, ...] | None = None  # a lock_many lease's locks (see names)
         self._expires_at = expires_at
         self.fencing_token: int | None = None
         self._released = False
@@ -95,10 +146,6 @@ class BaseLease:
         self._depth = 1
         self._scope: tuple[object, ...] | None = None
         self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
-        # The owner record stored with the keys (JSON; never the token): what a renewal
-        # stores where it re-creates a key a node lost. Set by the acquire; made on first
-        # use for a lease built otherwise (adopted, or from a Celery message).
-        self._owner = ""
         # Which nodes held the lease after the round that granted or last renewed it (None:
         # not known, every node): judge_extend tells a lost key from one never granted.
         self._held: tuple[bool, ...] | None = None
@@ -107,9 +154,61 @@ class BaseLease:
         self._pid = current_pid()
 
     @property
+    def name(self) -> str:
+        """The lock name (of ``lock_many``: its names, sorted, joined by ``" + "``)."""
+        return self._fixed[0]
+
+    @property
+    def key(self) -> str:
+        """The Redis key on every node."""
+        return self._fixed[1]
+
+    @property
+    def ttl(self) -> float:
+        """The lease length in seconds."""
+        return self._fixed[3]
+
+    @property
+    def acquired_at(self) -> float:
+        """When the lease was taken, on the manager's monotonic clock (seconds)."""
+        return self._fixed[4]
+
+    @property
+    def origin(self) -> str | None:
+        """Where the lease was taken (free text for operators), or None."""
+        return self._fixed[5]
+
+    @property
+    def _owner(self) -> str:
+        """The owner record stored with the keys (JSON; never the token): what a renewal
+        stores where it re-creates a key a node lost. Set by the acquire; made on first use
+        for a lease built otherwise (adopted, or from a Celery message); "" until then."""
+        return self._fixed[6]
+
+    @_owner.setter
+    def _owner(self, owner: str) -> None:
+        self._fixed = (*self._fixed[:6], owner)
+
+    @property
+    def _shape(self) -> Shape:
+        """What the lease is on the nodes: its commands for each round."""
+        shape = self._special_shape
+        return Shape(self.key) if shape is None else shape
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The lock names the lease holds, sorted: ``(name,)`` but for ``lock_many``."""
+        names = self._names
+        return (self.name,) if names is None else names
+
+    @names.setter
+    def names(self, names: tuple[str, ...]) -> None:
+        self._names = names
+
+    @property
     def token(self) -> str:
         """The random lease token. A bearer secret: never logged, never shown."""
-        return self._token
+        return self._fixed[2]
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
@@ -232,7 +331,7 @@ class BaseLease:
         handle = LeaseHandle(
             name=self.name,
             key=self.key,
-            token=self._token,
+            token=self.token,
             ttl=self.ttl,
             fencing_token=self.fencing_token,
         )
@@ -403,7 +502,7 @@ class BaseLease:
         self._missed = None
         self._expires_at = now + outcome
         previous = self._held
-        self._held = tuple(
+        self._held = held_on(
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )

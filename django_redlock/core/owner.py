@@ -80,15 +80,27 @@ def owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str
         names, origin_budget = max(8, names // 2), max(8, origin_budget // 2)
 
 
+# A thread's scope, one tuple per thread rather than one per lease (every held lease keeps
+# its scope, and the garbage collector visits each object a lease refers to).
+_THREAD_SCOPES: dict[int, tuple[object, ...]] = {}
+
+
 def owner_scope() -> tuple[object, ...]:
     """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
     asyncio = sys.modules.get("asyncio")
-    task = None
     if asyncio is not None and asyncio.events._get_running_loop() is not None:
         task = asyncio.current_task()
-    # The task object itself (not its id, which a later task may reuse); held only while
-    # the lease is, and dropped on its last release.
-    return (current_pid(), threading.get_ident(), task)
+        if task is not None:
+            # The task object itself (not its id, which a later task may reuse); held only
+            # while the lease is, and dropped on its last release.
+            return (current_pid(), threading.get_ident(), task)
+    ident = threading.get_ident()
+    scope = _THREAD_SCOPES.get(ident)
+    if scope is None or scope[0] != current_pid():  # a new thread, or a forked child
+        if len(_THREAD_SCOPES) >= _CACHE_SIZE:
+            _THREAD_SCOPES.clear()
+        scope = _THREAD_SCOPES[ident] = (current_pid(), ident, None)
+    return scope
 
 
 def current_task_name() -> str | None:

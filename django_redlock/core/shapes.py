@@ -71,6 +71,9 @@ class Shape:
     handoff = True
     release_yes: object = 1
 
+    # One shape per held lease: slots keep it small for the garbage collector.
+    __slots__ = ("key", "wake_key")
+
     def __init__(self, key: str) -> None:
         self.key = key
         self.wake_key: str | None = key
@@ -217,6 +220,7 @@ class Slots(Shape):
     kind = "semaphore"
     reentrant = False
     handoff = False
+    __slots__ = ("limit", "prefer", "size", "slot")
 
     def __init__(self, key: str, limit: int, size: int) -> None:
         super().__init__(key)
@@ -315,6 +319,7 @@ class ReadWrite(Shape):
 
     reentrant = False
     handoff = False
+    __slots__ = ("kind", "rw")
 
     def __init__(self, key: str, kind: primitives.Kind) -> None:
         super().__init__(key)
@@ -364,6 +369,7 @@ class Many(Shape):
     kind = "many"
     reentrant = False
     handoff = False
+    __slots__ = ("keys", "release_yes")
 
     def __init__(self, keys: Sequence[str]) -> None:
         self.keys = primitives.many_keys(keys)

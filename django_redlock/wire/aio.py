@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import select
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
@@ -119,6 +120,24 @@ def _drop_reply(index: int, reply: Any) -> None:
     """The per-node recorder of fire-and-forget commands."""
 
 
+# Turns of the event loop given to sockets that hold unread bytes before their nodes are
+# judged (see LoopConnections._take_in): a turn reads every ready socket, so two suffice;
+# the bound only stops a node that never stops sending from holding a round up.
+_TAKE_IN_TURNS = 4
+
+
+def _unread(conns: Iterable[_AsyncConnection]) -> bool:
+    """Whether bytes sit unread in any of ``conns``' sockets now (a look, no wait)."""
+    poller = select.poll()
+    watched = False
+    for conn in conns:
+        fd = conn.fileno()
+        if fd >= 0:
+            poller.register(fd, select.POLLIN)
+            watched = True
+    return watched and bool(poller.poll(0))
+
+
 class _AsyncConnection(Handshake, asyncio.Protocol):
     """One connection to one node: an asyncio protocol with the reply handlers it still owes,
     in order. Replies are parsed in ``data_received`` and handed to their handler right there:
@@ -172,6 +191,13 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         """Load the scripts again (the node answered NOSCRIPT)."""
         for command, kind in self.reload_commands():
             self._send_raw(command, partial(self._take, kind))
+
+    def fileno(self) -> int:
+        """The socket's file descriptor, or -1 when there is none (not connected, closed)."""
+        if self.transport is None or self.broken is not None:
+            return -1
+        sock = self.transport.get_extra_info("socket")
+        return -1 if sock is None else int(sock.fileno())
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -489,6 +515,18 @@ class LoopConnections:
                 decided.set_result(None)
 
         now = time.monotonic()
+        judged = [
+            conn
+            for conn, command in zip(self.connections, commands, strict=True)
+            if command is not None and conn is not None and conn.pending
+            if self._behind(conn, now, capped)
+        ]
+        if judged and _unread(judged):
+            # As the sync transport reads a node before it judges it stalled: this loop may
+            # have been blocked (a long garbage collection, a callback that does not yield)
+            # while the replies came, and that is no fault of the node.
+            await self._take_in(judged)
+            now = time.monotonic()
         for index, command in enumerate(commands):
             conn = self.connections[index]
             if command is not None and conn is not None and conn.age(now) > self.stall_reset:
@@ -530,10 +568,46 @@ class LoopConnections:
                 timer.cancel()
                 over[0] = True
         over[0] = True
+        if counts[0] < need and counts[1] <= give_up:
+            # The deadline passed undecided. A reply that sits in its socket is an answer,
+            # not a timeout: the loop may have been blocked while the nodes answered (the
+            # timer can run before the loop reads what came during the block), and that
+            # pause is the client's. The caller counts the validity from before the send,
+            # so the lease still loses that time (the Redlock spec's step 3).
+            await self._take_in(
+                [
+                    conn
+                    for conn, reply in zip(self.connections, results, strict=True)
+                    if conn is not None and reply is PENDING
+                ],
+                lambda: counts[0] >= need or counts[1] > give_up,
+            )
         outcome = list(results)
         if counts[0] < need and counts[1] <= give_up:  # undecided: the deadline passed
             outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
         return outcome, counts[0], counts[1]
+
+    def _behind(self, conn: _AsyncConnection, now: float, capped: bool) -> bool:
+        """Whether ``conn``, which owes replies, is about to be judged by them: replaced
+        (its oldest owed reply is older than the stall reset) or, when ``capped``, skipped
+        (see :func:`~django_redlock.wire.setup.refusal`)."""
+        age = conn.age(now)
+        return age > self.stall_reset or (
+            capped
+            and len(conn.pending) >= self.max_outstanding
+            and refusal(len(conn.pending), age, self.max_outstanding, self.stall_age) is not None
+        )
+
+    async def _take_in(
+        self, conns: Sequence[_AsyncConnection], settled: Callable[[], bool] | None = None
+    ) -> None:
+        """Let the event loop read what already sits in ``conns``' sockets: a few turns of
+        the loop (the reading is the transports'), ending as soon as nothing is left unread
+        there or ``settled()`` says the round needs no more. Never waits for new bytes."""
+        for _ in range(_TAKE_IN_TURNS):
+            if (settled is not None and settled()) or not _unread(conns):
+                return
+            await asyncio.sleep(0)
 
     def post(self, commands: Commands) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being

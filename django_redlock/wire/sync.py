@@ -744,12 +744,26 @@ class ConnectionSet:
         node, a :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or
         :data:`PENDING` (not waited for: the outcome was already known). Late replies are
         read and dropped by later operations.
+
+        A reply that already sits in its socket when the deadline is found passed counts as
+        an answer, never as :data:`TIMED_OUT`: this thread may have been away (a garbage
+        collection, a slow thread holding the GIL, SIGSTOP) while the nodes answered, and
+        that pause is the client's, not the nodes'. It costs nothing to the lease's safety:
+        the caller counts the validity from before the commands were sent (the Redlock
+        spec's step 3), so the time the client was away is still taken off the lease.
         """
         try:
             need, give_up = exchange.need, exchange.give_up
+            drained = False
             while exchange.pending > 0 and exchange.yes < need and exchange.no <= give_up:
                 remaining = deadline - self.clock()
                 if remaining <= 0:
+                    if not drained:
+                        # Before judging any node late, take in what arrived meanwhile: one
+                        # look without waiting at every socket (each is read to its end).
+                        drained = True
+                        self._poll_once(0)
+                        continue
                     results = exchange.results
                     for index, reply in enumerate(results):
                         if reply is PENDING:

@@ -1,0 +1,118 @@
+"""W8: the garbage collector's pause in a process holding many leases (issue 28, item 4).
+
+``python -m benchmarks.gc_pause [N] [--async]`` starts 3 nodes, takes N leases (default
+50,000) on distinct names and holds them, then prints the objects the collector tracks and
+the references it visits per lease (exact), and the time of a full collection
+(``gc.collect()``) before and while holding them: the minimum of 21, on the wall clock and in
+this thread's CPU time (the minimum and CPU time move least on a shared machine). It also
+reports the longest automatic full collection while the leases were taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import sys
+import time
+from typing import Any
+
+from django_redlock import Lease, LockManager
+from django_redlock.aredlock import AsyncLease, AsyncLockManager
+from django_redlock.localnodes import LocalCluster
+
+TTL = 300.0  # the leases must outlive the run
+
+
+def _census() -> tuple[int, int]:
+    """Objects the collector tracks, and the references it visits in them."""
+    tracked = gc.get_objects()
+    return len(tracked), sum(len(gc.get_referents(obj)) for obj in tracked)
+
+
+def _full_collection_ms(repeat: int = 21) -> tuple[float, float]:
+    """The fastest full collection of ``repeat``: (wall ms, CPU ms of this thread)."""
+    wall, cpu = [], []
+    for _ in range(repeat):
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        gc.collect()
+        wall.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.thread_time() - start_cpu) * 1000)
+    return min(wall), min(cpu)
+
+
+class _Pauses:
+    """The automatic full collections (generation 2) and how long each took, in ms."""
+
+    def __init__(self) -> None:
+        self.full: list[float] = []
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif info["generation"] == 2:
+            self.full.append((time.perf_counter() - self._start) * 1000)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_pause")
+    parser.add_argument("count", nargs="?", type=int, default=50_000)
+    parser.add_argument("--async", dest="asyncio", action="store_true")
+    args = parser.parse_args()
+    count: int = args.count
+    with LocalCluster(3) as cluster:
+        manager = LockManager(cluster.urls, ttl=TTL, node_timeout=0.2)
+        manager.acquire("warm-up").release()
+        gc.collect()
+        objects, references = _census()
+        idle = _full_collection_ms()
+        pauses = _Pauses()
+        gc.callbacks.append(pauses)
+        runner = asyncio.Runner()
+        shared = AsyncLockManager.sharing(manager)
+        sync_leases: list[Lease] = []
+        async_leases: list[AsyncLease] = []
+
+        async def take() -> None:
+            for i in range(count):
+                async_leases.append(await shared.acquire(f"w8-{i}", blocking=False))
+
+        try:
+            if args.asyncio:
+                runner.run(take())
+            else:
+                sync_leases = [manager.acquire(f"w8-{i}", blocking=False) for i in range(count)]
+        finally:
+            gc.callbacks.remove(pauses)
+        gc.collect()
+        held_objects, held_references = _census()
+        holding = _full_collection_ms()
+        kind = "asyncio" if args.asyncio else "sync"
+        print(f"Python {sys.version.split()[0]}, {count} held {kind} leases on 3 nodes")
+        print(
+            f"per lease: {(held_objects - objects) / count:.2f} objects tracked, "
+            f"{(held_references - references) / count:.2f} references visited"
+        )
+        print(f"full collection, no lease held: {idle[0]:.2f} ms wall, {idle[1]:.2f} ms CPU")
+        print(f"full collection, leases held:   {holding[0]:.2f} ms wall, {holding[1]:.2f} ms CPU")
+        print(
+            f"automatic full collections while taking them: {len(pauses.full)}, longest "
+            f"{max(pauses.full, default=0.0):.2f} ms wall"
+        )
+
+        async def release_all() -> None:
+            for lease in async_leases:
+                await lease.release()
+
+        runner.run(release_all())
+        runner.close()
+        for held in sync_leases:
+            held.release()
+        sync_leases.clear()
+        async_leases.clear()
+        print(f"unreachable objects found after the release: {gc.collect()}")
+
+
+if __name__ == "__main__":
+    main()
