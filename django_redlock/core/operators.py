@@ -172,6 +172,7 @@ def list_locks(
     prefix: str = "",
     *,
     limit: int | None = 1000,
+    contains: str = "",
     timeout: float = 0.25,
     skip: Collection[str] = (),
 ) -> LockListing:
@@ -189,22 +190,29 @@ def list_locks(
     Args:
         prefix: only leases whose name starts with it (glob characters match themselves).
         limit: how many leases to show at most, or None for all of them.
+        contains: only leases whose name contains it, ignoring case (the admin's search):
+            matched by SCAN on the nodes, so the cap applies to the matches.
         timeout: seconds per command on each node.
         skip: labels of nodes not to ask (found down a moment ago); they count as
             unreachable.
 
     Raises:
-        TypeError: ``prefix`` is not a str, or ``limit`` is not an int or None (or is a bool).
+        TypeError: ``prefix`` or ``contains`` is not a str, or ``limit`` is not an int or
+            None (or is a bool).
         ValueError: ``limit`` is below 1.
     """
     if not isinstance(prefix, str):
         raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+    if not isinstance(contains, str):
+        raise TypeError(f"contains must be a str, not {type(contains).__name__}")
     if limit is not None:
         if isinstance(limit, bool) or not isinstance(limit, int):
             raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
         if limit < 1:
             raise ValueError(f"limit must be 1 or more (None: no cap), not {limit}")
     pattern = escape_glob(manager.key_prefix + prefix) + "*"
+    if contains:
+        pattern += _folded_glob(contains) + "*"
     with contextlib.ExitStack() as stack:
         clients = [
             None if address.label in skip else stack.enter_context(client_for(address, timeout))
@@ -215,9 +223,12 @@ def list_locks(
         )
         found: set[bytes] = set()
         wanted: set[bytes] = set()
+        start = len(manager.key_prefix)
         for walk in walks:
             if walk is None:
                 continue
+            if contains:  # exactly, before the cap: the glob matched a few more
+                walk = {key for key in walk if _name_contains(key, start, contains.lower())}
             found |= walk
             if limit is None or len(walk) <= limit:
                 wanted |= walk
@@ -238,9 +249,7 @@ def list_locks(
         if read is None
     ]
     answers = [read for read in reads if read is not None]
-    locks = _merge(
-        ordered, answers, len(manager.key_prefix), len(manager.addresses), manager.quorum
-    )
+    locks = _merge(ordered, answers, start, len(manager.addresses), manager.quorum)
     shown = locks if limit is None else locks[:limit]
     # Leases read but cut, and lease keys found but never read (with a cap: beyond every
     # node's first `limit`), each counted once.
@@ -255,6 +264,31 @@ def list_locks(
 
 READERS_SUFFIX = READERS.encode()
 OWNERS_SUFFIX = READER_OWNERS.encode()
+
+
+def _folded_glob(text: str) -> str:
+    """A SCAN MATCH glob for ``text`` anywhere in a key, ignoring case: each ASCII letter as
+    ``[xX]``, any other character with another case as ``*`` (SCAN matches bytes, and a
+    bracket would stand for one byte of a character of several), the rest as itself. It
+    matches every name that contains ``text`` ignoring case, and a few more (the caller
+    filters the keys exactly), except names whose characters lower to ASCII letters (the
+    Kelvin sign).
+    """
+    parts = []
+    for char in text:
+        if char.isascii() and char.isalpha():
+            parts.append(f"[{char.lower()}{char.upper()}]")
+        elif char.lower() != char or char.upper() != char:
+            parts.append("*")
+        else:
+            parts.append(escape_glob(char))
+    return "".join(parts)
+
+
+def _name_contains(key: bytes, start: int, folded: str) -> bool:
+    """Whether the name of lease key ``key`` contains ``folded`` (lower case), ignoring case.
+    ``start``: the key prefix's length."""
+    return folded in _key_order(key)[0][start:].decode("utf-8", "replace").lower()
 
 
 def _key_order(key: bytes) -> tuple[bytes, str, int]:

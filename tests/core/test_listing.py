@@ -100,6 +100,25 @@ def test_a_node_that_is_down_is_unreachable_and_counts_in_no_lock(cluster3):
     lease.release()
 
 
+def test_contains_is_matched_on_the_nodes_ignoring_case(cluster3):
+    manager = LockManager(cluster3.urls, node_timeout=1.0)
+    lease = hold_everywhere(manager, [f"bulk:{index:03d}" for index in range(50)])
+    others = [manager.acquire(name, ttl=60.0) for name in ("x:Café", "x:CAFE", "x:a*b")]
+    slot = manager.semaphore("api", 2).acquire(ttl=60.0)
+    found = list_locks(manager, contains="CAFÉ", limit=1)
+    assert [lock.name for lock in found.locks] == ["x:Café"]  # É is matched by * then exactly
+    assert (found.not_shown, found.approx_total) == (0, 1)
+    assert [lock.name for lock in list_locks(manager, contains="a*").locks] == ["x:a*b"]
+    assert list_locks(manager, contains="s0").locks == []  # not the slot's key suffix
+    assert [lock.name for lock in list_locks(manager, contains="Bulk:04", limit=5).locks] == [
+        f"bulk:04{digit}" for digit in range(5)
+    ]
+    with pytest.raises(TypeError, match="contains must be a str, not int"):
+        list_locks(manager, contains=5)  # type: ignore[arg-type]
+    for held in (lease, *others, slot):
+        held.release()
+
+
 @pytest.mark.parametrize(
     ("arguments", "error", "message"),
     [
