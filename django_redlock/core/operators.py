@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import redis
 
@@ -233,10 +233,10 @@ def list_locks(
             if limit is None or len(walk) <= limit:
                 wanted |= walk
             else:
-                wanted.update(heapq.nsmallest(limit, walk, key=_key_order))
-        ordered = sorted((_key_order(key), key) for key in wanted)
-        plain = [key for (_, kind, _), key in ordered if kind != "read"]
-        readers = [key for (_, kind, _), key in ordered if kind == "read"]
+                wanted.update(heapq.nsmallest(limit, walk, key=_sort_key))
+        ordered = sorted(wanted, key=_sort_key)
+        plain = [key for key in ordered if not key.endswith(READERS_SUFFIX)]
+        readers = [key for key in ordered if key.endswith(READERS_SUFFIX)]
         reads = _each_node(
             list(zip(clients, walks, strict=True)),
             lambda pair: (
@@ -288,12 +288,11 @@ def _folded_glob(text: str) -> str:
 def _name_contains(key: bytes, start: int, folded: str) -> bool:
     """Whether the name of lease key ``key`` contains ``folded`` (lower case), ignoring case.
     ``start``: the key prefix's length."""
-    return folded in _key_order(key)[0][start:].decode("utf-8", "replace").lower()
+    return folded in _key_parts(key)[0][start:].decode("utf-8", "replace").lower()
 
 
-def _key_order(key: bytes) -> tuple[bytes, str, int]:
-    """Where a lease key sorts: by name (UTF-8 bytes sort as the names do), then kind
-    ("lock" < "read" < "semaphore"), then slot; the order leases are shown in."""
+def _key_parts(key: bytes) -> tuple[bytes, str, int]:
+    """A lease key's name (with the key prefix), kind and slot (-1 when not a slot)."""
     if b"\x00" not in key:
         return (key, "lock", -1)
     slot = _SLOT.match(key)
@@ -302,19 +301,41 @@ def _key_order(key: bytes) -> tuple[bytes, str, int]:
     return (key[: -len(READERS_SUFFIX)], "read", -1)
 
 
+def _sort_key(key: bytes) -> bytes:
+    """Where a lease key sorts, in the order leases are shown: by name (UTF-8 bytes sort as
+    the names do), then the lock, its readers, its slots by number. That is the keys' own
+    byte order but for slot numbers (names hold no control character, so the keys of one
+    name follow the name itself, and "" < "\\x00r" < "\\x00s"); slot numbers are padded. Plain
+    bytes: a tuple per key made sorting 50,000 keys three times slower."""
+    if b"\x00s" not in key:
+        return key
+    slot = _SLOT.match(key)
+    return key if slot is None else slot[1] + b"\x00s" + slot[2].rjust(20, b"0")
+
+
 def _walk(client: redis.Redis, pattern: str) -> set[bytes] | None:
     """One node's lease keys matching ``pattern`` (locks, semaphore slots, reader sets; not
     wait lines, lapse times, reader owners or the node marker), or None when the node could
     not be read. Walks the whole keyspace under the pattern: SCAN's cost is the keyspace's
     size whatever the cap, and the walk gives the count the listing reports."""
+    keys: set[bytes] = set()
+    cursor = 0
     try:
-        return {
-            key
-            for key in client.scan_iter(match=pattern, count=_SCAN_COUNT)
-            if b"\x00" not in key or key.endswith(READERS_SUFFIX) or _SLOT.match(key)
-        }
+        while True:
+            cursor, batch = client.scan(cursor, match=pattern, count=_SCAN_COUNT)
+            keys.update(cast("list[bytes]", batch))  # client_for never decodes replies
+            if cursor == 0:
+                break
     except redis.RedisError:
         return None
+    keys.difference_update(
+        [
+            key
+            for key in keys
+            if b"\x00" in key and not (key.endswith(READERS_SUFFIX) or _SLOT.match(key))
+        ]
+    )
+    return keys
 
 
 @dataclass
@@ -370,15 +391,11 @@ def _read(client: redis.Redis, plain: list[bytes], readers: list[bytes]) -> _Rea
 
 
 def _merge(
-    ordered: list[tuple[tuple[bytes, str, int], bytes]],
-    answers: list[_Read],
-    start: int,
-    total: int,
-    quorum: int,
+    ordered: list[bytes], answers: list[_Read], start: int, total: int, quorum: int
 ) -> list[LockInfo]:
-    """The leases of the keys ``ordered`` (each with its :func:`_key_order`, in that order)
-    that at least one node holds, from every reachable node's answers about those very keys.
-    ``start``: the key prefix's length."""
+    """The leases of the keys ``ordered`` (in that order) that at least one node holds, from
+    every reachable node's answers about those very keys. ``start``: the key prefix's
+    length."""
     if not answers:
         return []
     # Every node answered about the same keys, in the same order: line them up by key.
@@ -392,7 +409,11 @@ def _merge(
     locks: list[LockInfo] = []
     # The loop runs once per lock (50,000 in a large listing): the common case, every node
     # with the same owner, takes no call but the owner's decoding.
-    for (name, kind, slot), _ in ordered:
+    for key in ordered:
+        if b"\x00" in key:
+            name, kind, slot = _key_parts(key)
+        else:
+            name, kind, slot = key, "lock", -1
         if kind == "read":
             locks.extend(_readers(name[start:], next(reader_sets), answers, total, quorum))
             continue
