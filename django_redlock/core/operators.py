@@ -190,8 +190,8 @@ def list_locks(
     Args:
         prefix: only leases whose name starts with it (glob characters match themselves).
         limit: how many leases to show at most, or None for all of them.
-        contains: only leases whose name contains it, ignoring case (the admin's search):
-            matched by SCAN on the nodes, so the cap applies to the matches.
+        contains: only leases whose name contains it after ``prefix``, ignoring case (the
+            admin's search): matched by SCAN on the nodes, so the cap applies to the matches.
         timeout: seconds per command on each node.
         skip: labels of nodes not to ask (found down a moment ago); they count as
             unreachable.
@@ -224,11 +224,12 @@ def list_locks(
         found: set[bytes] = set()
         wanted: set[bytes] = set()
         start = len(manager.key_prefix)
+        after = start + len(prefix.encode())  # where the part of a key after prefix starts
         for walk in walks:
             if walk is None:
                 continue
             if contains:  # exactly, before the cap: the glob matched a few more
-                walk = {key for key in walk if _name_contains(key, start, contains.lower())}
+                walk = {key for key in walk if _name_contains(key, after, contains.lower())}
             found |= walk
             if limit is None or len(walk) <= limit:
                 wanted |= walk
@@ -286,8 +287,8 @@ def _folded_glob(text: str) -> str:
 
 
 def _name_contains(key: bytes, start: int, folded: str) -> bool:
-    """Whether the name of lease key ``key`` contains ``folded`` (lower case), ignoring case.
-    ``start``: the key prefix's length."""
+    """Whether the name of lease key ``key``, from byte ``start`` of the key on, contains
+    ``folded`` (lower case), ignoring case."""
     return folded in _key_parts(key)[0][start:].decode("utf-8", "replace").lower()
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_redlock import LockManager
+from django_redlock import AsyncLockManager, LockManager
 from django_redlock.core.operators import list_locks
 from tests.helpers import node_client
 
@@ -75,6 +75,19 @@ def test_without_a_cap_every_lock_is_listed(cluster3):
     assert manager.locks(limit=None).locks == []
 
 
+def test_the_asyncio_manager_lists_as_the_sync_one(cluster3):
+    # Listing is on no hot path: the asyncio manager hands it to its sync manager.
+    manager = AsyncLockManager(cluster3.urls, node_timeout=1.0)
+    lease = hold_everywhere(manager.sync, [f"held:{index:03d}" for index in range(30)])
+    listing = manager.locks("held:", limit=10)
+    assert [lock.name for lock in listing.locks] == [f"held:{index:03d}" for index in range(10)]
+    assert not any(lock.partial for lock in listing.locks)
+    assert listing.not_shown == 20
+    with pytest.raises(ValueError, match="limit must be 1 or more"):
+        manager.locks(limit=0)
+    lease.release()
+
+
 def test_semaphore_slots_are_in_slot_order_and_the_cap_counts_leases(cluster3):
     manager = LockManager(cluster3.urls, node_timeout=1.0)
     semaphore = manager.semaphore("pool", 12)
@@ -110,6 +123,7 @@ def test_contains_is_matched_on_the_nodes_ignoring_case(cluster3):
     assert (found.not_shown, found.approx_total) == (0, 1)
     assert [lock.name for lock in list_locks(manager, contains="a*").locks] == ["x:a*b"]
     assert list_locks(manager, contains="s0").locks == []  # not the slot's key suffix
+    assert list_locks(manager, "x:", contains="x").locks == []  # after the prefix only
     assert [lock.name for lock in list_locks(manager, contains="Bulk:04", limit=5).locks] == [
         f"bulk:04{digit}" for digit in range(5)
     ]
