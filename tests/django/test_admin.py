@@ -87,6 +87,20 @@ def test_a_capped_page_says_how_many_it_shows_and_searches_beyond_the_cap(
         lease.release()
 
 
+def test_the_page_names_a_node_the_locks_could_not_be_read_from(
+    admin_client: Client, redlock_nodes
+):
+    manager = get_manager()
+    lease = manager.acquire("report", ttl=30.0)
+    lease.extend()
+    redlock_nodes[0].kill()
+    page = admin_client.get(reverse(PAGE)).content.decode()
+    label = manager.addresses[0].label
+    assert f"Locks not read from {label}: the node counts below leave it out." in page
+    assert "<td>2 of 3</td>" in page  # the lock, read from the two nodes up
+    lease.release()
+
+
 def test_force_release_needs_its_own_permission(django_user_model, redlock_nodes):
     viewer = staff(django_user_model, "view_activelock")
     response = viewer.post(reverse(RELEASE), {"name": "x", "confirm": "yes"})

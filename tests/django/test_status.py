@@ -154,6 +154,20 @@ def test_a_capped_status_says_how_many_it_shows_and_flags_no_held_lock_partial(r
     lease.release()
 
 
+def test_a_node_the_locks_could_not_be_read_from_is_named(redlock_nodes):
+    manager = get_manager()
+    lease = manager.acquire("report", ttl=30.0)
+    lease.extend()
+    redlock_nodes[2].kill()
+    out = run_status()[0]  # 2 of 3 still vote: healthy
+    label = manager.addresses[2].label
+    assert f"not read from {label}: the node counts below leave it out" in out
+    assert "report  2/3 nodes" in out
+    payload = json.loads(run_status("--json")[0])
+    assert payload["locks_unreachable"] == [label]
+    lease.release()
+
+
 @pytest.mark.parametrize("bad", ["0", "-3", "1.5", "many", ""])
 def test_a_bad_limit_is_a_clear_error(redlock_nodes, bad):
     with pytest.raises(CommandError, match="--limit"):

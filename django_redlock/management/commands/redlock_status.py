@@ -24,6 +24,7 @@ The ``--json`` output is a stable schema::
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
                 "kind": "lock"|"semaphore"|"read", "slot": int|null}],
      "locks_truncated": bool, "locks_not_shown": int, "locks_approx_total": int,
+     "locks_unreachable": [str] (nodes the locks could not be read from),
      "this_process": {"acquired": int, "contended": int, "quorum_unreachable": int,
                       "released": int, "extended": int, "lost": int, "node_error": int}}
     (counts of this process only; keys appear once the event happened; locks_approx_total:
@@ -113,6 +114,7 @@ class Command(BaseCommand):
             payload["locks_truncated"] = listing.truncated
             payload["locks_not_shown"] = listing.not_shown
             payload["locks_approx_total"] = listing.approx_total
+            payload["locks_unreachable"] = listing.unreachable
             payload["this_process"] = metrics.summary()
             self.stdout.write(_dumps(payload))
         else:
@@ -165,6 +167,14 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(f"Active locks: {len(listing.locks)}")
+        if listing.unreachable:
+            # Otherwise a node that did not answer the listing looks like a node without locks.
+            self.stdout.write(
+                self.style.WARNING(
+                    f"  not read from {', '.join(listing.unreachable)}: "
+                    "the node counts below leave it out"
+                )
+            )
         for lock in listing.locks:
             owner = lock.owner
             where = (
