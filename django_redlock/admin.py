@@ -133,10 +133,13 @@ class ActiveLockAdmin(_ModelAdmin):
                 request, "admin/django_redlock/activelock/change_list.html", context
             )
         report = status(manager)
+        # The search is part of the listing, so a lock beyond the cap is found too.
         listing = list_locks(
-            manager, skip=[node.node for node in report.nodes if not node.reachable]
+            manager,
+            contains=query,
+            skip=[node.node for node in report.nodes if not node.reachable],
         )
-        locks = [lock for lock in listing.locks if query.lower() in lock.name.lower()]
+        locks = listing.locks
         rows = []
         tokens = fenced_tokens([lock.name for lock in locks])
         for lock in locks:
@@ -153,7 +156,7 @@ class ActiveLockAdmin(_ModelAdmin):
         context.update(
             report=report,
             rows=rows,
-            truncated=listing.truncated,
+            listing=listing,
             manager=manager,
             process=sorted(metrics.summary().items()),
         )

@@ -965,10 +965,16 @@ class LockManager:
 
     # -- operators -------------------------------------------------------------------------
 
-    def locks(self, prefix: str = "", *, limit: int = 1000) -> LockListing:
+    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
-        :class:`~django_redlock.core.operators.LockListing` (SCAN, capped at ``limit`` keys per
-        node; never the tokens)."""
+        :class:`~django_redlock.core.operators.LockListing` of the first ``limit`` by name
+        (None: all of them), with how many it did not show (never the tokens). The cap only
+        chooses which locks are shown; each shown lock's node count is read on every node.
+
+        Raises:
+            TypeError, ValueError: a bad ``prefix`` or ``limit`` (an int of 1 or more, or
+                None).
+        """
         return list_locks(self, prefix, limit=limit)
 
     def force_release(self, name: str) -> int:

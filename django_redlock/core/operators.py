@@ -3,12 +3,15 @@
 Used by ``manage.py redlock_status`` and the admin page; imports no Django. Every node is
 asked through a redis-py client that never retries and waits at most ``timeout`` seconds per
 command, so a stopped node costs one timeout and never hangs the report. Keys are found with
-``SCAN`` (never ``KEYS``), paged and capped; glob characters in the prefix are escaped.
+``SCAN`` (never ``KEYS``) and read in batches by one script call per 1,000 keys; glob
+characters in the prefix are escaped.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import heapq
 import json
 import re
 import time
@@ -16,14 +19,21 @@ from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import redis
 
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import READER_OWNERS
-from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE, READERS
+from django_redlock.wire.scripts import (
+    DECLARE_FRESH,
+    HOLDER,
+    LISTING,
+    NODE_KEY,
+    NODE_STATE,
+    READERS,
+)
 from django_redlock.wire.sync import persistence_hint, quarantine_of
 
 __all__ = [
@@ -121,179 +131,380 @@ class LockInfo:
 
 @dataclass(frozen=True)
 class LockListing:
-    """The locks found, and whether the listing stopped at its cap."""
+    """The leases a listing found: the ones shown, and how many it did not show.
+
+    Attributes:
+        locks: the leases shown, ordered by name (then kind, then slot): all of them when the
+            listing had no cap, else the first ``limit``. The cap only chooses which leases
+            are shown: each shown lease's node count was read on every reachable node, so a
+            lease is ``partial`` only when fewer than a quorum of nodes hold it.
+        unreachable: the labels of the nodes that could not be read (counted in no lease).
+        approx_total: about how many leases exist under the prefix: those shown, plus one per
+            lease key that a node's SCAN found and the listing did not show (the readers of a
+            read-write lock not shown count as one). About, because a key taken or expiring
+            during the SCAN may be missed or counted, and leftovers count too.
+        not_shown: ``approx_total - len(locks)``; 0 when every lease found is shown.
+    """
 
     locks: list[LockInfo]
-    truncated: bool
     unreachable: list[str]
+    approx_total: int
+    not_shown: int
 
+    @property
+    def truncated(self) -> bool:
+        """Whether the cap left leases out (``not_shown > 0``)."""
+        return self.not_shown > 0
 
-# A lease's identity across the nodes: (name, kind, slot or reader). A reader is told apart
-# from the others by a digest of its token, which never leaves this module.
-_Identity = tuple[str, str, int | str | None]
-# One node's answer for one lease: its identity, owner JSON (or None) and ms left.
-_Found = tuple[_Identity, str | None, int]
 
 _SLOT = re.compile(rb"^(.*)\x00s(\d+)$", re.DOTALL)
+
+_SCAN_COUNT = 1000
+"""SCAN's COUNT hint (how much of the keyspace one call walks): about a millisecond of work
+on the node per call, and 50 round trips, not 250, to walk 50,000 keys."""
+_BATCH = 1000
+"""Keys per ``listing.lua`` call: about a millisecond of work on the node, so a listing never
+holds a node up for long, whatever its size."""
 
 
 def list_locks(
     manager: LockNodes,
     prefix: str = "",
     *,
-    limit: int = 1000,
+    limit: int | None = 1000,
+    contains: str = "",
     timeout: float = 0.25,
     skip: Collection[str] = (),
 ) -> LockListing:
     """Every held lease whose name starts with ``prefix`` (locks, semaphore slots, readers),
-    merged across the nodes (all at once).
+    merged across the nodes, or the first ``limit`` of them by name.
 
-    At most ``limit`` keys are read per node and ``limit`` leases returned (``truncated``
-    says when more exist). Nodes whose label is in ``skip`` (found down a moment ago) are not
-    asked again and count as unreachable.
+    Two rounds, each on all nodes at once. First, each node's keys under the prefix are
+    walked with SCAN (never KEYS), to find and count its lease keys. Then every node is asked
+    about the same keys, in one pipeline of ``scripts/listing.lua`` calls (1,000 keys each):
+    all the keys found, or with a cap, the union of each node's first ``limit`` by name (it
+    holds the cluster's first ``limit``). So a shown lease's node count is what every node
+    said about that very key, whatever the cap: ``partial`` flags leftovers, never leases the
+    cap hid on some node. ``not_shown`` says how many were left out.
+
+    Args:
+        prefix: only leases whose name starts with it (glob characters match themselves).
+        limit: how many leases to show at most, or None for all of them.
+        contains: only leases whose name contains it after ``prefix``, ignoring case (the
+            admin's search): matched by SCAN on the nodes, so the cap applies to the matches.
+        timeout: seconds per command on each node.
+        skip: labels of nodes not to ask (found down a moment ago); they count as
+            unreachable.
+
+    Raises:
+        TypeError: ``prefix`` or ``contains`` is not a str, or ``limit`` is not an int or
+            None (or is a bool).
+        ValueError: ``limit`` is below 1.
     """
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+    if not isinstance(contains, str):
+        raise TypeError(f"contains must be a str, not {type(contains).__name__}")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int or None, not {type(limit).__name__}")
+        if limit < 1:
+            raise ValueError(f"limit must be 1 or more (None: no cap), not {limit}")
     pattern = escape_glob(manager.key_prefix + prefix) + "*"
-    start = len(manager.key_prefix)
-    seen: dict[_Identity, list[tuple[str | None, int]]] = {}
-    unreachable: list[str] = []
-    scans = _each_node(
-        manager.addresses,
-        lambda address: (
-            None if address.label in skip else _scan(address, pattern, start, limit, timeout)
-        ),
-    )
-    truncated = any(scan[1] for scan in scans if scan is not None)
-    for address, scan in zip(manager.addresses, scans, strict=True):
-        if scan is None:
-            unreachable.append(address.label)
-            continue
-        for identity, raw, ttl in scan[0]:
-            seen.setdefault(identity, []).append((raw, ttl))
-    locks = [
-        _merge(identity, found, manager)
-        for identity, found in sorted(seen.items(), key=lambda item: _order(item[0]))
+    if contains:
+        pattern += _folded_glob(contains) + "*"
+    with contextlib.ExitStack() as stack:
+        clients = [
+            None if address.label in skip else stack.enter_context(client_for(address, timeout))
+            for address in manager.addresses
+        ]
+        walks = _each_node(
+            clients, lambda client: None if client is None else _walk(client, pattern)
+        )
+        found: set[bytes] = set()
+        wanted: set[bytes] = set()
+        start = len(manager.key_prefix)
+        after = start + len(prefix.encode())  # where the part of a key after prefix starts
+        for walk in walks:
+            if walk is None:
+                continue
+            if contains:  # exactly, before the cap: the glob matched a few more
+                walk = {key for key in walk if _name_contains(key, after, contains.lower())}
+            found |= walk
+            if limit is None or len(walk) <= limit:
+                wanted |= walk
+            else:
+                wanted.update(heapq.nsmallest(limit, walk, key=_sort_key))
+        ordered = sorted(wanted, key=_sort_key)
+        plain = [key for key in ordered if not key.endswith(READERS_SUFFIX)]
+        readers = [key for key in ordered if key.endswith(READERS_SUFFIX)]
+        reads = _each_node(
+            list(zip(clients, walks, strict=True)),
+            lambda pair: (
+                None if pair[0] is None or pair[1] is None else _read(pair[0], plain, readers)
+            ),
+        )
+    unreachable = [
+        address.label
+        for address, read in zip(manager.addresses, reads, strict=True)
+        if read is None
     ]
-    if len(locks) > limit:  # each node stopped at `limit`, but at different names
-        locks, truncated = locks[:limit], True
-    return LockListing(locks=locks, truncated=truncated, unreachable=unreachable)
-
-
-def _order(identity: _Identity) -> tuple[str, str, int, str]:
-    name, kind, which = identity
-    return (name, kind, which if isinstance(which, int) else -1, str(which or ""))
-
-
-def _scan(
-    address: NodeAddress, pattern: str, start: int, limit: int, timeout: float
-) -> tuple[list[_Found], bool] | None:
-    """One node's leases under keys matching ``pattern`` (at most ``limit`` keys): each
-    lease's identity, owner and ms left; and whether more keys were left. None when the
-    node could not be read. ``start``: the length of the key prefix."""
-    locks: list[tuple[bytes, str, int | None]] = []  # key, kind, slot
-    readers: list[bytes] = []
-    truncated = False
-    try:
-        with client_for(address, timeout) as client:
-            for key in client.scan_iter(match=pattern, count=200):
-                if b"\x00" in key:
-                    slot = _SLOT.match(key)
-                    if slot is not None:
-                        entry: tuple[bytes, str, int | None] = (key, "semaphore", int(slot[2]))
-                    elif key.endswith(READERS_SUFFIX):
-                        entry = (key, "read", None)
-                    else:  # wait lines, lapse times, reader owners, the node marker
-                        continue
-                else:
-                    entry = (key, "lock", None)
-                if len(locks) + len(readers) >= limit:
-                    truncated = True
-                    break
-                if entry[1] == "read":
-                    readers.append(key)
-                else:
-                    locks.append(entry)
-            pipe = client.pipeline(transaction=False)
-            pipe.time()
-            for key, _, _ in locks:
-                pipe.hget(key, "o")
-                pipe.pttl(key)
-            for key in readers:
-                pipe.zrange(key, 0, -1, withscores=True)
-                pipe.hgetall(key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX)
-            replies = pipe.execute(raise_on_error=False)
-    except redis.RedisError:
-        return None
-    found: list[_Found] = []
-    clock, replies = replies[0], replies[1:]
-    for index, (key, kind, number) in enumerate(locks):
-        owner, pttl = replies[2 * index], replies[2 * index + 1]
-        ttl = pttl if isinstance(pttl, int) else -2
-        if ttl == -2:
-            continue  # expired between SCAN and the read
-        found.append(((_name(key, start, kind), kind, number), _text(owner), ttl))
-    if not isinstance(clock, list | tuple):
-        return found, truncated
-    now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
-    replies = replies[2 * len(locks) :]
-    for index, key in enumerate(readers):
-        members, owners = replies[2 * index], replies[2 * index + 1]
-        if not isinstance(members, list) or not isinstance(owners, dict):
-            continue
-        name = key[: -len(READERS_SUFFIX)].decode("utf-8", "replace")[start:]
-        for token, expiry in members:
-            left = int(expiry) - now_ms
-            if left <= 0:
-                continue  # an expired reader, not purged yet
-            # The token stays here: a digest tells the same reader apart on every node.
-            digest = hashlib.sha256(token).hexdigest()[:16]
-            found.append(((name, "read", digest), _text(owners.get(token)), left))
-    return found, truncated
+    answers = [read for read in reads if read is not None]
+    locks = _merge(ordered, answers, start, len(manager.addresses), manager.quorum)
+    shown = locks if limit is None else locks[:limit]
+    # Leases read but cut, and lease keys found but never read (with a cap: beyond every
+    # node's first `limit`), each counted once.
+    not_shown = len(locks) - len(shown) + len(found - wanted)
+    return LockListing(
+        locks=shown,
+        unreachable=unreachable,
+        approx_total=len(shown) + not_shown,
+        not_shown=not_shown,
+    )
 
 
 READERS_SUFFIX = READERS.encode()
 OWNERS_SUFFIX = READER_OWNERS.encode()
 
 
-def _name(key: bytes, start: int, kind: str) -> str:
-    if kind == "semaphore":
-        match = _SLOT.match(key)
-        assert match is not None
-        key = match[1]
-    return key.decode("utf-8", "replace")[start:]
+def _folded_glob(text: str) -> str:
+    """A SCAN MATCH glob for ``text`` anywhere in a key, ignoring case: each ASCII letter as
+    ``[xX]``, any other character with another case as ``*`` (SCAN matches bytes, and a
+    bracket would stand for one byte of a character of several), the rest as itself. It
+    matches every name that contains ``text`` ignoring case, and a few more (the caller
+    filters the keys exactly), except names whose characters lower to ASCII letters (the
+    Kelvin sign).
+    """
+    parts = []
+    for char in text:
+        if char.isascii() and char.isalpha():
+            parts.append(f"[{char.lower()}{char.upper()}]")
+        elif char.lower() != char or char.upper() != char:
+            parts.append("*")
+        else:
+            parts.append(escape_glob(char))
+    return "".join(parts)
 
 
-def _text(raw: object) -> str | None:
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else None
+def _name_contains(key: bytes, start: int, folded: str) -> bool:
+    """Whether the name of lease key ``key``, from byte ``start`` of the key on, contains
+    ``folded`` (lower case), ignoring case."""
+    return folded in _key_parts(key)[0][start:].decode("utf-8", "replace").lower()
+
+
+def _key_parts(key: bytes) -> tuple[bytes, str, int]:
+    """A lease key's name (with the key prefix), kind and slot (-1 when not a slot)."""
+    if b"\x00" not in key:
+        return (key, "lock", -1)
+    slot = _SLOT.match(key)
+    if slot is not None:
+        return (slot[1], "semaphore", int(slot[2]))
+    return (key[: -len(READERS_SUFFIX)], "read", -1)
+
+
+def _sort_key(key: bytes) -> bytes:
+    """Where a lease key sorts, in the order leases are shown: by name (UTF-8 bytes sort as
+    the names do), then the lock, its readers, its slots by number. That is the keys' own
+    byte order but for slot numbers (names hold no control character, so the keys of one
+    name follow the name itself, and "" < "\\x00r" < "\\x00s"); slot numbers are padded. Plain
+    bytes: a tuple per key made sorting 50,000 keys three times slower."""
+    if b"\x00s" not in key:
+        return key
+    slot = _SLOT.match(key)
+    return key if slot is None else slot[1] + b"\x00s" + slot[2].rjust(20, b"0")
+
+
+def _walk(client: redis.Redis, pattern: str) -> set[bytes] | None:
+    """One node's lease keys matching ``pattern`` (locks, semaphore slots, reader sets; not
+    wait lines, lapse times, reader owners or the node marker), or None when the node could
+    not be read. Walks the whole keyspace under the pattern: SCAN's cost is the keyspace's
+    size whatever the cap, and the walk gives the count the listing reports."""
+    keys: set[bytes] = set()
+    cursor = 0
+    try:
+        while True:
+            cursor, batch = client.scan(cursor, match=pattern, count=_SCAN_COUNT)
+            keys.update(cast("list[bytes]", batch))  # client_for never decodes replies
+            if cursor == 0:
+                break
+    except redis.RedisError:
+        return None
+    keys.difference_update(
+        [
+            key
+            for key in keys
+            if b"\x00" in key and not (key.endswith(READERS_SUFFIX) or _SLOT.match(key))
+        ]
+    )
+    return keys
+
+
+@dataclass
+class _Read:
+    """What one node said about the listing's keys."""
+
+    owners: list[bytes | None]  # per plain key (lock, write lease, slot): owner JSON
+    ttls: list[int]  # per plain key: PTTL in ms (-2: absent)
+    # Per reader set: its members (token, expiry ms) and owners (token -> JSON), or the
+    # error a node answered for either (a key of another type).
+    readers: list[tuple[Any, Any]]
+    now_ms: int | None  # the node's clock (readers' expiries are on it)
+
+
+def _read(client: redis.Redis, plain: list[bytes], readers: list[bytes]) -> _Read | None:
+    """One node's answers about ``plain`` keys (owner and ms left, by ``listing.lua``) and
+    ``readers`` sets (members and owners), in one pipeline; None when it could not be read
+    (also when its ACL user may not run scripts: such a node cannot hold locks either)."""
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.time()
+        for index in range(0, len(plain), _BATCH):
+            batch = plain[index : index + _BATCH]
+            # The first call is an EVAL, which also caches the script on the node, so the
+            # rest of the same pipeline can be EVALSHA without a NOSCRIPT round trip.
+            if index == 0:
+                pipe.eval(LISTING.source.decode(), len(batch), *batch)
+            else:
+                pipe.evalsha(LISTING.sha.decode(), len(batch), *batch)
+        for key in readers:
+            pipe.zrange(key, 0, -1, withscores=True)
+            pipe.hgetall(key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX)
+        replies = pipe.execute(raise_on_error=False)
+    except redis.RedisError:
+        return None
+    clock, replies = replies[0], replies[1:]
+    batches = (len(plain) + _BATCH - 1) // _BATCH
+    flat: list[Any] = []
+    for reply in replies[:batches]:
+        if not isinstance(reply, list):
+            return None  # the script was refused (an error reply)
+        flat.extend(reply)
+    now_ms = None
+    if isinstance(clock, list | tuple):
+        now_ms = int(clock[0]) * 1000 + int(clock[1]) // 1000
+    pairs = replies[batches:]
+    return _Read(
+        owners=flat[0::2],
+        ttls=flat[1::2],
+        readers=list(zip(pairs[0::2], pairs[1::2], strict=True)),
+        now_ms=now_ms,
+    )
 
 
 def _merge(
-    identity: _Identity, found: list[tuple[str | None, int]], manager: LockNodes
-) -> LockInfo:
-    name, kind, which = identity
-    counts: dict[str, int] = {}
-    for raw, _ in found:
+    ordered: list[bytes], answers: list[_Read], start: int, total: int, quorum: int
+) -> list[LockInfo]:
+    """The leases of the keys ``ordered`` (in that order) that at least one node holds, from
+    every reachable node's answers about those very keys. ``start``: the key prefix's
+    length."""
+    if not answers:
+        return []
+    # Every node answered about the same keys, in the same order: line them up by key.
+    plain = zip(
+        zip(*(read.owners for read in answers), strict=True),
+        zip(*(read.ttls for read in answers), strict=True),
+        strict=True,
+    )
+    reader_sets = zip(*(read.readers for read in answers), strict=True)
+    asked = len(answers)
+    locks: list[LockInfo] = []
+    # The loop runs once per lock (50,000 in a large listing): the common case, every node
+    # with the same owner, takes no call but the owner's decoding.
+    for key in ordered:
+        if b"\x00" in key:
+            name, kind, slot = _key_parts(key)
+        else:
+            name, kind, slot = key, "lock", -1
+        if kind == "read":
+            locks.extend(_readers(name[start:], next(reader_sets), answers, total, quorum))
+            continue
+        owners, ttls = next(plain)
+        missing = ttls.count(-2)
+        if missing == asked:
+            continue  # gone everywhere (expired or released since the walk)
+        raw = owners[0]
+        if raw is None or owners.count(raw) != asked:  # nodes disagree, or some have none
+            raw = _most(owners)
+        left = [ttl for ttl in ttls if ttl >= 0]
+        nodes = asked - missing
+        locks.append(
+            LockInfo(
+                name[start:].decode("utf-8", "replace"),
+                nodes,
+                total,
+                nodes < quorum,
+                min(left) / 1000 if left else None,
+                max(left) / 1000 if left else None,
+                {} if raw is None else _owner(raw),
+                kind,
+                slot if kind == "semaphore" else None,
+            )
+        )
+    return locks
+
+
+def _readers(
+    name: bytes,
+    sets: tuple[tuple[Any, Any], ...],
+    answers: list[_Read],
+    total: int,
+    quorum: int,
+) -> list[LockInfo]:
+    """The live readers of one read-write lock, each told apart across the nodes by a digest
+    of its token (the token never leaves this function)."""
+    seen: dict[str, tuple[list[bytes | None], list[int]]] = {}
+    for (members, owners), read in zip(sets, answers, strict=True):
+        if read.now_ms is None or not isinstance(members, list) or not isinstance(owners, dict):
+            continue
+        for token, expiry in members:
+            left = int(expiry) - read.now_ms
+            if left <= 0:
+                continue  # an expired reader, not purged yet
+            digest = hashlib.sha256(token).hexdigest()[:16]
+            raws, lefts = seen.setdefault(digest, ([], []))
+            raws.append(owners.get(token))
+            lefts.append(left)
+    infos = []
+    for _, (raws, lefts) in sorted(seen.items()):
+        raw = _most(raws)
+        infos.append(
+            LockInfo(
+                name=name.decode("utf-8", "replace"),
+                nodes=len(lefts),
+                total=total,
+                partial=len(lefts) < quorum,
+                ttl_min=min(lefts) / 1000,
+                ttl_max=max(lefts) / 1000,
+                owner={} if raw is None else _owner(raw),
+                kind="read",
+            )
+        )
+    return infos
+
+
+def _most(owners: Sequence[bytes | None]) -> bytes | None:
+    """The owner JSON most nodes report (the first node's on a tie), None when none does."""
+    counts: dict[bytes, int] = {}
+    for raw in owners:
         if raw is not None:
             counts[raw] = counts.get(raw, 0) + 1
-    owner: dict[str, Any] = {}
-    if counts:
-        raw = max(counts.items(), key=lambda item: item[1])[0]
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        owner = parsed if isinstance(parsed, dict) else {"raw": raw}
-    ttls = [ttl / 1000 for _, ttl in found if ttl >= 0]
-    return LockInfo(
-        name=name,
-        nodes=len(found),
-        total=len(manager.addresses),
-        partial=len(found) < manager.quorum,
-        ttl_min=min(ttls) if ttls else None,
-        ttl_max=max(ttls) if ttls else None,
-        owner=owner,
-        kind=kind,
-        slot=which if isinstance(which, int) else None,
-    )
+    return max(counts.items(), key=lambda item: item[1])[0] if counts else None
+
+
+# json.loads checks its arguments, and decode() matches whitespace around the document, on
+# every call: together as long as the decoding itself, which a listing does once per lock.
+_OWNER_JSON = json.JSONDecoder()
+
+
+def _owner(raw: bytes) -> dict[str, Any]:
+    """The owner metadata stored with a key (JSON written by the library, no whitespace
+    around it), or ``{"raw": text}`` when it is not a JSON object."""
+    text = raw.decode("utf-8", "replace")
+    try:
+        parsed, end = _OWNER_JSON.raw_decode(text)
+    except ValueError:
+        return {"raw": text}
+    return parsed if isinstance(parsed, dict) and end == len(text) else {"raw": text}
 
 
 @dataclass(frozen=True)

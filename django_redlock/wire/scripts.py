@@ -28,6 +28,7 @@ __all__ = [
     "LAPSE",
     "LEAVE",
     "LINE",
+    "LISTING",
     "NODE_KEY",
     "NODE_STATE",
     "OWNS",
@@ -189,6 +190,7 @@ NODE_STATE = load_script("node_state")
 DECLARE_FRESH = load_script("declare_fresh")
 PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
 HOLDER = load_script("holder")
+LISTING = load_script("listing")
 OWNS = load_script("owns")
 FORCE_RELEASE = load_script("force_release")
 

@@ -68,6 +68,19 @@ def test_acquire_never_overwrites_foreign_keys(node):
     assert node.hgetall("hash") == {b"field": b"x"}
 
 
+def test_listing_reads_owner_and_time_left_of_many_keys_and_never_the_token(node):
+    assert acquire(node, "held", "a" * 40, ttl_ms=10_000, owner='{"pid":1}') == b"OK"
+    node.set("plain", "user data")  # another type under our prefix: no owner, not an error
+    node.hset("forever", "o", '{"pid":2}')  # no expiry
+    keys = ("held", "gone", "plain", "forever")
+    reply = node.eval(scripts.LISTING.source, len(keys), *keys)
+    assert reply[0] == b'{"pid":1}'
+    assert 9_000 < reply[1] <= 10_000
+    assert reply[2:] == [None, -2, None, -1, b'{"pid":2}', -1]
+    assert b"a" * 40 not in reply
+    assert node.get("plain") == b"user data"  # read-only
+
+
 def test_release_deletes_only_its_own_token(node):
     acquire(node, "k", "a" * 40)
     assert release(node, "k", "b" * 40) == 0

@@ -67,6 +67,40 @@ def test_search_filters_by_name(admin_client: Client, redlock_nodes):
         lease.release()
 
 
+def test_a_capped_page_says_how_many_it_shows_and_searches_beyond_the_cap(
+    admin_client: Client, redlock_nodes
+):
+    manager = get_manager()
+    names = [f"bulk:{index:04d}" for index in range(1100)]  # the page lists 1,000
+    leases = [manager.lock_many(names[:550], ttl=60.0), manager.lock_many(names[550:], ttl=60.0)]
+    needle = manager.acquire("zz:Café-needle", ttl=60.0)  # sorts after every bulk lock
+    page = admin_client.get(reverse(PAGE)).content.decode()
+    assert "Showing 1000 of about 1101 locks, the first by name: 101 not shown." in page
+    assert "bulk:0999" in page
+    assert "bulk:1000" not in page
+    assert "(partial" not in page  # held on a quorum: never flagged because of the cap
+    found = admin_client.get(reverse(PAGE), {"q": "CAFÉ-NEEDLE"}).content.decode()
+    assert "zz:Café-needle" in found
+    assert "bulk:0000" not in found
+    assert 'id="rl-not-shown"' not in found  # every match is shown
+    for lease in (*leases, needle):
+        lease.release()
+
+
+def test_the_page_names_a_node_the_locks_could_not_be_read_from(
+    admin_client: Client, redlock_nodes
+):
+    manager = get_manager()
+    lease = manager.acquire("report", ttl=30.0)
+    lease.extend()
+    redlock_nodes[0].kill()
+    page = admin_client.get(reverse(PAGE)).content.decode()
+    label = manager.addresses[0].label
+    assert f"Locks not read from {label}: the node counts below leave it out." in page
+    assert "<td>2 of 3</td>" in page  # the lock, read from the two nodes up
+    lease.release()
+
+
 def test_force_release_needs_its_own_permission(django_user_model, redlock_nodes):
     viewer = staff(django_user_model, "view_activelock")
     response = viewer.post(reverse(RELEASE), {"name": "x", "confirm": "yes"})

@@ -133,6 +133,47 @@ def test_the_listing_is_capped(redlock_nodes):
         lease.release()
 
 
+def test_a_capped_status_says_how_many_it_shows_and_flags_no_held_lock_partial(redlock_nodes):
+    manager = LockManager(redlock_nodes.urls, node_timeout=1.0)
+    lease = manager.lock_many([f"many:{index:03d}" for index in range(300)], ttl=60.0)
+    lease.extend()  # every node holds every lock
+    out = run_status("--limit", "20")[0]
+    assert "Active locks: showing 20 of about 300 (280 not shown" in out
+    assert "many:019  3/3 nodes" in out
+    assert "many:020" not in out  # the first 20 by name
+    assert "partial" not in out
+    payload = json.loads(run_status("--json", "--limit", "20")[0])
+    assert len(payload["locks"]) == 20
+    assert not any(lock["partial"] for lock in payload["locks"])
+    assert (payload["locks_truncated"], payload["locks_not_shown"]) == (True, 280)
+    assert payload["locks_approx_total"] == 300
+    everything = json.loads(run_status("--json", "--limit", "all")[0])
+    assert len(everything["locks"]) == 300
+    assert (everything["locks_truncated"], everything["locks_not_shown"]) == (False, 0)
+    assert "Active locks: 300\n" in run_status("--limit", "all")[0]
+    lease.release()
+
+
+def test_a_node_the_locks_could_not_be_read_from_is_named(redlock_nodes):
+    manager = get_manager()
+    lease = manager.acquire("report", ttl=30.0)
+    lease.extend()
+    redlock_nodes[2].kill()
+    out = run_status()[0]  # 2 of 3 still vote: healthy
+    label = manager.addresses[2].label
+    assert f"not read from {label}: the node counts below leave it out" in out
+    assert "report  2/3 nodes" in out
+    payload = json.loads(run_status("--json")[0])
+    assert payload["locks_unreachable"] == [label]
+    lease.release()
+
+
+@pytest.mark.parametrize("bad", ["0", "-3", "1.5", "many", ""])
+def test_a_bad_limit_is_a_clear_error(redlock_nodes, bad):
+    with pytest.raises(CommandError, match="--limit"):
+        call_command("redlock_status", "--limit", bad)
+
+
 def test_an_invalid_setting_is_a_command_error(settings):
     settings.REDLOCK = {"NODES": []}
     with pytest.raises(CommandError, match="REDLOCK is not usable"):

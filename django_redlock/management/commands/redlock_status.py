@@ -1,9 +1,13 @@
-"""``manage.py redlock_status [--json] [--prefix P]``: node health, quorum, active locks.
+"""``manage.py redlock_status [--json] [--prefix P] [--limit N|all]``: node health, quorum,
+active locks.
 
 Exit status 0 when a quorum of nodes can vote now, 1 otherwise, so it serves as a health
 check. Each node's verdict (votes / quarantined until T / down) comes from the rule the
 acquire script applies. The nodes are probed at once, so the command is bounded by about one
-``--timeout`` whatever number of nodes is stopped or paused.
+``--timeout`` whatever number of nodes is stopped or paused. At most ``--limit`` locks are
+listed (the first by name, 1,000 by default); when more exist, the output says "showing N of
+about M" and how many it did not show. A lock is "partial" only when fewer than a quorum of
+nodes hold it (a leftover), never because of the limit.
 
 The ``--json`` output is a stable schema::
 
@@ -19,10 +23,12 @@ The ``--json`` output is a stable schema::
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
                 "kind": "lock"|"semaphore"|"read", "slot": int|null}],
-     "locks_truncated": bool,
+     "locks_truncated": bool, "locks_not_shown": int, "locks_approx_total": int,
+     "locks_unreachable": [str] (nodes the locks could not be read from),
      "this_process": {"acquired": int, "contended": int, "quorum_unreachable": int,
                       "released": int, "extended": int, "lost": int, "node_error": int}}
-    (counts of this process only; keys appear once the event happened)
+    (counts of this process only; keys appear once the event happened; locks_approx_total:
+    the locks listed plus the lock keys found and not listed, see LockListing.approx_total)
 """
 
 from __future__ import annotations
@@ -39,6 +45,19 @@ from django.core.management.base import BaseCommand, CommandError
 from django_redlock.conf import get_manager
 from django_redlock.core import metrics
 from django_redlock.core.operators import list_locks, status
+
+
+def _limit(text: str) -> int | None:
+    """``--limit``: how many locks to list, a whole number of 1 or more, or "all"."""
+    if text == "all":
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        raise ArgumentTypeError(f'not a whole number or "all": {text!r}') from None
+    if limit < 1:
+        raise ArgumentTypeError(f'must be 1 or more (or "all"), not {text}')
+    return limit
 
 
 def _timeout(text: str) -> float:
@@ -61,24 +80,41 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="print the stable JSON schema")
         parser.add_argument("--prefix", default="", help="only locks whose name starts so")
         parser.add_argument(
+            "--limit",
+            type=_limit,
+            default=1000,
+            help='list at most N locks, the first by name (default 1000), or "all"',
+        )
+        parser.add_argument(
             "--timeout",
             type=_timeout,
             default=0.25,
             help="seconds per command on each node (0 < S <= 60)",
         )
 
-    def handle(self, *args: Any, json: bool, prefix: str, timeout: float, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        json: bool,
+        prefix: str,
+        limit: int | None,
+        timeout: float,
+        **options: Any,
+    ) -> None:
         try:
             manager = get_manager()
         except ImproperlyConfigured as exc:
             raise CommandError(f"REDLOCK is not usable: {exc}") from None
         report = status(manager, timeout=timeout)
         down = [node.node for node in report.nodes if not node.reachable]
-        listing = list_locks(manager, prefix, timeout=timeout, skip=down)
+        listing = list_locks(manager, prefix, limit=limit, timeout=timeout, skip=down)
         if json:
             payload = report.as_dict()
             payload["locks"] = [asdict(lock) for lock in listing.locks]
             payload["locks_truncated"] = listing.truncated
+            payload["locks_not_shown"] = listing.not_shown
+            payload["locks_approx_total"] = listing.approx_total
+            payload["locks_unreachable"] = listing.unreachable
             payload["this_process"] = metrics.summary()
             self.stdout.write(_dumps(payload))
         else:
@@ -124,9 +160,21 @@ class Command(BaseCommand):
             if report.healthy
             else self.style.ERROR(verdict + ": NO QUORUM")
         )
-        self.stdout.write(
-            f"Active locks: {len(listing.locks)}" + (" (truncated)" if listing.truncated else "")
-        )
+        if listing.truncated:
+            self.stdout.write(
+                f"Active locks: showing {len(listing.locks)} of about {listing.approx_total} "
+                f"({listing.not_shown} not shown: use --limit or --prefix to see them)"
+            )
+        else:
+            self.stdout.write(f"Active locks: {len(listing.locks)}")
+        if listing.unreachable:
+            # Otherwise a node that did not answer the listing looks like a node without locks.
+            self.stdout.write(
+                self.style.WARNING(
+                    f"  not read from {', '.join(listing.unreachable)}: "
+                    "the node counts below leave it out"
+                )
+            )
         for lock in listing.locks:
             owner = lock.owner
             where = (
