@@ -1,4 +1,4 @@
-"""W8: operator listings at size: ``python -m benchmarks.listing [N ...]`` (default 1000
+"""W9: operator listings at size: ``python -m benchmarks.listing [N ...]`` (default 1000
 10000 50000).
 
 Starts 3 local nodes and holds N locks on every node, taken by the library itself
