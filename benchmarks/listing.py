@@ -21,7 +21,7 @@ import sys
 import time
 
 from django_redlock import Lease, LockManager
-from django_redlock.core.operators import LockListing
+from django_redlock.core.listing import LockListing
 from django_redlock.localnodes import LocalCluster, server_version
 
 RUNS = 5

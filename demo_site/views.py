@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 from demo_site.models import Event, Rejection, Sale, Seat
 from demo_site.services import Outcome, book_seat
 from django_redlock import QuorumUnreachable, get_manager, locked_view
-from django_redlock.core.operators import status
+from django_redlock.core.health import status
 
 
 def event_report(event: Event) -> dict[str, Any]:

@@ -32,8 +32,9 @@ from django_redlock.redlock import Lease, LockManager
 
 if TYPE_CHECKING:
     from django_redlock.aredlock import AsyncLease, AsyncLockManager
-    from django_redlock.conf import get_async_manager, get_manager
-    from django_redlock.decorators import LockedViewMixin, locked_command, locked_view
+    from django_redlock.command_lock import locked_command
+    from django_redlock.decorators import LockedViewMixin, locked_view
+    from django_redlock.default_manager import get_async_manager, get_manager
     from django_redlock.locks import alock_for, lock_for
 
 __version__ = "0.1.0"
@@ -72,12 +73,12 @@ _LAZY: dict[str, str] = {
     # The asyncio core imports no Django either; lazy only so `import django_redlock` stays cheap.
     "AsyncLockManager": "django_redlock.aredlock",
     "AsyncLease": "django_redlock.aredlock",
-    "get_manager": "django_redlock.conf",
-    "get_async_manager": "django_redlock.conf",
+    "get_manager": "django_redlock.default_manager",
+    "get_async_manager": "django_redlock.default_manager",
     "lock_for": "django_redlock.locks",
     "alock_for": "django_redlock.locks",
     "locked_view": "django_redlock.decorators",
-    "locked_command": "django_redlock.decorators",
+    "locked_command": "django_redlock.command_lock",
     "LockedViewMixin": "django_redlock.decorators",
 }
 

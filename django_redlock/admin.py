@@ -22,10 +22,11 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
-from django_redlock.conf import get_manager
 from django_redlock.core import metrics
 from django_redlock.core.arguments import validate_name
-from django_redlock.core.operators import list_locks, status
+from django_redlock.core.health import status
+from django_redlock.core.listing import list_locks
+from django_redlock.default_manager import get_manager
 from django_redlock.exceptions import FencingUnavailable
 from django_redlock.models import ActiveLock, FencedModel
 

@@ -15,10 +15,10 @@ class RedlockConfig(AppConfig):
 
     def ready(self) -> None:
         # Registration only: no settings are read and no node is contacted here.
-        from django_redlock import conf, signals
+        from django_redlock import default_manager, signals
         from django_redlock.checks import check_settings
 
         checks.register(check_settings)
-        setting_changed.connect(conf.reset, dispatch_uid="django_redlock.conf.reset")
+        setting_changed.connect(default_manager.reset, dispatch_uid="django_redlock.reset")
         # The managers get_manager() builds send the lock signals and count the metrics.
-        conf.set_manager_factory(signals.observed_manager)
+        default_manager.set_manager_factory(signals.observed_manager)

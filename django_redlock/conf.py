@@ -24,9 +24,8 @@ URL would be readable there; check ``django_redlock.W003`` says so).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -42,35 +41,29 @@ from django_redlock.core.arguments import (
     check_timeout,
     check_ttl,
 )
+from django_redlock.node_settings import check_nodes
 from django_redlock.redlock import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,
     DEFAULT_RETRY_DELAY,
     DEFAULT_TIMEOUT,
     DEFAULT_TTL,
-    LockManager,
 )
-from django_redlock.wire.nodes import NodeAddress, parse_node
+from django_redlock.wire.nodes import NodeAddress
 
 __all__ = [
     "DEFAULTS",
     "SETTINGS",
-    "ManagerFactory",
     "Problem",
     "RedlockSettings",
     "Setting",
-    "build_manager",
-    "get_async_manager",
-    "get_manager",
+    "forget_settings",
     "get_settings",
     "inspect",
-    "reset",
-    "set_manager_factory",
     "setting_name",
     "settings_reference",
 ]
 
-_CACHE_BACKENDS = ("django_redis.cache.RedisCache", "django.core.cache.backends.redis.RedisCache")
 _METRICS_LABELS = ("prefix", "name")
 # A node must answer well within the lease: a slow node may cost at most this share of the TTL.
 # A rule of the settings only; the core refuses just a ttl that one attempt could use up.
@@ -199,157 +192,6 @@ class Setting:
         return setting_name(self.key)
 
 
-# -- NODES ----------------------------------------------------------------------------------
-
-
-def _check_nodes(value: object, name: str, reading: _Reading) -> tuple[NodeAddress, ...]:
-    """Every usable node; each bad one, duplicate and risky count is reported as it is."""
-    if isinstance(value, str) or not isinstance(value, list | tuple):
-        raise TypeError(f"{name} must be a list of nodes")
-    if not value:
-        raise ValueError(f"{name} is empty: no lock can be taken")
-    addresses: list[NodeAddress] = []
-    seen: set[tuple[object, ...]] = set()
-    for spec in value:
-        address = _node(spec, reading)
-        if address is None:
-            continue
-        if address.identity in seen:
-            reading.report(
-                "django_redlock.E005",
-                f"REDLOCK node {address.label} is listed twice",
-                "Redlock needs independent nodes.",
-            )
-        seen.add(address.identity)
-        addresses.append(address)
-    if len(value) == 1:
-        reading.report(
-            "django_redlock.W002",
-            "REDLOCK has a single node: the lock fails whenever that node does.",
-            "Fine for development; use 3 or 5 independent masters in production.",
-            "warning",
-        )
-    elif len(value) % 2 == 0:
-        reading.report(
-            "django_redlock.W001",
-            f"REDLOCK has {len(value)} nodes: an even count tolerates no more failures than "
-            f"{len(value) - 1} nodes would.",
-            "Use an odd number of nodes (3 or 5).",
-            "warning",
-        )
-    return tuple(addresses)
-
-
-def _node(spec: object, reading: _Reading) -> NodeAddress | None:
-    """One node spec to an address; None (with the problem reported) when it is unusable."""
-    bad = "django_redlock.E004"
-    try:
-        if isinstance(spec, str):
-            address = parse_node(spec)
-            if urlsplit(spec).password:
-                reading.report(
-                    "django_redlock.W003",
-                    f"REDLOCK node {address.label} has its password inside the URL; Django's "
-                    "DEBUG error page shows such strings unredacted.",
-                    'Use {"URL": "redis://host:6379/0", "PASSWORD": ...} instead.',
-                    "warning",
-                )
-            return address
-        if not isinstance(spec, Mapping):
-            raise TypeError(
-                f"REDLOCK node must be a URL string or a dict, not {type(spec).__name__}"
-            )
-        unknown = sorted(set(map(str, spec)) - {"URL", "PASSWORD", "USERNAME", "CACHE"})
-        if unknown or ("URL" in spec) == ("CACHE" in spec):
-            reading.report(
-                bad,
-                f"REDLOCK node {_redacted(spec)!r} must have exactly one of URL or CACHE"
-                + (f" (unknown keys: {', '.join(unknown)})" if unknown else ""),
-                'Write {"URL": "redis://...", "PASSWORD": ...} or {"CACHE": "alias"}.',
-            )
-            return None
-        if "CACHE" in spec:
-            return _cache_node(spec["CACHE"], reading)
-        if not isinstance(spec["URL"], str):
-            raise TypeError("REDLOCK node URL must be a string")
-        address = parse_node(spec["URL"])
-        return _with_login(
-            address,
-            spec.get("USERNAME", address.username),
-            spec.get("PASSWORD", address.password),
-        )
-    except (TypeError, ValueError) as exc:
-        # The parser names the LockManager argument ("nodes: ..."): here it is the setting.
-        text = str(exc).removeprefix("nodes: ")
-        reading.report(
-            bad, f"REDLOCK['NODES']: {text}", "Write a redis://, rediss:// or unix:// URL."
-        )
-        return None
-
-
-def _cache_node(alias: object, reading: _Reading) -> NodeAddress | None:
-    """The master of a Redis cache in ``CACHES``, with its password."""
-    bad = "django_redlock.E004"
-    if not isinstance(alias, str) or alias not in reading.caches:
-        known = ", ".join(reading.caches) or "none"
-        reading.report(
-            bad,
-            f"REDLOCK node names cache {alias!r}, which is not in CACHES",
-            f"Known cache aliases: {known}.",
-        )
-        return None
-    cache = reading.caches[alias]
-    if not isinstance(cache, Mapping) or not isinstance(cache.get("OPTIONS") or {}, Mapping):
-        reading.report(
-            bad,
-            f"REDLOCK node names cache {alias!r}, whose CACHES entry is not a dict "
-            "(or its OPTIONS is not)",
-            "Each CACHES entry, and its OPTIONS, is a dict.",
-        )
-        return None
-    backend = cache.get("BACKEND", "")
-    if backend not in _CACHE_BACKENDS:
-        reading.report(
-            bad,
-            f"REDLOCK node names cache {alias!r}, whose backend {backend!r} is not Redis",
-            f"Supported backends: {', '.join(_CACHE_BACKENDS)}.",
-        )
-        return None
-    location = cache.get("LOCATION")
-    if isinstance(location, list | tuple):
-        # django-redis: the first location is the master; the others are read replicas,
-        # which must never count as Redlock nodes.
-        location = location[0] if location else None
-    if isinstance(location, str) and "," in location:
-        location = location.split(",")[0]
-    if not isinstance(location, str):
-        reading.report(bad, f"cache {alias!r} has no LOCATION URL", "Give the cache a LOCATION.")
-        return None
-    try:
-        address = parse_node(location.strip())
-    except (TypeError, ValueError) as exc:
-        reading.report(bad, f"cache {alias!r}: {exc}", "Fix the cache's LOCATION.")
-        return None
-    options = cache.get("OPTIONS") or {}
-    password = options.get("PASSWORD", options.get("password", address.password))
-    username = options.get("USERNAME", options.get("username", address.username))
-    return _with_login(address, username, password)
-
-
-def _with_login(address: NodeAddress, username: object, password: object) -> NodeAddress:
-    return replace(
-        address,
-        username=None if username is None else str(username),
-        password=None if password is None else str(password),
-    )
-
-
-def _redacted(spec: Mapping[Any, Any]) -> dict[Any, Any]:
-    return {
-        key: ("***" if str(key).upper() == "PASSWORD" else value) for key, value in spec.items()
-    }
-
-
 # -- the other keys: the core's own argument checks, naming the setting ----------------------
 
 
@@ -429,7 +271,7 @@ Guarantees)."""
 # One row per key: name, type, default, check, check ids; then what to do and the docs.
 # fmt: off
 SETTINGS: tuple[Setting, ...] = (
-    Setting("NODES", "list[str | dict]", [], _check_nodes, (
+    Setting("NODES", "list[str | dict]", [], check_nodes, (
                 "django_redlock.E003", "django_redlock.E004", "django_redlock.E005",
                 "django_redlock.W001", "django_redlock.W002", "django_redlock.W003",
             ),
@@ -547,38 +389,9 @@ def settings_reference() -> str:
     return "\n".join(sections)
 
 
-# -- the process-wide state: built on first use, dropped on setting_changed ------------------
-
-ManagerFactory = Callable[[RedlockSettings], LockManager]
-"""Builds the process-wide manager from the parsed settings (see :func:`set_manager_factory`)."""
-
-
-def build_manager(config: RedlockSettings, **options: Any) -> LockManager:
-    """A :class:`~django_redlock.LockManager` from parsed settings; ``options`` are more of its
-    arguments (its ``observer``, say). The default :data:`ManagerFactory`.
-
-    Raises:
-        TypeError, ValueError: as ``LockManager``.
-    """
-    return LockManager(**config.manager_options(), **options)
-
+# -- the parsed settings: read on first use, dropped on setting_changed ---------------------
 
 _settings: RedlockSettings | None = None
-_manager: LockManager | None = None
-_async_manager: Any = None
-_manager_factory: ManagerFactory = build_manager
-
-
-def set_manager_factory(factory: ManagerFactory) -> None:
-    """Set how :func:`get_manager` builds the manager, and drop the current one.
-
-    The one hook between the settings and the rest of the app: ``AppConfig.ready`` installs
-    :func:`django_redlock.signals.observed_manager`, whose managers send the lock signals and
-    count the metrics. Without the app installed, managers are plain (:func:`build_manager`).
-    """
-    global _manager_factory
-    _manager_factory = factory
-    reset()
 
 
 def get_settings() -> RedlockSettings:
@@ -601,46 +414,7 @@ def get_settings() -> RedlockSettings:
     return _settings
 
 
-def get_manager() -> LockManager:
-    """The process-wide :class:`~django_redlock.LockManager` built from ``settings.REDLOCK``.
-
-    Raises:
-        ImproperlyConfigured: the setting is missing or invalid (the message names the part
-            and the system check id).
-    """
-    global _manager
-    if _manager is None:
-        config = get_settings()
-        try:
-            _manager = _manager_factory(config)
-        except (TypeError, ValueError) as exc:
-            raise ImproperlyConfigured(f"REDLOCK: {exc}") from None
-    return _manager
-
-
-def get_async_manager() -> Any:
-    """The process-wide :class:`~django_redlock.aredlock.AsyncLockManager`, built from the
-    same settings (and observer) as :func:`get_manager`; its connections are per event loop.
-
-    Raises:
-        ImproperlyConfigured: as :func:`get_manager`.
-    """
-    global _async_manager
-    manager = get_manager()
-    if _async_manager is None or _async_manager.sync is not manager:
-        from django_redlock.aredlock import AsyncLockManager
-
-        _async_manager = AsyncLockManager.sharing(manager)
-    return _async_manager
-
-
-def reset(**kwargs: object) -> None:
-    """Drop the parsed settings and the managers (a ``setting_changed`` receiver)."""
-    global _settings, _manager, _async_manager
-    if kwargs.get("setting", "REDLOCK") not in ("REDLOCK", "CACHES"):
-        return
-    if _manager is not None:
-        _manager.close()
+def forget_settings() -> None:
+    """Drop the parsed settings: the next :func:`get_settings` reads them again."""
+    global _settings
     _settings = None
-    _manager = None
-    _async_manager = None

@@ -1,4 +1,4 @@
-"""``@locked_view`` and ``@locked_command``: one request or one command run at a time.
+"""``@locked_view`` and :class:`LockedViewMixin`: one request at a time per lock.
 
 ``locked_view`` follows Django's own view decorators (``django/views/decorators/cache.py``):
 it branches once on whether the view is a coroutine function and wraps it with
@@ -16,30 +16,27 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import wraps
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from asgiref.sync import iscoroutinefunction
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 
-from django_redlock.conf import get_async_manager, get_manager, get_settings
-from django_redlock.core.arguments import validate_name
+from django_redlock.core.arguments import check_seconds, validate_name
 from django_redlock.core.options import AcquireOptions
+from django_redlock.default_manager import get_async_manager, get_manager
 from django_redlock.exceptions import (
     LeaseReleased,
-    LockContended,
     LockLost,
     LockNotAcquired,
     QuorumUnreachable,
 )
 from django_redlock.fencing import release_when_transaction_ends
-from django_redlock.redlock import Lease, LockManager
+from django_redlock.redlock import Lease
 
-__all__ = ["LockedViewMixin", "locked_command", "locked_view"]
+__all__ = ["LockedViewMixin", "locked_view"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -51,13 +48,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _retry_after(seconds: float | None) -> str:
     # Whole seconds, rounded up (RFC 9110), never 0: "retry now" would just spin.
     return str(max(1, math.ceil(seconds or 1)))
-
-
-def _check_timeout(timeout: object) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-        raise TypeError(f"timeout must be a number of seconds, not {type(timeout).__name__}")
-    if not timeout >= 0:  # also refuses NaN
-        raise ValueError(f"timeout must be seconds >= 0, not {timeout!r}")
 
 
 def default_on_locked(request: HttpRequest, error: LockNotAcquired) -> HttpResponseBase:
@@ -218,7 +208,7 @@ def locked_view(
     """
     if name is not None and not isinstance(name, str) and not callable(name):
         raise TypeError(f"name must be a str, a callable or None, not {type(name).__name__}")
-    _check_timeout(timeout)
+    check_seconds(timeout, "timeout", allow_zero=True)
     locked = on_locked or default_on_locked
     unavailable = on_unavailable or default_on_unavailable
 
@@ -324,106 +314,3 @@ class LockedViewMixin:
         call.__module__ = type(self).__module__
         call.__qualname__ = type(self).__qualname__
         return decorator(call)(request, *args, **kwargs)
-
-
-# -- management commands -----------------------------------------------------------------
-
-OnBusy = Literal["skip", "error", "wait"]
-
-
-def describe_holder(manager: LockManager, name: str) -> str:
-    """A sentence naming who holds ``name`` (host, pid, since when), for messages."""
-    owner = manager.holder(name)
-    if owner is None:
-        return "held by another process (its owner could not be read)"
-    since = owner.get("acquired_at")
-    when = (
-        datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        if isinstance(since, int | float)
-        else "an unknown time"
-    )
-    where = owner.get("origin") or "unknown origin"
-    return (
-        f"held by {owner.get('host', '?')} pid {owner.get('pid', '?')} ({where}) since {when}, "
-        f"{owner.get('ttl', 0):.0f} s left on its lease"
-    )
-
-
-def locked_command(
-    name: str | None = None,
-    *,
-    ttl: float | None = None,
-    timeout: float = 0,
-    on_busy: OnBusy = "skip",
-    max_hold: float | None = None,
-) -> Callable[[F], F]:
-    """Decorate a management command's ``handle``: one run at a time across all machines.
-
-    The lease is auto-extended while ``handle`` runs.
-
-    Args:
-        name: the lock name (default: the command's name, e.g. ``"clear_holds"``).
-        ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
-        timeout: with ``on_busy="wait"``, seconds to wait (0 means ``REDLOCK["DEFAULT_TIMEOUT"]``).
-        on_busy: ``"skip"`` (default: print who holds it on stderr, exit 0), ``"error"``
-            (raise ``CommandError``, exit 1), or ``"wait"``.
-        max_hold: seconds after which renewal stops (a stuck run cannot hold it forever).
-
-    Raises:
-        ValueError: a bad ``on_busy`` or ``timeout``, at decoration time.
-        CommandError: busy with ``on_busy="error"``, or after waiting; no quorum; or the
-            lease was lost while the command ran (its work may have overlapped another run).
-    """
-    if on_busy not in ("skip", "error", "wait"):
-        raise ValueError(f"on_busy must be 'skip', 'error' or 'wait', not {on_busy!r}")
-    _check_timeout(timeout)
-
-    def decorator(handle: F) -> F:
-        @wraps(handle)
-        def wrapper(self: BaseCommand, *args: Any, **options: Any) -> Any:
-            command = name or type(self).__module__.rsplit(".", 1)[-1]
-            manager = get_manager()
-            waiting = on_busy == "wait"
-            wait = (timeout or get_settings().timeout) if waiting else None
-            try:
-                lease = manager.acquire(
-                    command,
-                    ttl=ttl,
-                    blocking=waiting,
-                    timeout=wait,
-                    auto_extend=True,
-                    max_hold=max_hold,
-                    origin=f"command:{command}",
-                )
-            except QuorumUnreachable as error:
-                raise CommandError(f"{command}: cannot take its lock: {error}") from None
-            except LockContended:
-                message = f"{command} is already running: {describe_holder(manager, command)}"
-                if on_busy == "skip":
-                    self.stderr.write(f"Skipped: {message}")
-                    return None
-                raise CommandError(message) from None
-            try:
-                result = handle(self, *args, **options)
-            except BaseException:
-                _release_quietly(lease)
-                raise
-            try:
-                lease.__exit__(None, None, None)
-            except LockLost as error:
-                raise CommandError(
-                    f"{command}: its lock was lost while it ran, so another run may have "
-                    f"overlapped: {error}"
-                ) from None
-            return result
-
-        return cast(F, wrapper)
-
-    return decorator
-
-
-def _release_quietly(lease: Lease) -> None:
-    try:
-        lease.release()
-    except (LockLost, LeaseReleased) as error:
-        logger.warning("releasing %r after an error: %s", lease.name, error)

@@ -31,7 +31,7 @@ from types import TracebackType
 
 import redis
 
-from django_redlock.core.operators import declare_fresh
+from django_redlock.core.health import declare_fresh
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import parse_node
 
@@ -221,7 +221,7 @@ class LocalNode:
 
     def declare_fresh(self) -> None:
         """Declare the node's current process fresh: it votes at once (no restart quarantine)
-        until it restarts (see :func:`django_redlock.core.operators.declare_fresh`)."""
+        until it restarts (see :func:`django_redlock.core.health.declare_fresh`)."""
         (done,) = declare_fresh([parse_node(self.url)], timeout=5.0)
         if not done.declared:
             raise RuntimeError(f"{self.name}: could not declare it fresh: {done.detail}")

@@ -20,12 +20,13 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from asgiref.sync import sync_to_async
 from django.db import connections, models
 
-from django_redlock.conf import get_async_manager, get_manager, get_settings
+from django_redlock.conf import get_settings
+from django_redlock.default_manager import get_async_manager, get_manager
 from django_redlock.redlock import BaseLease, Lease
 
 if TYPE_CHECKING:
@@ -74,6 +75,17 @@ def _caller_origin(depth: int) -> str:
     return f"{frame.f_globals.get('__name__', '?')}:{frame.f_code.co_name}"
 
 
+class _Options(TypedDict):
+    """The acquire arguments a block passes on (as the managers' ``acquire`` takes them)."""
+
+    ttl: float | None
+    timeout: float | None
+    blocking: bool
+    auto_extend: bool
+    max_hold: float | None
+    origin: str
+
+
 def _options(
     ttl: float | None,
     timeout: float | None,
@@ -81,7 +93,7 @@ def _options(
     auto_extend: bool,
     max_hold: float | None,
     origin: str,
-) -> dict[str, object]:
+) -> _Options:
     if timeout is None and blocking:
         timeout = get_settings().timeout
     return {
@@ -203,10 +215,10 @@ def lock_for(
     name = lock_name(target)
     options = _options(ttl, timeout, blocking, auto_extend, max_hold, origin or _caller_origin(3))
     if _shared(shared, fencing):
-        with get_manager().rwlock(name).read(**options) as lease:  # type: ignore[arg-type]
+        with get_manager().rwlock(name).read(**options) as lease:
             yield lease
         return
-    lease = get_manager().acquire(name, **options)  # type: ignore[arg-type]
+    lease = get_manager().acquire(name, **options)
     try:
         instance, using = _mint(target, name, fencing, lease)
     except BaseException:

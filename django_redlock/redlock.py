@@ -53,9 +53,10 @@ from django_redlock.core.arguments import (
     validate_names,
 )
 from django_redlock.core.handle import LeaseHandle, as_handle
+from django_redlock.core.health import declare_fresh
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease, held_on
-from django_redlock.core.operators import LockListing, declare_fresh, list_locks
+from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
@@ -967,7 +968,7 @@ class LockManager:
 
     def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
         """The active locks whose names start with ``prefix``, merged across the nodes: a
-        :class:`~django_redlock.core.operators.LockListing` of the first ``limit`` by name
+        :class:`~django_redlock.core.listing.LockListing` of the first ``limit`` by name
         (None: all of them), with how many it did not show (never the tokens). The cap only
         chooses which locks are shown; each shown lock's node count is read on every node.
 
@@ -1005,7 +1006,7 @@ class LockManager:
         lost locks whose leases still run, it allows a double grant. The declaration names the
         node's run_id, so a later restart (empty, from a snapshot) is quarantined again.
 
-        Returns one :class:`~django_redlock.core.operators.Declaration` per node (what was done).
+        Returns one :class:`~django_redlock.core.health.Declaration` per node (what was done).
 
         Raises:
             ValueError: ``nodes`` names a node this manager does not have.

@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
 
-from django_redlock.conf import build_manager
 from django_redlock.core import metrics
+from django_redlock.default_manager import build_manager
 from django_redlock.exceptions import QuorumUnreachable
 
 if TYPE_CHECKING:

@@ -59,7 +59,9 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "django_redlock.contrib.celery needs Celery: pip install 'django_redlock[celery]'"
     ) from error
 
-from django_redlock.core.arguments import MAX_ORIGIN_BYTES
+from django_redlock.core.arguments import MAX_ORIGIN_BYTES, check_seconds
+from django_redlock.core.lease import release_quietly
+from django_redlock.core.owner import describe_holder
 from django_redlock.exceptions import (
     LeaseNotExtended,
     LeaseReleased,
@@ -115,19 +117,8 @@ class AlreadyQueued(RedlockError):
 # -- options ------------------------------------------------------------------------------
 
 
-def _seconds(value: object, argument: str, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{argument} must be a number of seconds, not {type(value).__name__}")
-    if not (value >= 0 if allow_zero else value > 0):  # also refuses NaN
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{argument} must be seconds {bound}, not {value!r}")
-    if math.isinf(value):
-        raise ValueError(f"{argument} must be finite, not {value!r}")
-    return float(value)
-
-
 def _optional_seconds(value: object, argument: str) -> float | None:
-    return None if value is None else _seconds(value, argument)
+    return None if value is None else check_seconds(value, argument)
 
 
 @dataclass(frozen=True)
@@ -149,7 +140,7 @@ class _Policy:
 
     def get_manager(self) -> LockManager:
         if self.manager is None:
-            from django_redlock.conf import get_manager  # Django only when asked for
+            from django_redlock.default_manager import get_manager  # Django only when asked for
 
             return get_manager()
         if isinstance(self.manager, LockManager):
@@ -195,14 +186,14 @@ def _make_policy(
         key=cast(Key, key),
         on_busy=on_busy,
         ttl=_optional_seconds(ttl, "ttl"),
-        timeout=_seconds(timeout, "timeout", allow_zero=True),
+        timeout=check_seconds(timeout, "timeout", allow_zero=True),
         auto_extend=cast(bool, auto_extend),
         max_hold=_optional_seconds(max_hold, "max_hold"),
         once=cast(bool, once),
         once_ttl=_optional_seconds(once_ttl, "once_ttl"),
         once_raise=cast(bool, once_raise),
-        retry_max_countdown=_seconds(retry_max_countdown, "retry_max_countdown"),
-        retry_first_countdown=_seconds(retry_first_countdown, "retry_first_countdown"),
+        retry_max_countdown=check_seconds(retry_max_countdown, "retry_max_countdown"),
+        retry_first_countdown=check_seconds(retry_first_countdown, "retry_first_countdown"),
         manager=cast(ManagerOption, manager),
     )
 
@@ -303,20 +294,6 @@ def _origin(task: Task, request: Any) -> str:
     return f"celery:{task.name}[{getattr(request, 'id', None) or 'direct'}]"
 
 
-def _describe_holder(manager: LockManager, name: str) -> str:
-    """Who holds ``name`` (host, pid, origin, seconds left), for the busy log line."""
-    try:
-        owner = manager.holder(name)
-    except (RedlockError, OSError) as error:
-        return f"held by another holder (its owner could not be read: {error})"
-    if owner is None:
-        return "held by another holder (its owner could not be read)"
-    return (
-        f"held by {owner.get('origin') or 'unknown origin'} on {owner.get('host', '?')} "
-        f"pid {owner.get('pid', '?')}, {owner.get('ttl', 0):.1f} s left on its lease"
-    )
-
-
 def _countdown(
     retry_after: float | None,
     policy: _Policy,
@@ -336,13 +313,6 @@ def _countdown(
     if retry_after is not None:
         seconds = min(seconds, retry_after)
     return min(max(seconds, 0.1), policy.retry_max_countdown)
-
-
-def _release_quietly(lease: Lease, what: str) -> None:
-    try:
-        lease.release()
-    except (LockLost, LeaseReleased) as error:
-        logger.warning("releasing %s %r: %s", what, lease.name, error)
 
 
 class _MarkerKeeper:
@@ -469,7 +439,7 @@ class _MarkerState:
         if self.keeper is not None:
             self.keeper.close()
         if not self.handed_off and not self.marker.released:
-            _release_quietly(self.marker, "the once lease")
+            release_quietly(self.marker, "the once lease", logger)
 
 
 def _handle(marker: Lease) -> dict[str, Any]:
@@ -514,7 +484,7 @@ def _run_locked(
         except BaseException:
             # A failure or a retry (celery.exceptions.Retry): the lock is never held across
             # a retry, and the task's own error is what the caller must see.
-            _release_quietly(lease, "the task lock")
+            release_quietly(lease, "the task lock", logger)
             raise
         finally:
             setattr(request, _LEASE_ATTR, None)
@@ -543,7 +513,7 @@ def _acquire(
             origin=origin,
         )
     except LockContended as error:
-        holder = _describe_holder(manager, name)
+        holder = describe_holder(manager, name)
         if policy.on_busy == "skip":
             logger.warning("skipped %s: lock %r is %s", origin, name, holder)
             return None
@@ -856,7 +826,7 @@ def _apply_once(
     except BaseException:
         # Not sent: free the key at once rather than after once_ttl.
         marker = _lease_from_handle(policy, handle)
-        _release_quietly(marker, "the once lease")
+        release_quietly(marker, "the once lease", logger)
         raise
 
 

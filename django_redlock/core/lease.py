@@ -10,6 +10,7 @@ asyncio tasks can never share or overwrite each other's tokens.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -23,7 +24,7 @@ from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseInherited, LeaseNotExtended, LeaseReleased, LockLost
 from django_redlock.wire.process import current_pid
 
-__all__ = ["BaseLease", "LeaseHost", "held_on"]
+__all__ = ["BaseLease", "LeaseHost", "held_on", "release_quietly"]
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -531,3 +532,19 @@ class BaseLease:
             return
         if exc is None and lost is not None:
             raise self._lost_error()
+
+
+class _Releasable(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def release(self) -> None: ...
+
+
+def release_quietly(lease: _Releasable, what: str, logger: logging.Logger) -> None:
+    """Release ``lease`` after an error of the caller's (whose error is what must be seen): a
+    lease already lost or released is logged on ``logger`` as ``what``, not raised."""
+    try:
+        lease.release()
+    except (LockLost, LeaseReleased) as error:
+        logger.warning("releasing %s %r after an error: %s", what, lease.name, error)

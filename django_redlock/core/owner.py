@@ -1,4 +1,5 @@
-"""Who owns a lease: the owner record stored with a lock, and the scope used for re-entry.
+"""Who owns a lease: the owner record stored with a lock, its description in messages, and
+the scope used for re-entry.
 
 The record (JSON: host, pid, thread, task, origin, acquired_at) tells operators where a lock
 was taken; it never holds the token. The scope (pid, thread, asyncio task) says who may
@@ -11,11 +12,21 @@ import json
 import sys
 import threading
 import time
+from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from django_redlock.core.arguments import MAX_ORIGIN_BYTES, clip_origin, clip_text
+from django_redlock.exceptions import RedlockError
 from django_redlock.wire.process import current_pid
 
-__all__ = ["MAX_OWNER_BYTES", "OwnerRecords", "current_task_name", "owner_scope"]
+__all__ = [
+    "MAX_OWNER_BYTES",
+    "HolderSource",
+    "OwnerRecords",
+    "current_task_name",
+    "describe_holder",
+    "owner_scope",
+]
 
 MAX_OWNER_BYTES = 4096
 """Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
@@ -110,3 +121,31 @@ def current_task_name() -> str | None:
         return None
     task = asyncio.current_task()
     return None if task is None else task.get_name()
+
+
+class HolderSource(Protocol):
+    """What :func:`describe_holder` reads: a manager's ``holder(name)``."""
+
+    def holder(self, name: str) -> dict[str, Any] | None: ...
+
+
+def describe_holder(manager: HolderSource, name: str) -> str:
+    """Who holds ``name``, for a message: ``held by <host> pid <pid> (<origin>) since <UTC
+    time>, N s left on its lease``. Never raises: an owner that cannot be read is said so."""
+    try:
+        owner = manager.holder(name)
+    except (RedlockError, OSError) as error:
+        return f"held by another holder (its owner could not be read: {error})"
+    if owner is None:
+        return "held by another holder (its owner could not be read)"
+    since = owner.get("acquired_at")
+    when = (
+        datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        if isinstance(since, int | float)
+        else "an unknown time"
+    )
+    return (
+        f"held by {owner.get('host', '?')} pid {owner.get('pid', '?')} "
+        f"({owner.get('origin') or 'unknown origin'}) since {when}, "
+        f"{owner.get('ttl', 0):.0f} s left on its lease"
+    )

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from django_redlock import LockManager, QuorumUnreachable
-from django_redlock.core.operators import status
+from django_redlock.core.health import status
 from django_redlock.localnodes import LocalCluster
 from tests.helpers import FakeClock, node_client
 

@@ -50,7 +50,7 @@ def source_of(module: str) -> Path:
 
 def test_the_core_finds_every_module_of_its_packages():
     modules = core_modules()
-    for expected in ("django_redlock.core.operators", "django_redlock.wire.aio"):
+    for expected in ("django_redlock.core.listing", "django_redlock.wire.aio"):
         assert expected in modules
     on_disk = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
@@ -80,7 +80,7 @@ ISOLATED = textwrap.dedent(
         importlib.import_module(module)
 
     from django_redlock import AsyncLockManager, LockContended, LockManager
-    from django_redlock.core.operators import status
+    from django_redlock.core.health import status
 
     manager, rival = LockManager(urls), LockManager(urls)
     with manager.lock("no-django", ttl=5.0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_redlock import AsyncLockManager, LockManager
-from django_redlock.core.operators import list_locks
+from django_redlock.core.listing import list_locks
 from tests.helpers import node_client
 
 

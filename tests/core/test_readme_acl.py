@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from django_redlock import LockManager
-from django_redlock.core.operators import status
+from django_redlock.core.health import status
 from tests.helpers import node_client
 
 README = Path(__file__).resolve().parents[2] / "README.md"

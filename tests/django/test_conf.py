@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
-from django_redlock import LockManager, conf, get_manager
+from django_redlock import LockManager, conf, default_manager, get_manager
 from django_redlock.signals import SignalObserver, observed_manager
 
 
@@ -36,10 +36,10 @@ def test_the_manager_is_built_from_settings_and_rebuilt_when_they_change(setting
 
 
 def test_importing_the_app_reads_no_settings():
-    # conf.py holds no parsed state until asked: a fresh import leaves it empty.
-    conf.reset()
+    # conf.py and default_manager.py hold no parsed state until asked.
+    default_manager.reset()
     assert conf._settings is None
-    assert conf._manager is None
+    assert default_manager._manager is None
 
 
 def test_an_invalid_setting_is_improperly_configured_with_the_check_id(settings):
@@ -159,7 +159,7 @@ def test_a_setting_is_refused_in_the_words_of_its_manager_argument(redlock, chec
 def test_a_setting_the_checks_accept_builds_its_manager(redlock):
     parsed, problems = conf.inspect({"NODES": NODES, **redlock})
     assert parsed is not None, problems
-    with conf.build_manager(parsed) as manager:
+    with default_manager.build_manager(parsed) as manager:
         for key, value in redlock.items():
             setting = conf.SETTINGS[[s.key for s in conf.SETTINGS].index(key)]
             assert setting.argument is not None
@@ -196,15 +196,15 @@ def test_a_manager_factory_decides_how_the_manager_is_built(cluster3):
     built = []
 
     def factory(config: conf.RedlockSettings) -> LockManager:
-        built.append(conf.build_manager(config))
+        built.append(default_manager.build_manager(config))
         return built[-1]
 
-    conf.set_manager_factory(factory)
+    default_manager.set_manager_factory(factory)
     try:
         assert get_manager() is built[0]
         assert built[0].observer is None
     finally:
-        conf.set_manager_factory(observed_manager)
+        default_manager.set_manager_factory(observed_manager)
     assert get_manager() is not built[0]
 
 

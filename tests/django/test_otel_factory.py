@@ -10,8 +10,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_redlock import get_manager
-from django_redlock.conf import RedlockSettings, build_manager, set_manager_factory
+from django_redlock.conf import RedlockSettings
 from django_redlock.contrib.otel import OtelObserver, compose_observers
+from django_redlock.default_manager import build_manager, set_manager_factory
 from django_redlock.redlock import LockManager
 from django_redlock.signals import SignalObserver, lock_acquired, observed_manager
 

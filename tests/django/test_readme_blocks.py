@@ -31,7 +31,7 @@ from django.apps import apps
 from django.db import connection
 from django.db.models.signals import class_prepared
 
-from django_redlock import conf
+from django_redlock import default_manager
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -97,9 +97,9 @@ def run(code: str, filename: str, namespace: dict[str, Any]) -> None:
 
 @pytest.fixture
 def restore_manager_factory():
-    factory = conf._manager_factory
+    factory = default_manager._manager_factory
     yield
-    conf.set_manager_factory(factory)
+    default_manager.set_manager_factory(factory)
 
 
 @pytest.mark.django_db(transaction=True)

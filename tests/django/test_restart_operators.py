@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 
 from django_redlock import LockNotAcquired, get_manager
-from django_redlock.core.operators import status
+from django_redlock.core.health import status
 from django_redlock.localnodes import LocalCluster
 
 pytestmark = pytest.mark.slow

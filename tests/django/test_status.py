@@ -11,7 +11,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import LockManager, get_manager
-from django_redlock.core.operators import escape_glob, status
+from django_redlock.core.health import status
+from django_redlock.core.listing import escape_glob
 from tests.helpers import node_client
 
 

@@ -15,8 +15,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_redlock.conf import get_manager
-from django_redlock.core.operators import declare_fresh
+from django_redlock.core.health import declare_fresh
+from django_redlock.default_manager import get_manager
 
 
 class Command(BaseCommand):

@@ -42,9 +42,10 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 
-from django_redlock.conf import get_manager
 from django_redlock.core import metrics
-from django_redlock.core.operators import list_locks, status
+from django_redlock.core.health import status
+from django_redlock.core.listing import list_locks
+from django_redlock.default_manager import get_manager
 
 
 def _limit(text: str) -> int | None:

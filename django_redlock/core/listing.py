@@ -1,10 +1,10 @@
-"""What operators ask: which locks are held, by whom, on which nodes, and is each node sound.
+"""Which locks are held, by whom, on how many nodes: :func:`list_locks` (``manager.locks()``,
+``manage.py redlock_status``, the admin page). Imports no Django.
 
-Used by ``manage.py redlock_status`` and the admin page; imports no Django. Every node is
-asked through a redis-py client that never retries and waits at most ``timeout`` seconds per
-command, so a stopped node costs one timeout and never hangs the report. Keys are found with
-``SCAN`` (never ``KEYS``) and read in batches by one script call per 1,000 keys; glob
-characters in the prefix are escaped.
+Every node is asked through a redis-py client that never retries and waits at most
+``timeout`` seconds per command, so a stopped node costs one timeout and never hangs the
+listing. Keys are found with ``SCAN`` (never ``KEYS``; glob characters in the prefix escaped)
+and read in batches by one script call per 1,000 keys.
 """
 
 from __future__ import annotations
@@ -14,73 +14,18 @@ import hashlib
 import heapq
 import json
 import re
-import time
-from collections.abc import Callable, Collection, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar, cast
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis
 
+from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.wire.clients import client_for
-from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import READER_OWNERS
-from django_redlock.wire.scripts import (
-    DECLARE_FRESH,
-    HOLDER,
-    LISTING,
-    NODE_KEY,
-    NODE_STATE,
-    READERS,
-)
-from django_redlock.wire.sync import persistence_hint, quarantine_of
+from django_redlock.wire.scripts import LISTING, READERS
 
-__all__ = [
-    "Declaration",
-    "LockInfo",
-    "LockListing",
-    "LockNodes",
-    "NodeStatus",
-    "Report",
-    "declare_fresh",
-    "list_locks",
-    "status",
-]
-
-
-class LockNodes(Protocol):
-    """What the operator queries need to know of a manager's nodes
-    (:class:`~django_redlock.LockManager` is one)."""
-
-    @property
-    def addresses(self) -> tuple[NodeAddress, ...]:
-        """The nodes, in the manager's order."""
-
-    @property
-    def key_prefix(self) -> str:
-        """Prepended to every lock name to form its key."""
-
-    @property
-    def quorum(self) -> int:
-        """How many nodes make a majority."""
-
-    @property
-    def quarantine_ms(self) -> int:
-        """The restart quarantine the manager sends with every acquire, in milliseconds."""
-
-
-_T = TypeVar("_T")
-_Item = TypeVar("_Item")
-
-
-def _each_node(items: Sequence[_Item], probe: Callable[[_Item], _T]) -> list[_T]:
-    """``probe`` on every node's item at once (a thread each), in order: a stopped or paused
-    node costs one timeout for the whole call, not one per node."""
-    if len(items) <= 1:
-        return [probe(item) for item in items]
-    with ThreadPoolExecutor(max_workers=len(items)) as pool:
-        return list(pool.map(probe, items))
+__all__ = ["LockInfo", "LockListing", "escape_glob", "list_locks"]
 
 
 _GLOB = str.maketrans({char: "\\" + char for char in "*?[]\\"})
@@ -218,7 +163,7 @@ def list_locks(
             None if address.label in skip else stack.enter_context(client_for(address, timeout))
             for address in manager.addresses
         ]
-        walks = _each_node(
+        walks = each_node(
             clients, lambda client: None if client is None else _walk(client, pattern)
         )
         found: set[bytes] = set()
@@ -238,7 +183,7 @@ def list_locks(
         ordered = sorted(wanted, key=_sort_key)
         plain = [key for key in ordered if not key.endswith(READERS_SUFFIX)]
         readers = [key for key in ordered if key.endswith(READERS_SUFFIX)]
-        reads = _each_node(
+        reads = each_node(
             list(zip(clients, walks, strict=True)),
             lambda pair: (
                 None if pair[0] is None or pair[1] is None else _read(pair[0], plain, readers)
@@ -505,296 +450,3 @@ def _owner(raw: bytes) -> dict[str, Any]:
     except ValueError:
         return {"raw": text}
     return parsed if isinstance(parsed, dict) and end == len(text) else {"raw": text}
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    """One node's health for operators; ``problems`` are errors, ``warnings`` are not.
-
-    ``vote`` is "votes", "quarantined" or "down", by the rule the acquire script applies
-    (``scripts/node_rule.lua``); ``vote_detail`` says why (for a quarantined node, the very
-    text an acquire it refuses reports); ``votes_at`` is when a quarantined node votes again
-    (epoch seconds; None when it cannot tell or already votes).
-    """
-
-    node: str
-    reachable: bool
-    latency_ms: float | None = None
-    server: str | None = None
-    version: str | None = None
-    role: str | None = None
-    run_id: str | None = None
-    uptime_s: int | None = None
-    maxmemory: int | None = None
-    maxmemory_policy: str | None = None
-    persistence: str | None = None
-    clock_offset_ms: float | None = None
-    quarantine_left_s: float | None = None
-    vote: str = "down"
-    vote_detail: str = ""
-    votes_at: float | None = None
-    problems: list[str] = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-
-    @property
-    def votes_again(self) -> datetime | None:
-        """``votes_at`` as an aware UTC datetime (for pages)."""
-        return None if self.votes_at is None else datetime.fromtimestamp(self.votes_at, UTC)
-
-    @property
-    def votes(self) -> bool:
-        """Whether this node can vote for a lock right now (by the acquire script's rule)."""
-        return self.reachable and not self.problems and self.vote == "votes"
-
-
-@dataclass(frozen=True)
-class Report:
-    """Every node's status and the quorum verdict."""
-
-    nodes: list[NodeStatus]
-    quorum: int
-    voting: int
-
-    @property
-    def healthy(self) -> bool:
-        return self.voting >= self.quorum
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "healthy": self.healthy,
-            "quorum": self.quorum,
-            "voting": self.voting,
-            "nodes": [{**asdict(node), "votes": node.votes} for node in self.nodes],
-        }
-
-
-def _scripts_denied(client: redis.Redis, prefix: str) -> str | None:
-    """Why this connection's user may not run the lock scripts on keys under ``prefix``
-    (an ACL without EVALSHA/EVAL, or without those keys), or None when it may.
-
-    Runs the read-only holder script on a key no lock uses: EVALSHA first (NOSCRIPT means it
-    is allowed but not loaded yet), then EVAL, which the library falls back to.
-    """
-    probe_key = prefix + "\x00acl-probe"
-    for attempt in ("evalsha", "eval"):
-        try:
-            if attempt == "evalsha":
-                client.evalsha(HOLDER.sha.decode(), 1, probe_key)
-            else:
-                client.eval(HOLDER.source.decode(), 1, probe_key)
-            return None
-        except redis.exceptions.NoScriptError:
-            continue
-        except redis.exceptions.NoPermissionError as exc:
-            return f"the ACL user may not run the lock scripts ({attempt.upper()}): {exc}"
-        except redis.exceptions.ResponseError as exc:
-            if "NOPERM" in str(exc):
-                return f"the ACL user may not run the lock scripts ({attempt.upper()}): {exc}"
-            raise
-    return None
-
-
-def _node_rule(client: redis.Redis, quarantine_ms: int, persistence: str) -> tuple[str, str, float]:
-    """The node's verdict by ``scripts/node_rule.lua``, the rule the acquire script applies:
-    ("votes", why, 0) or ("quarantined", the refusal text, seconds until it votes or -1)."""
-    verdict, detail, left, _ = _run_script(
-        client, NODE_STATE, (NODE_KEY,), (quarantine_ms, persistence)
-    )
-    return verdict.decode(), detail.decode(errors="replace"), int(left) / 1000
-
-
-def _run_script(client: redis.Redis, script: Any, keys: Sequence[str], args: Sequence[Any]) -> Any:
-    """EVALSHA, or EVAL when the node does not have the script yet."""
-    try:
-        return client.evalsha(script.sha.decode(), len(keys), *keys, *args)
-    except redis.exceptions.NoScriptError:
-        return client.eval(script.source.decode(), len(keys), *keys, *args)
-
-
-def _persistence(client: redis.Redis) -> str:
-    """The node's persistence as ``scripts/node_rule.lua`` takes it (CONFIG GET append*)."""
-    try:
-        reply = client.config_get("append*")
-    except redis.RedisError:  # CONFIG is often denied by ACLs
-        return persistence_hint(None)
-    # redis-py answers with a dict (names to values).
-    return persistence_hint([_bytes(item) for pair in dict(reply).items() for item in pair])
-
-
-def _bytes(value: object) -> bytes:
-    return value if isinstance(value, bytes) else str(value).encode()
-
-
-# How the status shows the two plain cases of node_rule.lua's persistence argument.
-_PERSISTENCE_SHOWN = {"always": "aof, appendfsync always", "appendonly no": "no aof"}
-
-
-@dataclass
-class _Seen:
-    """What the first pass over a node found (the verdict needs every node's quarantine)."""
-
-    info: dict[str, Any]
-    latency: float
-    offset: float
-    persistence: str
-    quarantine_ms: int
-    denied: str | None
-
-
-def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | str:
-    """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
-    could not be read."""
-    try:
-        with client_for(address, timeout) as client:
-            started = time.perf_counter()
-            client.ping()
-            latency = (time.perf_counter() - started) * 1000
-            info = client.info()
-            local_before = time.time()
-            seconds, micros = client.time()
-            local_after = time.time()
-            persistence = _persistence(client)
-            stored = client.hget(NODE_KEY, "q")
-            denied = _scripts_denied(client, manager.key_prefix)
-    except redis.RedisError as exc:
-        return str(exc) or type(exc).__name__
-    offset = (seconds + micros / 1e6 - (local_before + local_after) / 2) * 1000
-    return _Seen(info, latency, offset, persistence, quarantine_of(stored), denied)
-
-
-def _judge(
-    address: NodeAddress,
-    seen: _Seen | str,
-    quarantine_ms: int,
-    timeout: float,
-) -> NodeStatus:
-    """Second pass: the node's verdict by the acquire script's own rule, and its warnings."""
-    label = address.label
-    if isinstance(seen, str):
-        return NodeStatus(node=label, reachable=False, vote="down", problems=[seen])
-    info = seen.info
-    problems: list[str] = []
-    if seen.denied:
-        problems.append(seen.denied)
-    warnings: list[str] = []
-    role = str(info.get("role", "unknown"))
-    if role != "master":
-        problems.append(f"role is {role}: a replica must never be a Redlock node")
-    elif int(info.get("connected_slaves", 0) or 0) > 0:
-        warnings.append("has replicas: a failover to one of them would forget locks")
-    maxmemory = int(info.get("maxmemory", 0) or 0)
-    policy = str(info.get("maxmemory_policy", "noeviction"))
-    if maxmemory and policy != "noeviction":
-        warnings.append(f"maxmemory-policy is {policy}: lock keys can be evicted; use noeviction")
-    if seen.persistence != "always":
-        warnings.append(
-            f"not proven durable ({seen.persistence}): after a restart it is quarantined for "
-            f"{quarantine_ms / 1000:g} s (the longest lease any client may take) before it votes"
-        )
-    if abs(seen.offset) > 500:
-        warnings.append(f"clock differs from this host's by {seen.offset:.0f} ms")
-    vote, detail, left = "down", "", 0.0
-    if not seen.denied:
-        try:
-            with client_for(address, timeout) as client:
-                vote, detail, left = _node_rule(client, quarantine_ms, seen.persistence)
-        except redis.RedisError as exc:
-            return NodeStatus(node=label, reachable=False, problems=[str(exc) or "no answer"])
-    server = "valkey" if "valkey_version" in info else "redis"
-    return NodeStatus(
-        node=label,
-        reachable=True,
-        latency_ms=round(seen.latency, 3),
-        server=server,
-        version=str(info.get("valkey_version") or info.get("redis_version") or ""),
-        role=role,
-        run_id=str(info.get("run_id", "")),
-        uptime_s=int(info.get("uptime_in_seconds", 0) or 0),
-        maxmemory=maxmemory,
-        maxmemory_policy=policy,
-        persistence=_PERSISTENCE_SHOWN.get(seen.persistence, seen.persistence),
-        clock_offset_ms=round(seen.offset, 1),
-        quarantine_left_s=round(left, 3) if vote == "quarantined" else 0.0,
-        votes_at=time.time() + left if vote == "quarantined" and left >= 0 else None,
-        vote=vote,
-        vote_detail=detail if vote == "quarantined" else f"votes ({detail})",
-        problems=problems,
-        warnings=warnings,
-    )
-
-
-def status(manager: LockNodes, *, timeout: float = 0.25) -> Report:
-    """Probe every node at once (bounded by ``timeout`` per command) and judge the quorum.
-
-    Each node's verdict comes from the rule the acquire script applies, with the longest
-    quarantine any node reports (as a manager that contacts them uses).
-    """
-    addresses = manager.addresses
-    seen = _each_node(addresses, lambda address: _look(address, manager, timeout))
-    quarantine = max(
-        [manager.quarantine_ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
-    )
-    nodes = _each_node(
-        list(zip(addresses, seen, strict=True)),
-        lambda pair: _judge(pair[0], pair[1], quarantine, timeout),
-    )
-    by_run_id: dict[str, str] = {}
-    for node in nodes:
-        if node.run_id:
-            if node.run_id in by_run_id:
-                node.problems.append(
-                    f"same server as {by_run_id[node.run_id]} (run_id): not an independent node"
-                )
-            by_run_id.setdefault(node.run_id, node.node)
-    voting = sum(1 for node in nodes if node.votes)
-    return Report(nodes=nodes, quorum=manager.quorum, voting=voting)
-
-
-@dataclass(frozen=True)
-class Declaration:
-    """What :func:`declare_fresh` did on one node.
-
-    Attributes:
-        node: the node's label (URL without password).
-        declared: the node's current process now votes at once.
-        run_id: the server process declared (None when the node was not reached).
-        uptime_s: how long that process had been up, in seconds.
-        detail: a sentence for operators.
-    """
-
-    node: str
-    declared: bool
-    run_id: str | None = None
-    uptime_s: int | None = None
-    detail: str = ""
-
-
-def _declare(address: NodeAddress, timeout: float) -> Declaration:
-    label = address.label
-    try:
-        with client_for(address, timeout) as client:
-            info = client.info("server")
-            run_id = str(info.get("run_id", ""))
-            uptime = int(info.get("uptime_in_seconds", 0) or 0)
-            _run_script(client, DECLARE_FRESH, (NODE_KEY,), (run_id,))
-    except redis.RedisError as exc:
-        return Declaration(label, False, detail=f"not declared: {str(exc) or type(exc).__name__}")
-    return Declaration(
-        label,
-        True,
-        run_id,
-        uptime,
-        f"declared fresh: process {run_id[:8]} (up {uptime} s) votes at once; "
-        "any restart of it is judged again",
-    )
-
-
-def declare_fresh(addresses: Sequence[NodeAddress], *, timeout: float = 1.0) -> list[Declaration]:
-    """Declare the current server process of each node fresh: it votes at once, with no
-    restart quarantine, until it restarts (the declaration names its run_id, see
-    ``scripts/declare_fresh.lua``). All nodes at once; never raises for node failures.
-
-    Only for brand-new nodes or nodes shut down cleanly with their data: on a node that lost
-    locks whose leases still run, it allows a double grant.
-    """
-    return _each_node(list(addresses), lambda address: _declare(address, timeout))
