@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -288,9 +289,8 @@ def _advance_counter(connection: BaseDatabaseWrapper, cursor: Any, name: str, at
     re-reads it); the INSERT of a first use can lose a race to another first use, which
     raises ``IntegrityError`` (the caller tries again in a new transaction).
     """
-    from django_redlock.models import FencingCounter
-
-    meta = FencingCounter._meta
+    # By the app registry, not an import: models.py imports this module.
+    meta = apps.get_model("django_redlock", "FencingCounter")._meta
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
     name_column = quote(_column(meta, "name"))

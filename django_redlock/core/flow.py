@@ -55,7 +55,6 @@ __all__ = [
     "Missed",
     "Nodes",
     "ReleaseVerdict",
-    "clean_up_round",
     "error_text",
     "extend_round",
     "extend_tally",
@@ -163,14 +162,6 @@ def force_release_round(size: int, key: str) -> list[Command]:
     return [FORCE_RELEASE.command((key, key + LINE, key + LAPSE), ())] * size
 
 
-def clean_up_round(
-    key: str, token: str, results: Sequence[Any] | None, size: int
-) -> list[Command | None]:
-    """The release of a lock after a failed (or interrupted: ``results`` None) acquire
-    round: see :meth:`Shape.clean_up`."""
-    return Shape(key).clean_up(token, results, size)
-
-
 # -- judging rounds -----------------------------------------------------------------------
 
 
@@ -187,7 +178,7 @@ class Granted:
 @dataclass(frozen=True)
 class Failed:
     """An acquire round lost. ``clean_up``: the releases to send now (see
-    :func:`clean_up_round`). ``give_up``: raise ``error`` (the managers then send
+    :meth:`Shape.clean_up`). ``give_up``: raise ``error`` (the managers then send
     :meth:`Acquire.left_line`, as on any exit that is not a grant); else wait ``delay``
     seconds (or until woken) and try again. ``waited``: seconds since the acquire began."""
 

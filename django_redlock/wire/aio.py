@@ -152,7 +152,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         self.asked: deque[float] = deque()  # when each owed reply was asked (monotonic)
         self.parser = make_reader()
         self.broken: str | None = None
-        # The task that connects and logs in (set by _LoopConnections.connection), and
+        # The task that connects and logs in (set by LoopConnections.connection), and
         # whether it got as far as queueing the login: commands may follow it from then on.
         self.opening: asyncio.Task[None] | None = None
         self.ready = False
@@ -489,7 +489,7 @@ class LoopConnections:
     ) -> tuple[list[Any], int, int]:
         """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
         With ``identify``, each command is completed with its connection's identity (see
-        ``_transport.Hello``). A node owing many replies is skipped (a stalled node costs no
+        ``wire.setup.Hello``). A node owing many replies is skipped (a stalled node costs no
         more writes) unless ``capped`` is False: a held lease's release is queued behind
         what the node owes instead, or its keys would stay until they expire.
 

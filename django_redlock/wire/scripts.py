@@ -171,7 +171,7 @@ RELEASE = load_script("release")
 EXTEND = load_script("extend")
 GRANTED = b"OK"
 # Two more arguments end every acquire: the connection's identity, appended per node by the
-# transport (see scripts/acquire.lua and _transport.Hello).
+# transport (see scripts/acquire.lua and wire.setup.Hello).
 _ACQUIRE_HEAD = ACQUIRE.head(5, 9)
 LEAVE = load_script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
