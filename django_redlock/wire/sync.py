@@ -7,12 +7,14 @@ it saves. So each operation writes its command to every node's socket, then read
 one ``poll()`` until the caller has an answer (a quorum reached, or no longer reachable) or the
 per-node timeout ends.
 
-Connections are plain sockets owned by one thread (see :class:`ConnectionSet`). Each keeps a
-FIFO of the replies it still expects. A reply that arrives after its operation gave up is read
-and dropped, so a connection with a reply in flight never hands that reply to a later command;
-meanwhile later commands are pipelined behind it on the same socket, which keeps the order of
-an acquire and its clean-up release on a node that stalled (a SIGSTOPped server applies its
-queued input on SIGCONT: without that order a late SET would leave a zombie key).
+Connections are plain sockets owned by one thread (see :class:`ConnectionSet`; the pub/sub
+ones, on which waiters hear of releases, are shared by a manager's threads: see
+:class:`Subscriber`). Each keeps a FIFO of the replies it still expects. A reply that arrives
+after its operation gave up is read and dropped, so a connection with a reply in flight never
+hands that reply to a later command; meanwhile later commands are pipelined behind it on the
+same socket, which keeps the order of an acquire and its clean-up release on a node that
+stalled (a SIGSTOPped server applies its queued input on SIGCONT: without that order a late SET
+would leave a zombie key).
 A node that owes too many replies is skipped without sending until it answers or its
 connection is reset, so a stalled node costs neither time nor new connections.
 """
