@@ -455,19 +455,27 @@ class LockManager:
         # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
         # a single try never queues, nor does a shape without a line (it polls).
         queues = checked.blocking and shape.wake_key is not None
+        # Registered from now on: a release naming it is kept even if it comes while
+        # another thread reads the shared pub/sub sockets and this one is not waiting yet.
         waiter = connections.subscriber.waiter_id() if queues else ""
-        attempt = self._begin(name, checked, waiter, shape)
         try:
-            return self._rounds(connections, attempt, shape, waiter, scope, checked)
-        except BaseException:
-            leave = attempt.left_line()
-            if leave is not None:
-                # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
-                # signal handler raising): leave the line now. A place left behind would
-                # get the next release's wake-up, and the waiters behind it would wait
-                # until it lapses (the asyncio manager does the same on cancellation).
-                connections.clean_up(leave)
-            raise
+            attempt = self._begin(name, checked, waiter, shape)
+            try:
+                return self._rounds(connections, attempt, shape, waiter, scope, checked)
+            except BaseException:
+                leave = attempt.left_line()
+                if leave is not None:
+                    # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
+                    # signal handler raising): leave the line now. A place left behind would
+                    # get the next release's wake-up, and the waiters behind it would wait
+                    # until it lapses (the asyncio manager does the same on cancellation).
+                    connections.clean_up(leave)
+                raise
+        finally:
+            if waiter:
+                # Its channel may now be unsubscribed by another thread, once nobody
+                # listens on it (the subscriber counts the listeners of each channel).
+                connections.subscriber.unregister(waiter)
 
     def _rounds(
         self,
@@ -521,13 +529,16 @@ class LockManager:
             elif not waiter or wake_key is None:
                 time.sleep(step.delay)  # nothing wakes a try that never queues: it polls
                 attempt.waited(False)
-            elif not listening and connections.subscriber.subscribe(wake_key, self.node_timeout):
+            elif not listening and connections.subscriber.subscribe(
+                wake_key, self.node_timeout, waiter
+            ):
                 # Just subscribed: a release from now on wakes us, and the try right after
                 # subscribing covers a release that came between our try and the subscription.
                 listening = True
             else:
-                # Listening since before our last try (this thread kept the channel from an
-                # earlier wait): any release since then was published to us.
+                # Listening since before our last try (the channel was kept from an earlier
+                # wait, of this thread or another): any release since then was published to
+                # us, and kept for us whichever thread read it.
                 listening = True
                 attempt.waited(connections.subscriber.wait(step.delay, waiter))
 

@@ -23,6 +23,7 @@ import pytest
 
 from django_redlock import LeaseInherited, LockContended, LockManager, RedlockError
 from django_redlock.core import extender as _extender
+from tests.helpers import queued_on_a_majority
 
 CHILD_DEADLINE = 30.0  # seconds; far above what any child needs, only a hang reaches it
 HUNG = -1
@@ -297,3 +298,67 @@ def test_lease_inherited_crosses_process_boundaries_intact():
         assert type(copy) is LeaseInherited
         assert str(copy) == str(error)
         assert vars(copy) == vars(error)
+
+
+def listener_of(manager: LockManager) -> str:
+    """The listener id of ``manager``'s shared pub/sub sockets (see wake_next.lua)."""
+    subscriber = manager._connections._subscriber
+    assert subscriber is not None
+    return subscriber.listener
+
+
+def test_a_child_forked_while_threads_wait_hears_its_own_wake_ups(cluster3):
+    """The pub/sub sockets are shared by the manager's threads, and one of the waiting threads
+    reads them for the others: a child forked then must not inherit that reader (nobody would
+    read for it) nor the parent's listener (it would hear the parent's wake-ups), and the
+    parent's waiters must still be woken by the release, not by their 10 s poll."""
+    slow_poll, prompt = 10.0, 5.0
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("parent-line", ttl=30.0)
+    manager = LockManager(cluster3.urls, retry_delay=slow_poll)
+    woken: list[float] = []
+
+    def wait() -> None:
+        manager.acquire("parent-line", ttl=30.0, timeout=60.0).release()
+        woken.append(time.monotonic())
+
+    parents = [threading.Thread(target=wait) for _ in range(4)]
+    for thread in parents:
+        thread.start()
+    deadline = time.monotonic() + prompt
+    while not queued_on_a_majority(cluster3, "parent-line", len(parents)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    time.sleep(0.05)  # they subscribe right after their first try, then wait
+    listener = listener_of(manager)
+
+    def child() -> int:
+        if listener_of(manager) == listener:
+            return 1  # it would hear the parent's wake-ups
+        with LockManager(cluster3.urls) as rival:
+            held = rival.acquire("child-line", ttl=30.0)
+            got = threading.Event()
+
+            def child_wait() -> None:
+                manager.acquire("child-line", ttl=30.0, timeout=60.0).release()
+                got.set()
+
+            waiter = threading.Thread(target=child_wait, daemon=True)
+            waiter.start()
+            end = time.monotonic() + prompt
+            while not queued_on_a_majority(cluster3, "child-line", 1):
+                if time.monotonic() > end:
+                    return 2
+                time.sleep(0.01)
+            time.sleep(0.05)  # subscribed and waiting
+            held.release()
+            return 0 if got.wait(prompt) else 3  # slept through the release: its poll
+
+    status = in_child(child)
+    released = time.monotonic()
+    lease.release()
+    for thread in parents:
+        thread.join(slow_poll * 2)
+    assert status == 0
+    assert len(woken) == len(parents)
+    assert max(woken) - released < prompt  # woken by the releases, not by their poll

@@ -242,3 +242,60 @@ def test_a_waiter_interrupted_between_tries_leaves_the_line_at_once(cluster3):
             assert client.zcard("redlock:interrupted\x00q") == 0
     lease.release()
     LockManager(cluster3.urls).acquire("interrupted", ttl=30.0, blocking=False).release()
+
+
+def clients_per_node(cluster) -> list[tuple[int, int]]:
+    """Per node: the clients connected (the asking one left out), and how many of them are
+    pub/sub ones."""
+    counts = []
+    for node in cluster:
+        with node_client(node) as client:
+            rows = client.client_list()
+        counts.append((len(rows) - 1, sum(1 for row in rows if "P" in row.get("flags", ""))))
+    return counts
+
+
+def test_threads_waiting_in_one_line_share_one_pubsub_connection_per_node(cluster3):
+    """Waiting adds no connection per thread (issue 28): while 32 threads of one process wait
+    in one line on 3 nodes, the process holds at most threads + 1 sockets per node (one
+    command connection per thread, one pub/sub connection), not two per thread; then each
+    gets the lock once, in turn."""
+    threads = 32
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("crowd", ttl=60.0)
+    before = clients_per_node(cluster3)  # the holder's and any other test's connections
+    waiters = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    got: list[int] = []
+    done = threading.Lock()
+
+    def wait(index: int) -> None:
+        waiters.acquire("crowd", ttl=60.0, timeout=60.0).release()
+        with done:
+            got.append(index)
+
+    crowd = [threading.Thread(target=wait, args=(index,)) for index in range(threads)]
+    for thread in crowd:
+        thread.start()
+    try:
+        wait_for(lambda: queued_on_a_majority(cluster3, "crowd", threads))
+        # Every thread is in line; each subscribes right after its first try. Sampled a few
+        # times while they wait: the largest count seen is checked.
+        wait_for(lambda: all(pubsub for _, pubsub in clients_per_node(cluster3)))
+        peak = [0] * len(before)
+        for _ in range(10):
+            for index, (count, _) in enumerate(clients_per_node(cluster3)):
+                peak[index] = max(peak[index], count - before[index][0])
+            time.sleep(0.02)
+        after = clients_per_node(cluster3)
+        pubsub = [now - then for (_, now), (_, then) in zip(after, before, strict=True)]
+        open_now = waiters.open_connections()
+    finally:
+        lease.release()
+        for thread in crowd:
+            thread.join(PROMPT * 4)
+    assert all(count <= threads + 1 for count in peak), peak
+    assert pubsub == [1, 1, 1]
+    assert open_now <= len(cluster3.urls) * (threads + 1)
+    assert sorted(got) == list(range(threads))  # every waiter got the lock once
+    waiters.close()
+    holder.close()
