@@ -42,7 +42,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         return [
             Error(
                 "REDLOCK is not set: django_redlock has no nodes to lock on",
-                hint='REDLOCK = {"NODES": ["redis://...", ...]}. See the README, System checks.',
+                hint='REDLOCK = {"NODES": ["redis://...", ...]}. See docs/reference/checks.md.',
                 id="django_redlock.E003",
             )
         ]

@@ -112,7 +112,7 @@ def setting_name(argument: str) -> str:
 
 
 def _hint(check_id: str, text: str) -> str:
-    return f"{text} See the README, System checks, {check_id}."
+    return f"{text} See docs/reference/checks.md, {check_id}."
 
 
 class _Reading:
@@ -163,7 +163,7 @@ class Setting:
             a message naming ``name`` (the core's argument checks, given the setting's name).
         check_ids: the system check ids it can raise; the first one reports a refused value.
         hint: what to do when it is refused.
-        doc: its Markdown documentation (the README's settings reference).
+        doc: its Markdown documentation (docs/reference/settings.md).
         required: the setting is useless without it (documented as having no default).
         attribute: the :class:`RedlockSettings` field it fills (default: the key in lower case).
         argument: the :class:`~django_redlock.LockManager` argument it feeds (default: the key
@@ -266,7 +266,7 @@ _MAX_TTL_DOC = f"""\
 The longest lease any acquire may ask for (`None`: `max(TTL, {DEFAULT_MAX_TTL:g})`), and \
 therefore the **restart
 quarantine**: a node that lost its data votes again only this long after it came back (see
-Guarantees)."""
+[guarantees](../explanation/guarantees.md))."""
 
 # One row per key: name, type, default, check, check ids; then what to do and the docs.
 # fmt: off
@@ -315,7 +315,7 @@ SETTINGS: tuple[Setting, ...] = (
             '`:`, so\n`orders:42` counts as `orders`, keeping cardinality low) or `"name"`.'),
 )
 # fmt: on
-"""Every ``REDLOCK`` key, in the order the README documents them."""
+"""Every ``REDLOCK`` key, in the order docs/reference/settings.md documents them."""
 
 _BY_KEY = {setting.key: setting for setting in SETTINGS}
 # Rules across keys, run on valid values only, each reporting under the id of the key it blames.
@@ -373,7 +373,7 @@ def inspect(
 
 
 def settings_reference() -> str:
-    """The README's settings reference (Markdown), one heading per key, from :data:`SETTINGS`."""
+    """docs/reference/settings.md (Markdown), one heading per key, from :data:`SETTINGS`."""
     sections = []
     for setting in SETTINGS:
         ids = ", ".join(check_id.rsplit(".", 1)[1] for check_id in setting.check_ids)
@@ -385,7 +385,7 @@ def settings_reference() -> str:
                 f'"{setting.default}"' if isinstance(setting.default, str) else setting.default
             )
             heading = f"`{setting.key}: {setting.type} = {default}` ({checks})"
-        sections.append(f"#### {heading}\n\n{setting.doc}\n")
+        sections.append(f"## {heading}\n\n{setting.doc}\n")
     return "\n".join(sections)
 
 

@@ -255,7 +255,7 @@ class FencedModel(models.Model):
             # Held rows exist when the lock is taken (the mint needs the row), so an INSERT
             # of one into the table that carries the token (update_or_create, get_or_create)
             # means it was deleted meanwhile, by a newer holder or by this one: a fenced
-            # holder never re-creates it (README: a row deleted meanwhile is never
+            # holder never re-creates it (docs/guide/fencing.md: a row deleted meanwhile is never
             # re-created). A child's own table is another matter: making a held row a
             # multi-table child inserts only there, after its fenced parent's update.
             token, name = fence

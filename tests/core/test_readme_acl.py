@@ -1,6 +1,7 @@
-"""The README's ACL example really is enough: every operation runs as that user.
+"""The ACL example of docs/howto/deploying.md really is enough: every operation runs as that
+user.
 
-The ``ACL SETUSER`` command is read from the README itself, so the documentation cannot drift
+The ``ACL SETUSER`` command is read from that page itself, so the documentation cannot drift
 from what the scripts need.
 """
 
@@ -16,7 +17,7 @@ from django_redlock import LockManager
 from django_redlock.core.health import status
 from tests.helpers import node_client
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[2] / "docs" / "howto" / "deploying.md"
 
 
 def readme_acl() -> list[str]:

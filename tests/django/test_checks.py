@@ -80,11 +80,11 @@ def test_a_missing_setting_is_an_error(settings):
     assert [message.id for message in check_settings()] == ["django_redlock.E003"]
 
 
-def test_hints_point_to_the_readme(settings):
+def test_hints_point_to_the_documentation(settings):
     settings.REDLOCK = {"NODES": [], "DRIFT_FACTOR": 2}
     messages = check_settings()
     assert len(messages) == 2
-    assert all("README" in (message.hint or "") for message in messages)
+    assert all("docs/reference/checks.md" in (message.hint or "") for message in messages)
 
 
 def test_the_check_is_registered_and_blocks_manage_py(settings):
@@ -96,8 +96,8 @@ def test_the_check_is_registered_and_blocks_manage_py(settings):
 def test_every_check_id_is_unique_and_documented():
     source = (Path(__file__).parents[2] / "django_redlock" / "conf.py").read_text()
     used = set(re.findall(r"django_redlock\.[EW]\d{3}", source))
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    documented = re.findall(r"^#### `(django_redlock\.[EW]\d{3})`", readme, flags=re.MULTILINE)
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "checks.md").read_text()
+    documented = re.findall(r"^## `(django_redlock\.[EW]\d{3})`", page, flags=re.MULTILINE)
     assert len(documented) == len(set(documented)), "an id is documented twice"
     assert used <= set(documented), f"undocumented: {sorted(used - set(documented))}"
     table = (Path(__file__).parents[2] / "django_redlock" / "checks.py").read_text()

@@ -176,9 +176,9 @@ def test_each_setting_fills_one_field_and_feeds_one_manager_argument():
     assert set(arguments) <= parameters
 
 
-def test_the_readme_settings_reference_is_the_table():
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    assert conf.settings_reference() in readme
+def test_the_settings_reference_page_is_the_table():
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "settings.md").read_text()
+    assert conf.settings_reference() in page
 
 
 # -- the observer: wired by the app, not by the settings -------------------------------------

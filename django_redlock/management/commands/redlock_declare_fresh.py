@@ -1,7 +1,7 @@
 """``manage.py redlock_declare_fresh [--node URL ...]``: let brand-new nodes vote at once.
 
 A node that restarted without its data must not vote until every lease it may have granted
-has run out (the restart quarantine, see the README's Guarantees). A brand-new node, or one
+has run out (the restart quarantine, see docs/explanation/guarantees.md). A brand-new node, or one
 shut down cleanly with its data, lost nothing: declaring it fresh lets its current server
 process vote at once. The declaration names that process (its run_id), so any later restart
 is judged again. Prints what it did per node; exits non-zero when a node was not declared.

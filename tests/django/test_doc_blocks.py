@@ -1,8 +1,9 @@
-"""Every Python block of the README runs as printed, on real nodes (issue 23, item 6).
+"""Every Python block of the README and of docs/ runs as printed, on real nodes (issues 23
+and 27).
 
 Each ```python block is executed, whole and unchanged, in a namespace that holds what a
 user's own project would (their ``account``, ``invoice``, a Celery ``app``...). That setup is
-written in the README itself, in an HTML comment right above the block (``<!-- setup:`` ...
+written in the page itself, in an HTML comment right above the block (``<!-- setup:`` ...
 ``-->``): GitHub and PyPI do not show it, and it stays beside the block it serves. Two things
 the harness does besides, and only these:
 
@@ -12,9 +13,13 @@ the harness does besides, and only these:
   daily_report():``) is then run, so the asyncio examples run too, not only compile;
 - a model the block declares (``class Seat(FencedModel)``) gets its table as ``migrate``
   would, and one saved row under its name in lower case (``seat``), the moment the class is
-  created; both are removed afterwards.
+  created; both are removed afterwards;
+- nodes a block starts (a ``LocalCluster``) are stopped afterwards.
 
-A renamed argument, a missing import or a wrong spelling in the README fails here.
+The blocks of one page run in order in one namespace, as a reader pastes them one after the
+other (a page that builds ``manager`` in one block uses it in the next).
+
+A renamed argument, a missing import or a wrong spelling in the docs fails here.
 """
 
 from __future__ import annotations
@@ -32,9 +37,10 @@ from django.db import connection
 from django.db.models.signals import class_prepared
 
 from django_redlock import default_manager
+from django_redlock.localnodes import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(
     r"(?:<!-- setup:\n(?P<setup>.*?)-->\n\n?)?^```python\n(?P<code>.*?)^```",
     re.MULTILINE | re.DOTALL,
@@ -82,12 +88,18 @@ COMMON = textwrap.dedent(
 )
 
 
-def blocks() -> list[tuple[int, str, str]]:
+def blocks(page: Path) -> list[tuple[int, str, str]]:
+    """(line, setup, code) of every Python block of ``page``, in order."""
+    text = page.read_text(encoding="utf-8")
     found = []
-    for match in BLOCK.finditer(README):
-        line = README.count("\n", 0, match.start("code"))
+    for match in BLOCK.finditer(text):
+        line = text.count("\n", 0, match.start("code"))
         found.append((line, match["setup"] or "", match["code"]))
     return found
+
+
+def pages_with_blocks() -> list[Path]:
+    return [page for page in PAGES if blocks(page)]
 
 
 def run(code: str, filename: str, namespace: dict[str, Any]) -> None:
@@ -103,15 +115,16 @@ def restore_manager_factory():
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("line", "setup", "code"), blocks(), ids=lambda v: f"line{v}")
+@pytest.mark.parametrize("page", pages_with_blocks(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_python_block_runs_as_printed(
-    line: int, setup: str, code: str, cluster3: Any, restore_manager_factory: None
+    page: Path, cluster3: Any, restore_manager_factory: None
 ) -> None:
     def node(match: re.Match[str]) -> str:
         return str(cluster3.urls[int(match[1]) - 1])
 
     namespace: dict[str, Any] = {"__name__": MODULE}
     declared: list[Any] = []
+    name = str(page.relative_to(ROOT))
 
     def migrate(sender: Any, **kwargs: Any) -> None:
         if sender.__module__ != MODULE:
@@ -122,29 +135,32 @@ def test_every_python_block_runs_as_printed(
         namespace[sender.__name__.lower()] = sender.objects.create()
 
     run(COMMON, "<common setup>", namespace)
-    run(setup, f"README.md:{line} setup", namespace)
-    before = set(namespace)
     class_prepared.connect(migrate)
     try:
-        run(EXAMPLE_NODES.sub(node, code), f"README.md:{line + 1}", namespace)
+        for line, setup, code in blocks(page):
+            run(setup, f"{name}:{line} setup", namespace)
+            before = set(namespace)
+            run(EXAMPLE_NODES.sub(node, code), f"{name}:{line + 1}", namespace)
+            for value in [v for k, v in namespace.items() if k not in before]:
+                if inspect.iscoroutinefunction(value) and all(
+                    p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                    for p in inspect.signature(value).parameters.values()
+                ):
+                    asyncio.run(value())
     finally:
         class_prepared.disconnect(migrate)
+        for value in namespace.values():
+            if isinstance(value, LocalCluster):
+                value.stop()
         for model in declared:
             with connection.schema_editor() as editor:
                 editor.delete_model(model)
             del apps.all_models[model._meta.app_label][model._meta.model_name]
         apps.clear_cache()
-    for name, value in namespace.items():
-        if name in before or not inspect.iscoroutinefunction(value):
-            continue
-        if all(
-            p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-            for p in inspect.signature(value).parameters.values()
-        ):
-            asyncio.run(value())
 
 
-def test_the_readme_has_python_blocks_and_they_are_all_collected():
-    fences = len(re.findall(r"^```python$", README, re.MULTILINE))
-    assert fences >= 10
-    assert len(blocks()) == fences
+def test_every_python_fence_is_collected():
+    for page in PAGES:
+        fences = len(re.findall(r"^```python$", page.read_text(encoding="utf-8"), re.MULTILINE))
+        assert len(blocks(page)) == fences, page
+    assert sum(len(blocks(page)) for page in PAGES) >= 15
