@@ -20,7 +20,9 @@ import pytest
 from django_redlock import LockManager
 from django_redlock.core.shapes import Shape
 
-COUNT = 200
+# Enough leases that what other threads of the run allocate meanwhile (a few dozen objects)
+# stays far below one more tracked object per lease.
+COUNT = 2000
 
 
 @pytest.fixture
@@ -71,7 +73,7 @@ def test_holding_leases_costs_at_most_two_tracked_objects_each(cluster3):
     after = tracked()
     # The lease and the weak reference by which its owner may re-enter it; a little slack
     # for what else the rounds allocate (replies, log records).
-    assert after - before <= 2 * COUNT + 10
+    assert after - before <= 2 * COUNT + 100
     for lease in leases:
         lease.release()
 

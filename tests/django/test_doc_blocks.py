@@ -24,7 +24,6 @@ A renamed argument, a missing import or a wrong spelling in the docs fails here.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import re
 import textwrap
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.apps import apps
 from django.db import connection
 from django.db.models.signals import class_prepared
@@ -146,7 +146,9 @@ def test_every_python_block_runs_as_printed(
                     p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
                     for p in inspect.signature(value).parameters.values()
                 ):
-                    asyncio.run(value())
+                    # As Django runs an async view from sync code: its ORM calls
+                    # (sync_to_async) then run in this thread, on the test's connection.
+                    async_to_sync(value)()
     finally:
         class_prepared.disconnect(migrate)
         for value in namespace.values():
