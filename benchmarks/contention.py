@@ -33,11 +33,14 @@ from benchmarks.minimal_redlock import MinimalRedlock
 
 NODE_TIMEOUT = 0.05
 TTL = 10.0
-# Seconds: the longest random sleep of the minimal client between tries. Of the order of the
-# 1 ms critical section of W3, so a waiter is not asleep long after the lock came free (the
-# 200 ms of pottery or redlock-py would make the floor a sleeper, not a floor); random so the
-# waiters do not try in step.
-MINIMAL_RETRY_DELAY = 0.002
+# Seconds: the longest random sleep of the minimal client between tries (random, so the
+# waiters do not try in step). It sets the floor W3 compares us to: the shorter, the more the
+# waiters spin on the two cores the holder needs, and the lower the minimal client's critical
+# sections/s. Measured at N=5 (3 s, two runs each): 0.5 ms 629 and 448 CS/s (hand-off share
+# about 0.8), 2 ms 425 and 555 (about 0.6), 10 ms 740 and 736 (about 0.3, Jain 0.98, the
+# profile of the issue 25 measurement). 10 ms, still short beside the 200 ms of pottery or
+# redlock-py, gives the highest floor of the three.
+MINIMAL_RETRY_DELAY = 0.01
 
 
 def _client(url: str) -> redis.Redis:
