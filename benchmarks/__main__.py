@@ -163,10 +163,10 @@ def minimal(urls: list[str]) -> PairRunner:
 
 
 def _ratio_line(label: str, ours: list[float], floor: list[float], note: str = "") -> str:
-    """``label = ratio of the medians`` (and each run's own ratio, to show the noise)."""
+    """``label = the ratio of the medians``, then each run's own ratio (to show the noise)."""
     ratio = statistics.median(ours) / statistics.median(floor)
     each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, floor, strict=True))
-    return f"  {label} = {ratio:.2f}x  (runs: {each}){note}"
+    return f"  {label} = {ratio:.2f}x  (each run: {each}){note}"
 
 
 def w1(cluster5: LocalCluster, nodes: list[int], pairs: int, rounds: int, runs: int) -> None:
