@@ -9,8 +9,10 @@ It does what the Redlock description asks and nothing else, over raw sockets:
   and the Redlock description). Without a quorum, or with no validity left, it releases on every
   node and returns ``None``.
 - ``release``: ``EVALSHA`` of the compare-and-delete script to every node (loaded with ``SCRIPT
-  LOAD`` once per connection; ``EVAL`` for a node that answers ``NOSCRIPT``), waiting until a
-  quorum deleted or every node answered (or the node timeout).
+  LOAD`` once per connection; ``EVAL`` for a node that answers ``NOSCRIPT`` within the round),
+  waiting until a quorum deleted or every node answered (or the node timeout). The other
+  nodes delete when their turn comes; one whose ``NOSCRIPT`` comes after the round returned
+  keeps the key for its ttl (nothing remembers what a late reply was for).
 
 What it does not have, on purpose: retries (a blocking caller sleeps and tries again itself,
 see ``benchmarks/contention.py``), an owner record, the quarantine of a restarted node, a fair
