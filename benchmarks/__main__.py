@@ -1,16 +1,30 @@
 """Side-by-side benchmarks: ``./run bench`` (or ``python -m benchmarks``).
 
-Starts its own nodes, then runs every contender in one process, interleaved in rounds so that
-machine noise hits them alike, and prints a table plus ratios against the anchors measured in
-the same run:
+Starts its own nodes, then runs every contender in one process (W1, W4) or in the same
+worker-process harness (W2, W3, W5-W7), interleaved so that machine noise hits them alike, and
+prints a table plus ratios against the anchors measured in the same run. W1, W2 and W3 are run
+``--runs`` times (3) in a rotating order; each figure is the median of the runs' own figures,
+and each ratio is printed with every run's own ratio beside it, to show the noise.
 
-- W1: one client, acquire + release of fresh keys; p50/p99 µs per pair.
-  Contenders: django_redlock N=3 and N=5, redis-py ``Lock`` (1 node), pottery ``Redlock``
-  N=3 and N=5, and two references that send the same commands to 5 nodes
-  (``benchmarks/references.py``): raw sockets with one ``poll()`` loop, and redis-py
-  ``Connection`` objects written to all, then read.
+The floor every workload is compared to first is the minimal Redlock
+(``benchmarks/minimal_redlock.py``): plain ``SET NX PX`` to every node, one ``poll()`` loop
+that returns at a quorum, release by the compare-and-delete script, nothing else. Ours and it
+run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five nodes.
+
+- W1: one client, acquire + release of fresh keys; p50/p99 µs per pair (lower is better).
+  Contenders: django_redlock and the minimal Redlock at each N, redis-py ``Lock`` (1 node),
+  pottery ``Redlock`` at N=3 and N=5, and two references that send our own commands to 5
+  nodes (``benchmarks/references.py``): raw sockets with one ``poll()`` loop, and redis-py
+  ``Connection`` objects written to all, then read; the asyncio core at N=5.
 - W1i: the client's instructions per W1 pair, counted by valgrind (``benchmarks/instructions.py``):
   the measure that does not move with the machine's load, for changes to the hot path.
+- W2: 4 processes, each on its own keys: pairs/s (higher is better), and the servers' CPU per
+  pair. W3: 8 processes on one key, 1 ms critical section: critical sections/s (higher is
+  better), hand-offs/s and their share (consecutive holders in different processes), waits,
+  Jain's fairness index over the processes, lost updates (``benchmarks/contention.py``).
+  Contenders: django_redlock and the minimal Redlock at each N (the minimal one, having no wait
+  line, retries after a short random sleep), redis-py ``Lock`` and python-redis-lock (1 node),
+  pottery ``Redlock`` N=5.
 - W4: 5 nodes with 2 paused by SIGSTOP; success rate, p50/p99 acquire latency, and the
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
@@ -23,6 +37,8 @@ the same run:
   hand-off latency p50/p99/max, and hand-offs slower than half the ttl (a lease that ran out
   because its release did not get through). django_redlock only (``benchmarks/overload.py``).
 
+Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6) and ``--nodes 1,5``.
+
 Every contender gets clients with the same 50 ms socket timeout and no client retries.
 """
 
@@ -34,8 +50,9 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from benchmarks.contention import _client
 from benchmarks.references import raw_sockets, redis_py_connections
@@ -129,63 +146,124 @@ def _measure(result: Result, run: PairRunner, count: int, tag: str) -> None:
         result.successes += ok
 
 
-def w1(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int, rounds: int) -> None:
-    contenders: list[tuple[str, PairRunner]] = [
-        ("django_redlock N=5", ours(cluster5.urls)),
-        ("django_redlock N=3", ours(cluster3.urls)),
-        ("redis-py Lock (1 node)", redis_py(cluster5.urls)),
-        ("raw sockets + poll N=5", raw_sockets(cluster5.urls)),
-        ("redis-py Connection N=5", redis_py_connections(cluster5.urls)),
-        ("pottery Redlock N=5", pottery_redlock(cluster5.urls)),
-        ("pottery Redlock N=3", pottery_redlock(cluster3.urls)),
-    ]
-    results = {label: Result(label) for label, _ in contenders}
+def minimal(urls: list[str]) -> PairRunner:
+    from benchmarks.minimal_redlock import MinimalRedlock
+
+    client = MinimalRedlock(urls, NODE_TIMEOUT)
+    ttl_ms = int(TTL * 1000)
+
+    def run(name: str) -> bool:
+        # The same "redlock:" prefix as ours, so both send keys of the same length.
+        held = client.acquire(f"redlock:{name}", ttl_ms)
+        if held is None:
+            return False
+        return client.release(held)
+
+    return run
+
+
+def _ratio_line(label: str, ours: list[float], floor: list[float], note: str = "") -> str:
+    """``label = the ratio of the medians``, then each run's own ratio (to show the noise)."""
+    ratio = statistics.median(ours) / statistics.median(floor)
+    each = ", ".join(f"{a / b:.2f}" for a, b in zip(ours, floor, strict=True))
+    return f"  {label} = {ratio:.2f}x  (each run: {each}){note}"
+
+
+def w1(cluster5: LocalCluster, nodes: list[int], pairs: int, rounds: int, runs: int) -> None:
+    urls = cluster5.urls
+    contenders: list[tuple[str, PairRunner]] = []
+    for n in nodes:
+        contenders += [
+            (f"django_redlock N={n}", ours(urls[:n])),
+            (f"minimal Redlock N={n}", minimal(urls[:n])),
+        ]
+    contenders.append(("redis-py Lock (1 node)", redis_py(urls)))
+    if 5 in nodes:
+        contenders += [
+            ("raw sockets + poll N=5", raw_sockets(urls)),
+            ("redis-py Connection N=5", redis_py_connections(urls)),
+        ]
+    contenders += [(f"pottery Redlock N={n}", pottery_redlock(urls[:n])) for n in nodes if n > 1]
     for label, run in contenders:  # warm up connections and script caches
         _measure(Result(label), run, 50, "warm")
-    per_round = max(1, pairs // rounds)
-    for round_index in range(rounds):
-        # Rotate the order every round so no contender always runs first or last.
-        order = (
-            contenders[round_index % len(contenders) :]
-            + contenders[: round_index % len(contenders)]
-        )
-        for label, run in order:
-            slow = label.startswith("pottery")
-            _measure(results[label], run, per_round // 4 if slow else per_round, f"{round_index}")
+    # Per run, per contender: a Result; a figure is the median of the runs' own figures.
+    per_run: list[dict[str, Result]] = []
+    per_round = max(1, pairs // (rounds * runs))
+    for run_index in range(runs):
+        results = {label: Result(label) for label, _ in contenders}
+        for round_index in range(rounds):
+            # Rotate the order every round so no contender always runs first or last.
+            shift = (run_index * rounds + round_index) % len(contenders)
+            for label, run in contenders[shift:] + contenders[:shift]:
+                slow = label.startswith("pottery")
+                count = max(1, per_round // 4) if slow else per_round
+                _measure(results[label], run, count, f"{run_index}.{round_index}")
+        per_run.append(results)
 
-    async_pair_us = _w1_async(cluster5.urls, max(1000, pairs // 2))
+    def figure(label: str, of: Callable[[Result], float]) -> list[float]:
+        return [of(results[label]) for results in per_run]
+
+    def p50(label: str) -> list[float]:
+        return figure(label, lambda result: statistics.median(result.pair_us))
+
+    async_pair_us = _w1_async(urls, max(1000, pairs // 2)) if 5 in nodes else []
 
     print(
-        f"\nW1: one client, acquire + release of fresh keys ({pairs} pairs each, {rounds} rounds)"
+        f"\nW1: one client, acquire + release of fresh keys ({pairs} pairs each, {runs} runs of "
+        f"{rounds} interleaved rounds; medians of the runs)"
     )
     print(f"{'contender':28} {'p50 µs':>9} {'p99 µs':>9} {'pairs/s':>9} {'ok':>6}")
     for label, _ in contenders:
-        result = results[label]
-        p50 = statistics.median(result.pair_us)
-        print(
-            f"{label:28} {p50:9.0f} {_percentile(result.pair_us, 0.99):9.0f} "
-            f"{1e6 / statistics.mean(result.pair_us):9.0f} "
-            f"{result.successes / result.attempts:6.1%}"
+        p99 = figure(label, lambda result: _percentile(result.pair_us, 0.99))
+        rate = figure(label, lambda result: 1e6 / statistics.mean(result.pair_us))
+        ok = sum(results[label].successes for results in per_run) / sum(
+            results[label].attempts for results in per_run
         )
-    print(
-        f"{'django_redlock async N=5':28} {statistics.median(async_pair_us):9.0f} "
-        f"{_percentile(async_pair_us, 0.99):9.0f} {1e6 / statistics.mean(async_pair_us):9.0f} "
-        f"{1.0:6.1%}"
-    )
-    ours5 = statistics.median(results["django_redlock N=5"].pair_us)
-    ours3 = statistics.median(results["django_redlock N=3"].pair_us)
-    anchor = statistics.median(results["redis-py Lock (1 node)"].pair_us)
-    pottery5 = statistics.median(results["pottery Redlock N=5"].pair_us)
-    pottery3 = statistics.median(results["pottery Redlock N=3"].pair_us)
-    print("ratios (p50, same run):")
-    print(f"  django_redlock N=5 / redis-py Lock 1 node = {ours5 / anchor:.2f}x  (target <= 0.90x)")
-    print(f"  django_redlock N=3 / redis-py Lock 1 node = {ours3 / anchor:.2f}x")
-    raw = statistics.median(results["raw sockets + poll N=5"].pair_us)
-    connections = statistics.median(results["redis-py Connection N=5"].pair_us)
-    print(f"  django_redlock N=5 / raw sockets N=5      = {ours5 / raw:.2f}x  (target <= 1.10x)")
-    print(f"  django_redlock N=5 / redis-py Connection  = {ours5 / connections:.2f}x")
-    print(f"  pottery N=5 / django_redlock N=5          = {pottery5 / ours5:.1f}x  (target >= 12x)")
-    print(f"  pottery N=3 / django_redlock N=3          = {pottery3 / ours3:.1f}x")
+        print(
+            f"{label:28} {statistics.median(p50(label)):9.0f} {statistics.median(p99):9.0f} "
+            f"{statistics.median(rate):9.0f} {ok:6.1%}"
+        )
+    if async_pair_us:
+        print(
+            f"{'django_redlock async N=5':28} {statistics.median(async_pair_us):9.0f} "
+            f"{_percentile(async_pair_us, 0.99):9.0f} "
+            f"{1e6 / statistics.mean(async_pair_us):9.0f} {1.0:6.1%}"
+        )
+    print("vs the minimal Redlock (ours / minimal, p50 pair time: lower is better):")
+    for n in nodes:
+        target = "  (target <= 1.10x)" if n in (1, 5) else ""
+        print(_ratio_line(f"N={n}: ours / minimal", p50(f"django_redlock N={n}"),
+                          p50(f"minimal Redlock N={n}"), target))  # fmt: skip
+    if len(nodes) > 1:
+        low, high = min(nodes), max(nodes)
+        print(f"  cost of each node beyond N={low}, (p50 N={high} - p50 N={low}) / {high - low}:")
+        for who, target in (("django_redlock", "  (target <= 3 µs)"), ("minimal Redlock", "")):
+            each = [
+                (a - b) / (high - low)
+                for a, b in zip(p50(f"{who} N={high}"), p50(f"{who} N={low}"), strict=True)
+            ]
+            runs_text = ", ".join(f"{cost:.1f}" for cost in each)
+            print(f"    {who:16} {statistics.median(each):5.1f} µs  (runs: {runs_text}){target}")
+    print("vs the other references (p50 pair time, same runs):")
+    anchor = p50("redis-py Lock (1 node)")
+    for n in nodes:
+        print(_ratio_line(f"django_redlock N={n} / redis-py Lock 1 node",
+                          p50(f"django_redlock N={n}"), anchor,
+                          "  (target <= 0.90x)" if n == 5 else ""))  # fmt: skip
+    if 5 in nodes:
+        ours5 = p50("django_redlock N=5")
+        print(_ratio_line("django_redlock N=5 / raw sockets N=5", ours5,
+                          p50("raw sockets + poll N=5"), "  (target <= 1.10x)"))  # fmt: skip
+        print(_ratio_line("django_redlock N=5 / redis-py Connection", ours5,
+                          p50("redis-py Connection N=5")))  # fmt: skip
+        if async_pair_us:
+            ratio = statistics.median(async_pair_us) / statistics.median(ours5)
+            print(f"  django_redlock async N=5 / sync N=5 = {ratio:.2f}x  (target <= 1.5x)")
+    for n in nodes:
+        if n > 1:
+            print(_ratio_line(f"pottery N={n} / django_redlock N={n}",
+                              p50(f"pottery Redlock N={n}"), p50(f"django_redlock N={n}"),
+                              "  (target >= 12x)" if n == 5 else ""))  # fmt: skip
 
 
 def _w1_async(urls: list[str], count: int) -> list[float]:
@@ -304,66 +382,115 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def w2(cluster5: LocalCluster, seconds: float) -> None:
+def _process_contenders(nodes: list[int]) -> list[tuple[str, str, int]]:
+    """W2's and W3's contenders: the references of ``CONTENDERS``, then ours and the minimal
+    Redlock at each node count (``(kind, label, N)``)."""
+    contenders = list(CONTENDERS)
+    for n in nodes:
+        for kind, name in (("django_redlock", "django_redlock"), ("minimal", "minimal Redlock")):
+            if not any(label == f"{name} N={n}" for _, label, _ in contenders):
+                contenders.append((kind, f"{name} N={n}", n))
+    return contenders
+
+
+def _rotations(contenders: list[Any], runs: int) -> Iterator[list[Any]]:
+    """The contenders once per run, each run starting one further on, so no contender
+    always runs first or last."""
+    for run_index in range(runs):
+        shift = run_index % len(contenders)
+        yield contenders[shift:] + contenders[:shift]
+
+
+def w2(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> None:
     from benchmarks.contention import run_w2
 
-    print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each")
+    print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each, medians of {runs} runs")
     print(f"{'contender':28} {'pairs/s':>9} {'server CPU µs/pair':>19}")
-    rates: dict[str, float] = {}
-    # Our N=1 row separates the cost of our client and flow from the cost of the node count
-    # (every pair runs on five servers, which share the two cores with the clients).
-    for kind, label, nodes in (*CONTENDERS, ("django_redlock", "django_redlock N=1", 1)):
-        # Where the time goes on a small machine: the servers' CPU per pair (workers' start-up
-        # included, which only makes this an upper bound).
-        pids = [node.pid for node in cluster5.nodes[:nodes] if node.pid is not None]
-        before = _cpu_seconds(pids)
-        rates[label] = run_w2(kind, cluster5.urls[:nodes], seconds)
-        server_us = (_cpu_seconds(pids) - before) / max(rates[label] * seconds, 1) * 1e6
-        print(f"{label:28} {rates[label]:9.0f} {server_us:19.0f}")
-    ours, anchor = rates["django_redlock N=5"], rates["redis-py Lock (1 node)"]
-    print("ratios (same run):")
-    print(f"  django_redlock N=5 / redis-py 1 node = {ours / anchor:.2f}x (target >= 0.8x)")
-    print(f"  django_redlock N=1 / redis-py 1 node = {rates['django_redlock N=1'] / anchor:.2f}x")
+    contenders = _process_contenders(nodes)
+    rates: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
+    server: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
+    for order in _rotations(contenders, runs):
+        for kind, label, n in order:
+            # Where the time goes on a small machine: the servers' CPU per pair (workers'
+            # start-up included, which only makes this an upper bound).
+            pids = [node.pid for node in cluster5.nodes[:n] if node.pid is not None]
+            before = _cpu_seconds(pids)
+            rate = run_w2(kind, cluster5.urls[:n], seconds)
+            rates[label].append(rate)
+            server[label].append((_cpu_seconds(pids) - before) / max(rate * seconds, 1) * 1e6)
+    for _, label, _ in contenders:
+        print(
+            f"{label:28} {statistics.median(rates[label]):9.0f} "
+            f"{statistics.median(server[label]):19.0f}"
+        )
+    print("vs the minimal Redlock (ours / minimal, pairs/s: higher is better):")
+    for n in nodes:
+        target = "  (target >= 0.90x)" if n in (1, 5) else ""
+        print(_ratio_line(f"N={n}: ours / minimal", rates[f"django_redlock N={n}"],
+                          rates[f"minimal Redlock N={n}"], target))  # fmt: skip
+    print("vs the other references (pairs/s, same runs):")
+    anchor = rates["redis-py Lock (1 node)"]
+    ours5 = rates["django_redlock N=5"]
+    print(_ratio_line("django_redlock N=5 / redis-py 1 node", ours5, anchor, "  (target >= 0.8x)"))
+    if 1 in nodes:
+        print(_ratio_line("django_redlock N=1 / redis-py 1 node",
+                          rates["django_redlock N=1"], anchor))  # fmt: skip
+    print(_ratio_line("django_redlock N=5 / pottery N=5", ours5, rates["pottery Redlock N=5"],
+                      "  (target >= 9x)"))  # fmt: skip
+
+
+def w3(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> None:
+    from benchmarks.contention import W3Result, median_w3, run_w3
+
     print(
-        f"  django_redlock N=5 / pottery N=5     = "
-        f"{ours / rates['pottery Redlock N=5']:.1f}x (target >= 9x)"
+        f"\nW3: 8 processes, one key, 1 ms critical section, {seconds:g} s each, medians of "
+        f"{runs} runs (lost: all runs)"
     )
-
-
-def w3(cluster5: LocalCluster, seconds: float) -> None:
-    from benchmarks.contention import W3Result, run_w3
-
-    print(f"\nW3: 8 processes, one key, 1 ms critical section, {seconds:g} s each")
     print(
         f"{'contender':28} {'CS/s':>7} {'handoffs/s':>10} {'share':>6} {'wait p50':>9} "
         f"{'wait p99':>9} {'Jain':>5} {'lost':>5}"
     )
-    results: dict[str, W3Result] = {}
-    # Our N=1 row separates the cost of the fair hand-off (one process wakes the next, every
-    # time) from the cost of the node count.
-    for kind, label, nodes in (*CONTENDERS, ("django_redlock", "django_redlock N=1", 1)):
-        result = run_w3(kind, cluster5.urls[:nodes], seconds)
-        results.setdefault(kind, result)
+    contenders = _process_contenders(nodes)
+    runs_of: dict[str, list[W3Result]] = {label: [] for _, label, _ in contenders}
+    for order in _rotations(contenders, runs):
+        for kind, label, n in order:
+            runs_of[label].append(run_w3(kind, cluster5.urls[:n], seconds))
+    results = {label: median_w3(each) for label, each in runs_of.items()}
+    for _, label, _ in contenders:
+        result = results[label]
         print(
             f"{label:28} {result.per_second:7.0f} {result.handoffs_per_second:10.0f} "
             f"{result.handoff_share:6.2f} {result.wait_p50_ms:7.1f}ms {result.wait_p99_ms:7.1f}ms "
             f"{result.fairness:5.2f} {result.lost_updates:5d}"
         )
-    ours, anchor = results["django_redlock"], results["python-redis-lock"]
-    print("ratios (same run):")
-    print(
-        f"  django_redlock CS/s / python-redis-lock CS/s = "
-        f"{ours.per_second / max(anchor.per_second, 1e-9):.2f}x  (target >= 1.0x)"
-    )
-    print(
-        f"  django_redlock hand-offs / critical sections = {ours.handoff_share:.2f}"
-        f"  (target >= 0.9); fairness {ours.fairness:.2f} (target >= 0.95); "
-        f"lost updates {ours.lost_updates} (target 0)"
-    )
-    print(
-        f"  django_redlock hand-offs/s / python-redis-lock hand-offs/s = "
-        f"{ours.handoffs_per_second / max(anchor.handoffs_per_second, 1e-9):.2f}x"
-    )
+
+    def rate(label: str) -> list[float]:
+        return [result.per_second for result in runs_of[label]]
+
+    print("vs the minimal Redlock (ours / minimal, critical sections/s: higher is better):")
+    for n in nodes:
+        target = "  (target >= 1.00x)" if n == 5 else ""
+        print(_ratio_line(f"N={n}: ours / minimal", rate(f"django_redlock N={n}"),
+                          rate(f"minimal Redlock N={n}"), target))  # fmt: skip
+    for n in nodes:
+        ours, floor = results[f"django_redlock N={n}"], results[f"minimal Redlock N={n}"]
+        targets = "  (targets for ours at N=5: >= 0.95, >= 0.99)" if n == 5 else ""
+        print(
+            f"  N={n}: hand-off share ours {ours.handoff_share:.2f}, minimal "
+            f"{floor.handoff_share:.2f}; Jain ours {ours.fairness:.2f}, minimal "
+            f"{floor.fairness:.2f}{targets}"
+        )
+    print("vs the other references (critical sections/s, same runs):")
+    anchor = rate("python-redis-lock (1 node)")
+    for n in nodes:
+        target = "  (target >= 1.00x)" if n == 1 else ""
+        print(_ratio_line(f"django_redlock N={n} / python-redis-lock 1 node",
+                          rate(f"django_redlock N={n}"), anchor, target))  # fmt: skip
+    ours5, prl = results["django_redlock N=5"], results["python-redis-lock (1 node)"]
+    handoffs = ours5.handoffs_per_second / max(prl.handoffs_per_second, 1e-9)
+    print(f"  django_redlock N=5 hand-offs/s / python-redis-lock hand-offs/s = {handoffs:.2f}x")
+    lost = sum(result.lost_updates for result in results.values())
+    print(f"  lost updates, all contenders and runs: {lost} (target 0)")
 
 
 def w5(cluster3: LocalCluster, seconds: float) -> None:
@@ -412,36 +539,70 @@ def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
     )
 
 
+WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6")
+
+
+def _workloads(text: str) -> set[str]:
+    chosen = {part.strip().lower() for part in text.split(",") if part.strip()}
+    if not chosen or not chosen <= set(WORKLOADS):
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(WORKLOADS)}, comma-separated")
+    return chosen
+
+
+def _node_counts(text: str) -> list[int]:
+    try:
+        counts = sorted({int(part) for part in text.split(",") if part.strip()})
+    except ValueError:
+        counts = []
+    if not counts or not set(counts) <= {1, 3, 5}:
+        raise argparse.ArgumentTypeError("node counts from 1, 3 and 5, comma-separated")
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
-    parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds per run")
+    parser.add_argument("--runs", type=int, default=3, help="W1/W2/W3 runs (figures: medians)")
     parser.add_argument("--w4", type=int, default=400, help="W4 pairs per contender")
     parser.add_argument("--seconds", type=float, default=3.0, help="W2/W3 seconds each")
     parser.add_argument("--w5-seconds", type=float, default=10.0, help="W5 duration")
     parser.add_argument(
-        "--only", choices=["w1", "w1i", "w2", "w3", "w4", "w5", "w6"], help="run one workload"
+        "--only",
+        type=_workloads,
+        default=set(WORKLOADS),
+        metavar="W[,W...]",
+        help=f"run these workloads only ({', '.join(WORKLOADS)})",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_node_counts,
+        default=[1, 3, 5],
+        metavar="N[,N...]",
+        help="node counts for ours and the minimal Redlock in W1/W2/W3 (from 1,3,5)",
     )
     args = parser.parse_args(argv)
+    only: set[str] = args.only
+    nodes: list[int] = args.nodes
 
     print(f"server: {server_version()}")
     print(f"python: {sys.version.split()[0]}, cores: {os.cpu_count()}")
     with LocalCluster(3) as cluster3, LocalCluster(5) as cluster5:
-        if args.only in (None, "w1"):
-            w1(cluster3, cluster5, args.pairs, args.rounds)
-        if args.only in (None, "w1i"):
+        if "w1" in only:
+            w1(cluster5, nodes, args.pairs, args.rounds, args.runs)
+        if "w1i" in only:
             from benchmarks.instructions import w1i
 
             w1i(cluster3, cluster5)
-        if args.only in (None, "w4"):
+        if "w4" in only:
             w4(cluster5, args.w4)
-        if args.only in (None, "w2"):
-            w2(cluster5, args.seconds)
-        if args.only in (None, "w3"):
-            w3(cluster5, args.seconds)
-        if args.only in (None, "w5"):
+        if "w2" in only:
+            w2(cluster5, nodes, args.seconds, args.runs)
+        if "w3" in only:
+            w3(cluster5, nodes, args.seconds, args.runs)
+        if "w5" in only:
             w5(cluster3, args.w5_seconds)
-        if args.only in (None, "w6"):
+        if "w6" in only:
             w6_w7(cluster5, args.seconds)
     return 0
 

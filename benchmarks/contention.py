@@ -1,5 +1,10 @@
 """W2 and W3: several processes, side by side, one library at a time.
 
+Contenders (``kind``): ``django_redlock``, ``redis-py``, ``python-redis-lock``, ``pottery`` and
+``minimal`` (``benchmarks/minimal_redlock.py``, the floor of the algorithm). The minimal client
+has no wait line, so its blocking lock tries again after a random sleep of 0 to
+``MINIMAL_RETRY_DELAY`` seconds, as a typical naive Redlock client does.
+
 - W2: 4 processes, each taking and releasing its own keys: pairs/s.
 - W3: 8 processes on one key with a 1 ms critical section: critical sections/s, hand-offs/s
   (consecutive holders in different processes), wait p50/p99, Jain's fairness index over the
@@ -12,10 +17,11 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import random
 import statistics
 import time
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +29,18 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from benchmarks.minimal_redlock import MinimalRedlock
+
 NODE_TIMEOUT = 0.05
 TTL = 10.0
+# Seconds: the longest random sleep of the minimal client between tries (random, so the
+# waiters do not try in step). It sets the floor W3 compares us to: the shorter, the more the
+# waiters spin on the two cores the holder needs, and the lower the minimal client's critical
+# sections/s. Measured at N=5 (3 s, two runs each): 0.5 ms 629 and 448 CS/s (hand-off share
+# about 0.8), 2 ms 425 and 555 (about 0.6), 10 ms 740 and 736 (about 0.3, Jain 0.98, the
+# profile of the issue 25 measurement). 10 ms, still short beside the 200 ms of pottery or
+# redlock-py, gives the highest floor of the three.
+MINIMAL_RETRY_DELAY = 0.01
 
 
 def _client(url: str) -> redis.Redis:
@@ -58,7 +74,25 @@ def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextMa
         return lambda name: Redlock(
             key=name, masters=masters, auto_release_time=TTL, context_manager_timeout=60.0
         )
+    if kind == "minimal":
+        minimal = MinimalRedlock(urls, NODE_TIMEOUT)
+        return lambda name: _minimal_lock(minimal, name)
     raise ValueError(kind)
+
+
+@contextmanager
+def _minimal_lock(client: MinimalRedlock, name: str, timeout: float = 60.0) -> Iterator[None]:
+    """A blocking lock over the minimal client: try, sleep a random while, try again."""
+    deadline = time.monotonic() + timeout
+    # The same "redlock:" prefix as ours, so both send keys of the same length.
+    while (held := client.acquire(f"redlock:{name}", int(TTL * 1000))) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"minimal Redlock: {name} not acquired in {timeout:g} s")
+        time.sleep(random.uniform(0, MINIMAL_RETRY_DELAY))
+    try:
+        yield
+    finally:
+        client.release(held)
 
 
 def _w2_worker(kind: str, urls: list[str], index: int, seconds: float, go: Any, out: Any) -> None:
@@ -107,6 +141,25 @@ class W3Result:
     wait_p99_ms: float
     fairness: float
     lost_updates: int
+
+
+def median_w3(results: list[W3Result]) -> W3Result:
+    """Each figure the median of its own over several runs; lost updates the total."""
+
+    def median(attribute: str) -> Any:
+        return statistics.median(getattr(result, attribute) for result in results)
+
+    return W3Result(
+        label=results[0].label,
+        sections=int(median("sections")),
+        per_second=median("per_second"),
+        handoffs_per_second=median("handoffs_per_second"),
+        handoff_share=median("handoff_share"),
+        wait_p50_ms=median("wait_p50_ms"),
+        wait_p99_ms=median("wait_p99_ms"),
+        fairness=median("fairness"),
+        lost_updates=sum(result.lost_updates for result in results),
+    )
 
 
 def run_w2(kind: str, urls: list[str], seconds: float, processes: int = 4) -> float:

@@ -45,6 +45,16 @@ def _runner(contender: str, urls: list[str]) -> PairRunner:
         from benchmarks.references import raw_sockets
 
         return raw_sockets(urls)
+    if contender == "minimal-5":
+        from benchmarks.minimal_redlock import MinimalRedlock
+
+        floor = MinimalRedlock(urls, TIMEOUT)
+
+        def minimal(name: str) -> bool:
+            held = floor.acquire(f"redlock:{name}", 10_000)
+            return held is not None and floor.release(held)
+
+        return minimal
     if contender == "redis-py-connections-5":
         from benchmarks.references import redis_py_connections
 
@@ -114,6 +124,7 @@ def w1i(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int = 2000) -> No
         ("django_redlock N=5", "ours-5", cluster5.urls),
         ("django_redlock N=3", "ours-3", cluster3.urls),
         ("redis-py `Lock` (1 node)", "redis-py-1", one),
+        ("reference: minimal Redlock, N=5", "minimal-5", cluster5.urls),
         ("reference: raw sockets, N=5", "raw-5", cluster5.urls),
         ("reference: redis-py Connections, N=5", "redis-py-connections-5", cluster5.urls),
     )
@@ -125,6 +136,8 @@ def w1i(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int = 2000) -> No
     print("ratios (same run):")
     print(f"  N=5 / redis-py 1 node = {counts['ours-5'] / counts['redis-py-1']:.2f}x")
     print(f"  N=5 / raw sockets     = {counts['ours-5'] / counts['raw-5']:.2f}x")
+    minimal = counts["ours-5"] / counts["minimal-5"]
+    print(f"  N=5 / minimal Redlock = {minimal:.2f}x  (fewer is better; target <= 1.2x)")
 
 
 if __name__ == "__main__":
