@@ -88,6 +88,13 @@ local function wait_in_line()
 end
 
 local token = redis.call('HGET', KEYS[1], 't')
+if token == false and redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then
+    -- The common case in one call: no key, no readers, nobody in line. The lock is free and
+    -- no waiter is ahead, whatever this acquire is (a single try or a waiter's try).
+    redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {ok = 'OK'}
+end
 if token == false then
     if redis.call('EXISTS', KEYS[1]) == 1 then
         -- Not a hash of ours (or a hash without a token): treat as held, never overwrite.
