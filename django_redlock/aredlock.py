@@ -274,14 +274,15 @@ class AsyncLockManager:
         connections = self._connections()
         subscriber = connections.subscriber
         queues = checked.blocking and shape.wake_key is not None
-        waiter = subscriber.waiter_id() if queues else ""
-        attempt = sync._begin(name, checked, waiter, shape)
         if len(sync._quarantine.heard) < sync.quorum:
             # Hear from the nodes before the first acquire (see LockManager._first_contact):
-            # the PONGs come after each new connection's hello replies.
+            # the PONGs come after each new connection's hello replies. Before the acquire
+            # begins, as in the sync manager, so it does not count against the timeout.
             await connections.run(
                 [PING] * len(sync.addresses), sync.node_timeout, b"PONG", sync.quorum
             )
+        waiter = subscriber.waiter_id() if queues else ""
+        attempt = sync._begin(name, checked, waiter, shape)
         if waiter:
             subscriber.register(waiter)  # from now on a release naming us is kept
         listening = False

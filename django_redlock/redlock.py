@@ -525,7 +525,8 @@ class LockManager:
                 raise error
             wake_key = shape.wake_key
             if self._sleep is not None:
-                self._sleep(step.delay)
+                self._sleep(step.delay)  # an injected sleep (tests): a poll, as below
+                attempt.waited(False)
             elif not waiter or wake_key is None:
                 time.sleep(step.delay)  # nothing wakes a try that never queues: it polls
                 attempt.waited(False)
