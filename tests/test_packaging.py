@@ -64,6 +64,7 @@ def test_the_metadata_has_the_one_version_and_a_readme_that_works_on_pypi(wheel)
     metadata = Parser().parsestr(raw)
     assert metadata["Version"] == version
     assert metadata["License-Expression"] == "MIT"
+    assert "Framework :: Django :: 6.0" in (metadata.get_all("Classifier") or [])
     urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL") or [])
     assert set(urls) == {"Documentation", "Source", "Changelog"}
     # The long description is the README, whose links must not be relative: PyPI would
