@@ -212,7 +212,9 @@ class FencedModel(models.Model):
         values: list[tuple[Any, Any, Any]],
         *args: Any,
         **kwargs: Any,
-    ) -> bool:
+    ) -> Any:
+        # Django's answer is passed on as it is: a bool up to 5.2, the list of the updated
+        # rows' returned values from 6.0 (empty when no row matched), which save() indexes.
         fence = active_token(self)
         if fence is None:
             if self.fencing_required:
@@ -223,7 +225,7 @@ class FencedModel(models.Model):
             # Never write the token outside a lock: a stale in-memory value must not undo a
             # mint (that would let an evicted holder's token match again).
             values = [value for value in values if value[0].attname != _TOKEN]
-            return bool(super()._do_update(base_qs, using, pk_val, values, *args, **kwargs))
+            return super()._do_update(base_qs, using, pk_val, values, *args, **kwargs)
         token, name = fence
         self.fencing_token = token
         owner = fence_model(type(self))
@@ -239,14 +241,14 @@ class FencedModel(models.Model):
             )
             if not updated:
                 raise _stale(name, token, owner, pk_val)
-            return True
+            return updated
         # Another table of a multi-table model (Django saves ancestors first, but the token
         # may sit below a plain ancestor): claim the token row in the same transaction first.
         row_pk = fence_key(self)[1]
         with transaction.atomic(using=using, savepoint=False):
             if not claim_row(owner, row_pk, token, using):
                 raise _stale(name, token, owner, row_pk)
-            return bool(super()._do_update(base_qs, using, pk_val, values, *args, **kwargs))
+            return super()._do_update(base_qs, using, pk_val, values, *args, **kwargs)
 
     def _do_insert(self, manager: Any, using: str, *args: Any, **kwargs: Any) -> Any:
         fence = active_token(self)

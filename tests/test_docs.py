@@ -78,6 +78,20 @@ def test_every_link_between_pages_points_to_a_page():
             assert (page.parent / target).resolve().exists(), f"{page.name}: {target}"
 
 
+def test_the_readme_links_into_this_repository_and_to_files_that_exist():
+    """README.md is PyPI's page too (setup.cfg's long_description), where a relative link
+    would be resolved against PyPI's site: its links are absolute, into the repository."""
+    repo_url = re.search(r"^repo_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
+    assert repo_url
+    targets = re.findall(r"\]\(([^)\s]+)\)", README)
+    assert targets
+    for target in targets:
+        assert target.startswith("https://"), f"README.md: {target} is relative"
+        if target.startswith(f"{repo_url[1]}/blob/main/"):
+            path = target.removeprefix(f"{repo_url[1]}/blob/main/").split("#", 1)[0]
+            assert (ROOT / path).exists(), f"README.md: {target}"
+
+
 def test_every_check_id_setting_and_error_class_named_exists():
     checks = "".join(
         (ROOT / "django_redlock" / name).read_text()

@@ -120,24 +120,26 @@ def test_a_field_missing_from_a_call_is_an_error_naming_it(app, cluster3):
 
 
 def test_once_under_bind_true_needs_no_base_class_and_bind_false_is_refused(app, cluster3):
+    # Celery registers every @app.task in its shared registry too, which each app takes in
+    # when it is finalized: names unique in this file, or a later test warns of a duplicate.
     @app.task(bind=True)
     @locked_task(key="j:{job}", once=True)
-    def bound(self, job):
+    def once_bound(self, job):
         return "ran"
 
     # The class Celery built got LockedTask's apply_async when it was created.
-    built = type(bound._get_current_object())  # @app.task gives a proxy until evaluated
+    built = type(once_bound._get_current_object())  # @app.task gives a proxy until evaluated
     assert built.apply_async is not app.Task.apply_async
     assert "once" in (built.apply_async.__doc__ or "")
-    assert bound.apply(args=("x",)).get() == "ran"
+    assert once_bound.apply(args=("x",)).get() == "ran"
 
     @app.task
     @locked_task(key="j:{job}", once=True)
-    def unbound(job):
+    def once_unbound(job):
         return "ran"
 
     with pytest.raises(TypeError, match=r"@app.task\(bind=True\) over @locked_task"):
-        unbound.apply(args=("x",)).get()
+        once_unbound.apply(args=("x",)).get()
 
 
 def test_the_function_itself_is_not_a_task():
