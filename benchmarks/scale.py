@@ -16,7 +16,8 @@ to a one-node lock (and saying N/A where it does not):
    (``benchmarks/listing.py``'s ``hold`` and ``measure``). Ours only.
 5. server CPU per critical section at 8 / 32 / 64 waiters on one key, a 1 ms busy-waited
    critical section (as W3): 4 processes, each with waiters / 4 threads; the servers'
-   ``used_cpu_sys + used_cpu_user`` (``INFO CPU``) delta over the run / critical sections.
+   ``used_cpu_sys + used_cpu_user`` (``INFO CPU``) delta over the run / critical sections;
+   ours at N=1 (beside the one-node anchors) and N=3; 3 runs of 2 s, medians.
 
 Tests never assert speed (``tests/test_scale.py`` runs each section at toy sizes).
 """
@@ -450,70 +451,98 @@ def _server_cpu(urls: list[str]) -> float:
 class CpuRow:
     label: str
     waiters: int
-    sections: int
-    seconds: float
-    cpu_us_per_section: float
+    sections: list[int]  # per run
+    per_second: list[float]
+    cpu_us_per_section: list[float]
+
+
+def _cpu_run(
+    kind: str, urls: list[str], threads: int, seconds: float, processes: int
+) -> tuple[int, float, float]:
+    """One run: critical sections, their rate, and the servers' CPU µs per section."""
+    context = multiprocessing.get_context("spawn")
+    ready, go, out = context.Queue(), context.Event(), context.Queue()
+    workers = [
+        context.Process(target=_cpu_worker, args=(kind, urls, threads, seconds, ready, go, out))
+        for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    before, start = _server_cpu(urls), time.perf_counter()
+    go.set()
+    sections = sum(out.get(timeout=180) for _ in workers)
+    elapsed = time.perf_counter() - start  # the tail included: waiters still in line finish
+    used = _server_cpu(urls) - before
+    for worker in workers:
+        worker.join(60)
+    return sections, sections / elapsed, used / max(sections, 1) * 1e6
 
 
 def server_cpu(
-    urls: list[str], waiters: Sequence[int], seconds: float = 3.0, processes: int = 4
+    urls: list[str],
+    waiters: Sequence[int],
+    seconds: float = 2.0,
+    processes: int = 4,
+    runs: int = 3,
 ) -> list[CpuRow]:
     """Ours at N=1 and N=len(urls) and the anchors on the first node: ``processes``
-    processes with waiters / processes threads each on one key."""
-    context = multiprocessing.get_context("spawn")
+    processes with waiters / processes threads each on one key; ``runs`` runs, each in a
+    rotated order of the contenders."""
     contenders = [("django_redlock", "django_redlock N=1", 1)]
     if len(urls) > 1:
         contenders.append(("django_redlock", f"django_redlock N={len(urls)}", len(urls)))
     contenders += [(kind, LABELS[kind], 1) for kind in ANCHORS]
-    rows = []
-    for count in waiters:
-        for kind, label, n in contenders:
-            ready, go, out = context.Queue(), context.Event(), context.Queue()
-            threads = max(1, count // processes)
-            workers = [
-                context.Process(
-                    target=_cpu_worker, args=(kind, urls[:n], threads, seconds, ready, go, out)
+    threads_of = {count: max(1, count // processes) for count in waiters}
+    rows = {
+        (label, count): CpuRow(label, threads_of[count] * processes, [], [], [])
+        for count in waiters
+        for _, label, _ in contenders
+    }
+    for run_index in range(runs):
+        shift = run_index % len(contenders)
+        for count in waiters:
+            for kind, label, n in contenders[shift:] + contenders[:shift]:
+                sections, rate, cpu = _cpu_run(
+                    kind, urls[:n], threads_of[count], seconds, processes
                 )
-                for _ in range(processes)
-            ]
-            for worker in workers:
-                worker.start()
-            for _ in workers:
-                ready.get(timeout=120)
-            before, start = _server_cpu(urls[:n]), time.perf_counter()
-            go.set()
-            sections = sum(out.get(timeout=180) for _ in workers)
-            elapsed = time.perf_counter() - start
-            used = _server_cpu(urls[:n]) - before
-            for worker in workers:
-                worker.join(60)
-            rows.append(
-                CpuRow(label, threads * processes, sections, elapsed, used / max(sections, 1) * 1e6)
-            )
+                row = rows[label, count]
+                row.sections.append(sections)
+                row.per_second.append(rate)
+                row.cpu_us_per_section.append(cpu)
     print(
         f"\n5. server CPU per critical section, one key, 1 ms busy-waited critical section, "
-        f"{processes} processes x waiters/{processes} threads, {seconds:g} s each "
-        f"(INFO CPU used_cpu_sys+used_cpu_user, summed over the lock's nodes)"
+        f"{processes} processes x waiters/{processes} threads, {seconds:g} s each, medians of "
+        f"{runs} runs (INFO CPU used_cpu_sys+used_cpu_user, summed over the lock's nodes)"
     )
-    print(f"{'contender':30} {'waiters':>8} {'CS':>7} {'CS/s':>6} {'server CPU µs/CS':>17}")
-    for row in rows:
-        print(
-            f"{row.label:30} {row.waiters:8d} {row.sections:7d} "
-            f"{row.sections / row.seconds:6.0f} {row.cpu_us_per_section:17.0f}"
-        )
+    print(f"{'contender':30} {'waiters':>8} {'CS/s':>6} {'server CPU µs/CS':>17}  (each run)")
+    for count in waiters:
+        for _, label, _ in contenders:
+            row = rows[label, count]
+            each = ", ".join(f"{cpu:.0f}" for cpu in row.cpu_us_per_section)
+            print(
+                f"{label:30} {row.waiters:8d} {statistics.median(row.per_second):6.0f} "
+                f"{statistics.median(row.cpu_us_per_section):17.0f}  ({each})"
+            )
+    low, high = min(waiters), max(waiters)
     for _, label, _ in contenders:
-        mine = [row for row in rows if row.label == label]
-        first, last = mine[0], mine[-1]
-        growth = last.cpu_us_per_section / max(first.cpu_us_per_section, 1e-9) - 1
-        print(f"  {label}: {first.waiters} -> {last.waiters} waiters: {growth:+.0%} CPU per CS")
-    return rows
+        first, last = rows[label, low], rows[label, high]
+        growth = statistics.median(last.cpu_us_per_section) / max(
+            statistics.median(first.cpu_us_per_section), 1e-9
+        )
+        print(
+            f"  {label}: {first.waiters} -> {last.waiters} waiters: {growth - 1:+.0%} server "
+            f"CPU per CS"
+        )
+    return list(rows.values())
 
 
 # -- all of it -------------------------------------------------------------------------------
 
 
-def run(cluster3: LocalCluster, *, pairs: int = 2000, held: int = 10_000,
-        sizes: Sequence[int] = (1000, 10_000, 50_000), seconds: float = 3.0) -> None:  # fmt: skip
+def run(cluster3: LocalCluster, *, pairs: int = 4000, held: int = 10_000,
+        sizes: Sequence[int] = (1000, 10_000, 50_000), seconds: float = 2.0) -> None:  # fmt: skip
     """Every section, on its own nodes where it needs them: 9 for the pair p50, a fresh one
     for the bytes, ``cluster3`` for the rest."""
     print(
@@ -521,7 +550,7 @@ def run(cluster3: LocalCluster, *, pairs: int = 2000, held: int = 10_000,
         f"for the pairs"
     )
     with LocalCluster(9) as cluster9:
-        pair_p50(cluster9.urls, (1, 3, 5, 7, 9), pairs)
+        pair_p50(cluster9.urls, (1, 3, 5, 7, 9), pairs, rounds=8)
     with LocalCluster(1) as cluster1:
         held_bytes(cluster1.urls[0], held)
     connections(cluster3.urls)

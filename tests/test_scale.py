@@ -35,7 +35,7 @@ def test_connection_and_server_cpu_sections_run(cluster3, capsys):
         (label, shape) for shape in ("distinct", "line") for label in scale.LABELS.values()
     ]
     assert all(row.sections > 0 and min(row.peak) >= 1 for row in rows)
-    cpu = scale.server_cpu(cluster3.urls, (2, 4), seconds=0.2, processes=2)
+    cpu = scale.server_cpu(cluster3.urls, (2, 4), seconds=0.2, processes=2, runs=1)
     assert len(cpu) == 2 * 4
-    assert all(row.sections > 0 for row in cpu)
+    assert all(min(row.sections) > 0 for row in cpu)
     assert "5. server CPU per critical section" in capsys.readouterr().out
