@@ -37,7 +37,13 @@ run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five
   hand-off latency p50/p99/max, and hand-offs slower than half the ttl (a lease that ran out
   because its release did not get through). django_redlock only (``benchmarks/overload.py``).
 
-Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6) and ``--nodes 1,5``.
+- W10, ``scale`` (``benchmarks/scale.py``): pair p50 at N = 1 to 9, bytes per held lock,
+  connections per node for 32 threads, listing and status at 1k/10k/50k held locks, server
+  CPU per critical section at 8/32/64 waiters; beside redis-py and python-redis-lock where a
+  figure applies to them. About 3 minutes, so only when asked: ``--only scale``.
+
+Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6, scale; all but scale by
+default) and ``--nodes 1,5``.
 
 Every contender gets clients with the same 50 ms socket timeout and no client retries.
 """
@@ -539,7 +545,8 @@ def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
     )
 
 
-WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6")
+WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6", "scale")
+DEFAULT_WORKLOADS = frozenset(WORKLOADS) - {"scale"}  # scale takes minutes: asked for only
 
 
 def _workloads(text: str) -> set[str]:
@@ -570,9 +577,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         type=_workloads,
-        default=set(WORKLOADS),
+        default=set(DEFAULT_WORKLOADS),
         metavar="W[,W...]",
-        help=f"run these workloads only ({', '.join(WORKLOADS)})",
+        help=f"run these workloads only ({', '.join(WORKLOADS)}; default: all but scale)",
     )
     parser.add_argument(
         "--nodes",
@@ -585,6 +592,8 @@ def main(argv: list[str] | None = None) -> int:
     only: set[str] = args.only
     nodes: list[int] = args.nodes
 
+    shown = sys.argv[1:] if argv is None else argv
+    print(f"command: python -m benchmarks {' '.join(shown)}".rstrip())
     print(f"server: {server_version()}")
     print(f"python: {sys.version.split()[0]}, cores: {os.cpu_count()}")
     with LocalCluster(3) as cluster3, LocalCluster(5) as cluster5:
@@ -604,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
             w5(cluster3, args.w5_seconds)
         if "w6" in only:
             w6_w7(cluster5, args.seconds)
+        if "scale" in only:
+            from benchmarks.scale import run as scale
+
+            scale(cluster3)
     return 0
 
 

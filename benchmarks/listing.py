@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from django_redlock import Lease, LockManager
 from django_redlock.core.listing import LockListing
@@ -34,6 +35,55 @@ def _timed(manager: LockManager, limit: int | None) -> tuple[float, float, LockL
     return time.perf_counter() - wall, time.process_time() - cpu, listing
 
 
+@dataclass(frozen=True)
+class ListingTimes:
+    """One size's figures: the full listing's best and median wall time and the best run's
+    client CPU time, then the capped listing's time and what it showed (seconds)."""
+
+    size: int
+    best: float
+    median: float
+    best_cpu: float
+    capped: float
+    capped_listing: LockListing
+
+    @property
+    def flagged(self) -> int:
+        """Locks of the capped listing flagged ``partial`` (held locks: must be 0)."""
+        return sum(1 for lock in self.capped_listing.locks if lock.partial)
+
+
+def hold(manager: LockManager, leases: list[Lease], size: int) -> None:
+    """Take locks until ``leases`` holds ``size`` of them on every node (``lock_many`` of
+    :data:`BATCH` names at a time, then an extend, which waits for every node: the acquire
+    stopped at a quorum)."""
+    first = sum(len(lease.names) for lease in leases)
+    while first < size:
+        count = min(BATCH, size - first)
+        lease = manager.lock_many([f"bench:{first + i:06d}" for i in range(count)])
+        lease.extend()
+        leases.append(lease)
+        first += count
+
+
+def measure(manager: LockManager, size: int, runs: int = RUNS) -> ListingTimes:
+    """Time ``manager.locks(limit=None)`` ``runs`` times and the capped default once, with
+    ``size`` locks held (checked: the full listing must show them all)."""
+    timed = [_timed(manager, None) for _ in range(runs)]
+    best = min(timed, key=lambda run: run[0])
+    if len(best[2].locks) != size:
+        raise SystemExit(f"listed {len(best[2].locks)} of {size} held locks")
+    capped, _, listing = _timed(manager, 1000)
+    return ListingTimes(
+        size=size,
+        best=best[0],
+        median=statistics.median(wall for wall, _, _ in timed),
+        best_cpu=best[1],
+        capped=capped,
+        capped_listing=listing,
+    )
+
+
 def main(sizes: list[int]) -> None:
     print(f"lock nodes: 3 x {server_version()}")
     with LocalCluster(3) as cluster:
@@ -41,25 +91,15 @@ def main(sizes: list[int]) -> None:
         manager = LockManager(cluster.urls, ttl=600.0, node_timeout=2.0)
         leases: list[Lease] = []
         for size in sorted(sizes):
-            while len(leases) * BATCH < size:
-                first = len(leases) * BATCH
-                count = min(BATCH, size - first)
-                lease = manager.lock_many([f"bench:{first + i:06d}" for i in range(count)])
-                lease.extend()  # every node holds every lock (the acquire stopped at a quorum)
-                leases.append(lease)
-            runs = [_timed(manager, None) for _ in range(RUNS)]
-            walls = [wall for wall, _, _ in runs]
-            best = min(runs, key=lambda run: run[0])
-            if len(best[2].locks) != size:
-                raise SystemExit(f"listed {len(best[2].locks)} of {size} held locks")
-            wall, _, capped = _timed(manager, 1000)
-            flagged = sum(1 for lock in capped.locks if lock.partial)
+            hold(manager, leases, size)
+            times = measure(manager, size)
+            capped = times.capped_listing
             print(
-                f"{size:>6} held: full listing best {best[0] * 1000:.0f} ms "
-                f"(median {statistics.median(walls) * 1000:.0f} ms, "
-                f"client CPU {best[1] * 1000:.0f} ms); "
-                f"capped at 1000: {wall * 1000:.0f} ms, {len(capped.locks)} shown, "
-                f"{flagged} flagged partial, about {capped.approx_total}, "
+                f"{size:>6} held: full listing best {times.best * 1000:.0f} ms "
+                f"(median {times.median * 1000:.0f} ms, "
+                f"client CPU {times.best_cpu * 1000:.0f} ms); "
+                f"capped at 1000: {times.capped * 1000:.0f} ms, {len(capped.locks)} shown, "
+                f"{times.flagged} flagged partial, about {capped.approx_total}, "
                 f"{capped.not_shown} not shown",
                 flush=True,
             )
