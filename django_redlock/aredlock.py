@@ -318,7 +318,9 @@ class AsyncLockManager:
                 if not waiter or wake_key is None:
                     await asyncio.sleep(step.delay)  # a try that never queues polls
                     attempt.waited(False)
-                elif not listening and await subscriber.subscribe(wake_key, sync.node_timeout):
+                elif not listening and await subscriber.subscribe(
+                    wake_key, sync.node_timeout, waiter
+                ):
                     # Just subscribed: the try right after covers a release that came between
                     # our last try and the subscription (see LockManager.acquire).
                     listening = True

@@ -275,6 +275,11 @@ class _AsyncSubscriber:
         self.channels: dict[str, None] = {}  # subscribed (or being subscribed), oldest first
         self.lock: asyncio.Lock | None = None  # one task at a time opens and subscribes
         self.waiting: dict[bytes, asyncio.Event] = {}
+        # Which channel each waiting task listens on, and how many listen on each: a channel
+        # somebody listens on is never unsubscribed to make room (its wake-ups would be lost,
+        # and that task left to its poll), so past KEEP only unheard channels go.
+        self.listening: dict[bytes, str] = {}
+        self.listeners: dict[str, int] = {}
 
     def waiter_id(self) -> str:
         return new_waiter_id(self.listener)
@@ -284,7 +289,16 @@ class _AsyncSubscriber:
         self.waiting[waiter.encode()] = asyncio.Event()
 
     def unregister(self, waiter: str) -> None:
-        self.waiting.pop(waiter.encode(), None)
+        """Stop keeping ``waiter``'s wake-ups; its channel may be unsubscribed from now on."""
+        ident = waiter.encode()
+        self.waiting.pop(ident, None)
+        channel = self.listening.pop(ident, None)
+        if channel is not None:
+            left = self.listeners.get(channel, 1) - 1
+            if left > 0:
+                self.listeners[channel] = left
+            else:
+                self.listeners.pop(channel, None)
 
     async def _open(self, index: int, timeout: float) -> None:
         try:
@@ -347,16 +361,23 @@ class _AsyncSubscriber:
         # The next wait must subscribe again on a new connection.
         self.channels.clear()
 
-    async def subscribe(self, key: str, timeout: float) -> bool:
+    async def subscribe(self, key: str, timeout: float, waiter: str = "") -> bool:
         """Subscribe to this loop's channel for ``key`` on every node, waiting up to
-        ``timeout`` seconds for the confirmations. Returns False, doing nothing, when it was
-        already subscribed on every node (a release since then was heard), True otherwise.
+        ``timeout`` seconds for the confirmations, and count ``waiter`` (registered) as
+        listening on it until :meth:`unregister`. Returns False, doing nothing more, when it
+        was already subscribed on every node (a release since then was heard), True otherwise.
 
         One task at a time opens connections and subscribes: two tasks opening the same node
         at once would leave one connection orphaned, and closed when collected, with the
         subscription on it.
         """
         channel = wake_channel(key, self.listener)
+        ident = waiter.encode()
+        if waiter and ident in self.waiting and ident not in self.listening:
+            # Counted before any await: a subscribe of another task that makes room while
+            # this one waits for the lock below must not take this channel.
+            self.listening[ident] = channel
+            self.listeners[channel] = self.listeners.get(channel, 0) + 1
         if channel in self.channels and all(self.writers):
             self.channels[channel] = self.channels.pop(channel)  # most recently used
             return False
@@ -369,11 +390,14 @@ class _AsyncSubscriber:
             if missing:
                 await asyncio.gather(*(self._open(index, timeout) for index in missing))
             if len(self.channels) >= self.KEEP:
-                oldest = next(iter(self.channels))
-                del self.channels[oldest]
-                for writer in self.writers:
-                    if writer is not None:
-                        writer.write(encode_command(b"UNSUBSCRIBE", oldest))
+                # The oldest channel nobody listens on; none when every kept one is heard.
+                unheard = (c for c in self.channels if c != channel and c not in self.listeners)
+                oldest = next(unheard, None)
+                if oldest is not None:
+                    del self.channels[oldest]
+                    for writer in self.writers:
+                        if writer is not None:
+                            writer.write(encode_command(b"UNSUBSCRIBE", oldest))
             loop = asyncio.get_running_loop()
             confirmations = []
             for index, writer in enumerate(self.writers):

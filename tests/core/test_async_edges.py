@@ -98,3 +98,41 @@ def test_an_async_release_is_queued_behind_owed_replies_not_skipped(cluster3):
         assert node2.holder("async-owed") is None  # not left there for 30 s
 
     asyncio.run(main())
+
+
+def test_asyncio_waiters_on_more_keys_than_kept_lose_no_channel(cluster3):
+    """A loop keeps 16 channels subscribed between waits; past that it unsubscribed the oldest
+    even while a task still waited on it, leaving that task to its poll. Now only channels
+    nobody listens on make room: with 20 tasks waiting on 20 locks, all 20 stay subscribed."""
+    keys = [f"kept-{i}" for i in range(20)]
+
+    async def main() -> None:
+        manager = AsyncLockManager(cluster3.urls, retry_delay=5.0)
+        holder = AsyncLockManager(cluster3.urls)
+        held = [await holder.acquire(key, ttl=30.0) for key in keys]
+        waiting = [asyncio.create_task(manager.acquire(key, timeout=30.0)) for key in keys]
+        subscriber = manager._connections().subscriber
+
+        def all_heard() -> bool:
+            listened = set(getattr(subscriber, "listening", {}).values())
+            return len(listened) == len(keys) and listened <= set(subscriber.channels)
+
+        for _ in range(1000):  # until every task listens (each subscribes after a try)
+            if all_heard():
+                break
+            await asyncio.sleep(0.01)
+        assert len(subscriber.listening) == len(keys)
+        assert set(subscriber.listening.values()) <= set(subscriber.channels)
+        assert len(subscriber.channels) == len(keys)  # above KEEP: every one is heard
+        for lease in held:
+            await lease.release()
+        leases = await asyncio.gather(*waiting)
+        assert sorted(lease.name for lease in leases) == sorted(keys)
+        for lease in leases:
+            await lease.release()
+        assert subscriber.listening == {}
+        assert subscriber.listeners == {}
+        await manager.aclose()
+        await holder.aclose()
+
+    asyncio.run(main())
