@@ -1,0 +1,143 @@
+"""Run simulated histories: ``python -m tests.sim.run --seed S | --histories N | --minutes M``.
+
+``--seed S`` replays one history and prints its steps; ``--histories N`` runs seeds
+``--first`` .. ``--first + N - 1``; ``--minutes M`` explores from a random first seed until
+M minutes have passed. A history that breaks an invariant prints its seed and steps, and
+the run exits with status 1. ``--mutant NAME`` runs a deliberately broken variant
+(``tests/sim/mutants.py``): then the run is expected to fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from django_redlock.core import flow
+from tests.sim import mutants
+from tests.sim.world import World, draw_config
+
+
+@contextlib.contextmanager
+def seeded_tokens(rng: random.Random) -> Iterator[None]:
+    """Lease tokens from the history's generator instead of ``secrets``: the same seed
+    makes the same tokens, so the same history."""
+    namespace = vars(flow)
+    saved = namespace["secrets"]
+    namespace["secrets"] = SimpleNamespace(
+        token_hex=lambda n: rng.getrandbits(8 * n).to_bytes(n, "big").hex()
+    )
+    try:
+        yield
+    finally:
+        namespace["secrets"] = saved
+
+
+@dataclass
+class Outcome:
+    seed: int
+    world: World
+
+    @property
+    def violations(self) -> list[str]:
+        return self.world.checker.violations
+
+    @property
+    def expected(self) -> bool:
+        return bool(self.world.checker.expected)
+
+    def report(self) -> str:
+        checker = self.world.checker
+        config = self.world.config
+        head = [
+            f"seed {self.seed}: {len(checker.violations)} violation(s)"
+            + (f" (expected: {', '.join(sorted(checker.expected))})" if checker.expected else ""),
+            f"config: {config}",
+        ]
+        return "\n".join([*head, self.world.history(), *checker.violations])
+
+
+def simulate(seed: int, mutant: str | None = None, *, outside_model: bool = False) -> Outcome:
+    """Run the history of ``seed`` (under ``mutant``, if named); never raises on a violation.
+    ``outside_model``: add the fault classes whose violations are expected (node clock jumps
+    beyond the drift bound, declare_fresh at the wrong moment)."""
+    rng = random.Random(seed)
+    config = draw_config(rng, clock_jumps=outside_model, operator_errors=outside_model)
+    with mutants.applied(mutant) as overrides, seeded_tokens(random.Random(seed ^ 0x5EED)):
+        world = World(seed, config, overrides)
+        world.run()
+    return Outcome(seed, world)
+
+
+def explore(
+    seeds: Iterator[int], mutant: str | None = None, *, outside_model: bool = False
+) -> tuple[int, float, float, Outcome | None]:
+    """Run histories until one breaks an invariant (an expected break is counted and
+    skipped): (histories run, simulated seconds, real seconds, the first failure)."""
+    count = 0
+    simulated = 0.0
+    began = time.perf_counter()
+    for seed in seeds:
+        outcome = simulate(seed, mutant, outside_model=outside_model)
+        count += 1
+        simulated += outcome.world.now
+        if outcome.violations and not outcome.expected:
+            return count, simulated, time.perf_counter() - began, outcome
+    return count, simulated, time.perf_counter() - began, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./run sim", description=__doc__.split("\n\n")[0])
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--seed", type=int, help="replay one history and print its steps")
+    what.add_argument("--histories", type=int, help="run this many histories")
+    what.add_argument("--minutes", type=float, help="explore for this many minutes")
+    parser.add_argument("--first", type=int, default=None, help="the first seed (default: random)")
+    parser.add_argument("--mutant", choices=sorted(mutants.MUTANTS), help="a broken variant")
+    parser.add_argument(
+        "--outside-model",
+        action="store_true",
+        help="add clock jumps and a wrong declare_fresh (their violations are expected)",
+    )
+    options = parser.parse_args(argv)
+    if options.seed is not None:
+        outcome = simulate(options.seed, options.mutant, outside_model=options.outside_model)
+        print(outcome.report())
+        return 1 if outcome.violations and not outcome.expected else 0
+    first = options.first if options.first is not None else random.SystemRandom().randrange(2**32)
+    if options.minutes is not None:
+        stop = time.monotonic() + options.minutes * 60
+
+        def seeds() -> Iterator[int]:
+            seed = first
+            while time.monotonic() < stop:
+                yield seed
+                seed += 1
+
+        chosen: Iterator[int] = seeds()
+    else:
+        chosen = iter(range(first, first + (options.histories or 1000)))
+    count, simulated, real, failure = explore(
+        chosen, options.mutant, outside_model=options.outside_model
+    )
+    print(
+        f"{count} histories from seed {first}: {simulated:.0f} simulated seconds in {real:.1f} s "
+        f"({count / real:.1f} histories/s, {simulated / real:.0f} simulated s per real s)"
+    )
+    if failure is not None:
+        print(failure.report())
+        print(
+            f"\nreplay: ./run sim --seed {failure.seed}"
+            + (f" --mutant {options.mutant}" if options.mutant else "")
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
