@@ -16,7 +16,7 @@ from typing import Any
 
 from django_redlock.core import flow
 from django_redlock.core.lease import BaseLease, held_on
-from django_redlock.core.shapes import Shape
+from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire.scripts import GRANTED
 from tests.sim.world import LeaseRecord, Round, SimClient, Sleep
 
@@ -31,13 +31,15 @@ def client_process(client: SimClient) -> Process:
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
     owner = f'{{"host":"sim","pid":{client.index}}}'
     while world.now < config.seconds and client.alive:
-        name = f"lock{rng.randrange(config.names)}"
-        key = "redlock:" + name
+        name, shape, claims = choose(client)
+        key = shape.key
         blocking = rng.random() < 0.7
         wait = rng.choice((0.0, 0.1, 0.5, 2.0)) if blocking else None
         ttl = config.ttl if rng.random() < 0.7 else config.max_ttl
         client.waiters += 1
-        waiter = f"c{client.index}.{client.waiters}" if blocking else ""
+        # A blocking acquire queues, except for a shape that never does (it polls).
+        queues = blocking and shape.wake_key is not None
+        waiter = f"c{client.index}.{client.waiters}" if queues else ""
         started = client.now()
         pauses = client.pauses
         attempt = flow.Acquire(
@@ -53,6 +55,7 @@ def client_process(client: SimClient) -> Process:
             int((client.now() + 1.7e9) * 1e6),
             lifetime_ms,
             uniform=rng.uniform,
+            shape=shape,
         )
         client.log(f"acquire {name} blocking={blocking} timeout={wait} ttl={ttl}")
         granted: flow.Granted | None = None
@@ -66,6 +69,9 @@ def client_process(client: SimClient) -> Process:
             step = attempt.judge(results, exchange.yes, start, end)
             world.checker.tried(client, attempt, results)
             if isinstance(step, flow.Granted):
+                strays = attempt.strays(results)
+                if strays is not None:
+                    world.clean_up(client, strays)
                 granted = step
                 break
             world.clean_up(client, step.clean_up)
@@ -81,7 +87,7 @@ def client_process(client: SimClient) -> Process:
         if granted is None:
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
-        yield from hold(client, attempt, granted, results, ttl, owner)
+        yield from hold(client, attempt, granted, results, ttl, owner, claims)
         yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
 
 
@@ -92,6 +98,7 @@ def hold(
     results: Sequence[Any],
     ttl: float,
     owner: str,
+    claims: tuple[tuple[str, str], ...],
 ) -> Process:
     """Hold a granted lease for a while (renewed or not), then release it."""
     world = client.world
@@ -102,7 +109,9 @@ def hold(
     token = granted.token
     expires_at = granted.expires_at
     held = held_on(shape.granted_on(results))
-    record = world.checker.granted(client, attempt.name, token, client.clock.when(expires_at))
+    record = world.checker.granted(
+        client, attempt.name, token, client.clock.when(expires_at), claims
+    )
     client.log(
         f"holds {attempt.name} token {token[:8]} for "
         f"{granted.expires_at - granted.acquired_at:.4f} s ({show(results)})"
@@ -168,6 +177,27 @@ def hold(
     )
 
 
+def choose(client: SimClient) -> tuple[str, Shape, tuple[tuple[str, str], ...]]:
+    """What the next acquire takes: (its name in the history, its shape, what it claims)."""
+    world = client.world
+    config = world.config
+    rng = world.rng
+    kind = rng.choice(config.kinds)
+    name = f"lock{rng.randrange(config.names)}"
+    key = "redlock:" + name
+    if kind == "semaphore":
+        name = f"sem(limit {config.limit})"
+        return name, Slots("redlock:sem", config.limit, config.nodes), (("sem", "s"),)
+    if kind in ("read", "write"):
+        claim = "r" if kind == "read" else "x"
+        return f"{kind} {name}", ReadWrite(key, "r" if kind == "read" else "w"), ((name, claim),)
+    if kind == "many" and config.names > 1:
+        names = sorted(rng.sample([f"lock{i}" for i in range(config.names)], 2))
+        shape = Many(["redlock:" + n for n in names])
+        return " + ".join(names), shape, tuple((n, "x") for n in names)
+    return name, Shape(key), ((name, "x"),)
+
+
 def show(results: Sequence[Any]) -> str:
     """A round's replies, short."""
     parts = []
@@ -182,4 +212,4 @@ def show(results: Sequence[Any]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-__all__ = ["LeaseRecord", "client_process", "hold", "show"]
+__all__ = ["LeaseRecord", "choose", "client_process", "hold", "show"]

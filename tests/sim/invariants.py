@@ -1,6 +1,8 @@
 """The invariants a history must keep, checked as it runs, on virtual time.
 
-* **One holder**: no two leases of one lock whose validity windows overlap. A lease's window
+* **Exclusion**: no two leases of one lock whose validity windows overlap (a lock, a write
+  lease, a lock of ``lock_many``: the same key); no read lease beside a writer; never more
+  slots of a semaphore than its limit. A lease's window
   is the virtual time from the round that granted it to the instant its holder's clock
   reaches the validity the library computed (moved by each renewal), cut short by the
   release. It is strict: a lease a renewal judged "gone" or "taken" still counts until its
@@ -24,8 +26,9 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import flow
+from django_redlock.wire.primitives import RELEASE_MANY, RW_RELEASE, SEMAPHORE_RELEASE
 from django_redlock.wire.scripts import NODE_KEY, RELEASE
-from tests.sim.lua_node import Hash
+from tests.sim.lua_node import Hash, ZSet
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from tests.sim.world import LeaseRecord, SimClient, SimNode, World
 
 _NODE_KEY = NODE_KEY.encode()
-_RELEASE_SHA = RELEASE.sha
+_RELEASES = (RELEASE.sha, SEMAPHORE_RELEASE.sha, RW_RELEASE.sha, RELEASE_MANY.sha)
 
 
 class Violation(AssertionError):
@@ -63,20 +66,31 @@ class Checker:
     def expect_violations(self, reason: str) -> None:
         self.expected.add(reason)
 
-    # -- one holder ------------------------------------------------------------------------
+    # -- one holder (a writer alone, readers together, a semaphore up to its limit) -----
 
-    def granted(self, client: SimClient, name: str, token: str, end: float) -> LeaseRecord:
+    def granted(
+        self,
+        client: SimClient,
+        name: str,
+        token: str,
+        end: float,
+        claims: tuple[tuple[str, str], ...],
+    ) -> LeaseRecord:
         from tests.sim.world import LeaseRecord
 
-        record = LeaseRecord(client.index, name, token, self.world.now, end)
+        record = LeaseRecord(client.index, name, token, self.world.now, end, claims)
         self.grants += 1
-        self.leases.setdefault(name, []).append(record)
-        self._overlaps(record)
+        for resource, _ in claims:
+            held = self.leases.setdefault(resource, [])
+            now = self.world.now
+            held[:] = [other for other in held if _end(other) > now]  # the live ones
+            held.append(record)
+        self._exclusion(record)
         return record
 
     def renewed(self, record: LeaseRecord, end: float) -> None:
         record.end = end
-        self._overlaps(record)
+        self._exclusion(record)
 
     def releasing(self, record: LeaseRecord) -> None:
         record.released = self.world.now
@@ -84,16 +98,34 @@ class Checker:
     def lost(self, record: LeaseRecord, cause: str) -> None:
         pass  # strict: the window still runs to the end of the validity
 
-    def _overlaps(self, record: LeaseRecord) -> None:
-        until = _end(record)
-        for other in self.leases[record.name]:
-            if other is record or other.token == record.token:
-                continue
-            if max(record.start, other.start) < min(until, _end(other)):
+    def _exclusion(self, record: LeaseRecord) -> None:
+        """The leases live now beside ``record`` (every window holds ``now``: a grant starts
+        now, a renewal only moves the end of a live one, so ``now`` is where the most
+        windows meet) must fit its claims."""
+        now = self.world.now
+        limit = self.world.config.limit
+        for resource, mode in record.claims:
+            live = [
+                (other, dict(other.claims)[resource])
+                for other in self.leases.get(resource, ())
+                if other.start <= now < _end(other)
+            ]
+            others = [(o, m) for o, m in live if o.token != record.token]
+            if mode == "s":
+                broken = len(others) + 1 > limit
+            elif mode == "r":
+                broken = any(m == "x" for _, m in others)
+            else:
+                broken = bool(others)
+            if broken:
+                listed = ", ".join(
+                    f"c{o.client} {o.name} {o.token[:8]} valid {o.start:.6f}..{_end(o):.6f}"
+                    for o, _ in others
+                )
                 self.violate(
-                    f"two holders of {record.name}: c{other.client} {other.token[:8]} valid "
-                    f"{other.start:.6f}..{_end(other):.6f} and c{record.client} "
-                    f"{record.token[:8]} valid {record.start:.6f}..{until:.6f}"
+                    f"{resource}: c{record.client} {record.name} {record.token[:8]} valid "
+                    f"{record.start:.6f}..{_end(record):.6f} beside {listed}"
+                    + (f" (limit {limit})" if mode == "s" else "")
                 )
                 return
 
@@ -135,11 +167,13 @@ class Checker:
                 return
 
     def sent(self, client: SimClient, index: int, data: bytes) -> None:
-        if _RELEASE_SHA in data[:120]:
+        head = data[:120]
+        if any(sha in head for sha in _RELEASES):
             from tests.sim.world import parse_command
 
             _, parts = parse_command(data)
-            self.released.add((parts[6].decode(), index))
+            for arg in parts[3 + int(parts[2]) :]:  # the token is one of its ARGV
+                self.released.add((arg.decode(), index))
 
     def failed_try(
         self,
@@ -164,7 +198,13 @@ class Checker:
             space = node.space
             now_ms = node.now_us() // 1000
             for key, value in space.data.items():
-                if type(value) is Hash and value.get(b"t") == want:
+                if type(value) is Hash:
+                    mine = value.get(b"t") == want
+                elif type(value) is ZSet:  # readers: token -> expiry (ms, node clock)
+                    mine = value.get(want, -1.0) >= now_ms
+                else:
+                    mine = False
+                if mine:
                     when = space.expires.get(key)
                     if when is None or now_ms <= when:
                         self.violate(

@@ -396,14 +396,19 @@ class LuaEngine:
 
     def _zadd(self, args: list[bytes]) -> Any:
         key, rest = args[0], args[1:]
-        nx = False
+        flags = set()
         while rest and rest[0].upper() in (b"NX", b"XX", b"GT", b"LT", b"CH"):
-            nx = nx or rest[0].upper() == b"NX"
+            flags.add(rest[0].upper())
             rest = rest[1:]
+        if flags - {b"NX", b"XX"}:
+            return _Error(b"ERR the simulator's ZADD takes only NX and XX")
+        nx, xx = b"NX" in flags, b"XX" in flags
         value = self._zset(key)
         if isinstance(value, _Error):
             return value
         if value is None:
+            if xx:
+                return 0
             value = self.space.data[key] = ZSet()
         added = 0
         for index in range(0, len(rest) - 1, 2):
@@ -411,7 +416,7 @@ class LuaEngine:
             if member in value:
                 if not nx:
                     value[member] = score
-            else:
+            elif not xx:
                 value[member] = score
                 added += 1
         return added

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.wire import scripts
+from django_redlock.core.shapes import Slots
+from django_redlock.wire import primitives, scripts
+from tests.sim.lua_node import LIBRARY_SCRIPTS
 
 
 def _replace(script: scripts.Script, old: str, new: str) -> dict[bytes, bytes]:
@@ -33,8 +35,15 @@ def _no_drift() -> Iterator[dict[bytes, bytes]]:
 
 
 def _no_quarantine() -> Iterator[dict[bytes, bytes]]:
-    """A restarted node votes at once (node_rule.lua's uptime test always passes)."""
-    yield _replace(scripts.ACQUIRE, "elseif up >= q then", "elseif true then")
+    """A restarted node votes at once (node_rule.lua's uptime test always passes, in every
+    script that grants)."""
+    rule = "elseif up >= q then"
+    overrides: dict[bytes, bytes] = {}
+    for script in LIBRARY_SCRIPTS.values():
+        if rule in script.source.decode() and script is not scripts.NODE_STATE:
+            overrides.update(_replace(script, rule, "elseif true then"))
+    assert scripts.ACQUIRE.sha in overrides
+    yield overrides
 
 
 def _release_any() -> Iterator[dict[bytes, bytes]]:
@@ -80,12 +89,29 @@ def _gone_frees_all() -> Iterator[dict[bytes, bytes]]:
         flow.lost_clean_up = saved
 
 
+def _slots_pooled() -> Iterator[dict[bytes, bytes]]:
+    """A semaphore counts every node's grant as a vote, whatever slot the node granted (as a
+    per-node counter would): a lease made of different slots on different nodes."""
+    saved = Slots.votes
+
+    def votes(self: Slots, results: Sequence[Any], yes: int) -> int:
+        best = saved(self, results, yes)
+        return sum(1 for reply in results if primitives.slot_granted(reply) is not None) or best
+
+    Slots.votes = votes  # type: ignore[method-assign]
+    try:
+        yield {}
+    finally:
+        Slots.votes = saved  # type: ignore[method-assign]
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
     "release-any": _release_any,
     "no-clean-up": _no_clean_up,
     "gone-frees-all": _gone_frees_all,
+    "slots-pooled": _slots_pooled,
 }
 
 

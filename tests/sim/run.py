@@ -62,12 +62,14 @@ class Outcome:
         return "\n".join([*head, self.world.history(), *checker.violations])
 
 
-def simulate(seed: int, mutant: str | None = None, *, outside_model: bool = False) -> Outcome:
+def simulate(
+    seed: int, mutant: str | None = None, *, outside_model: bool = False, storm: bool = False
+) -> Outcome:
     """Run the history of ``seed`` (under ``mutant``, if named); never raises on a violation.
     ``outside_model``: add the fault classes whose violations are expected (node clock jumps
     beyond the drift bound, declare_fresh at the wrong moment)."""
     rng = random.Random(seed)
-    config = draw_config(rng, clock_jumps=outside_model, operator_errors=outside_model)
+    config = draw_config(rng, clock_jumps=outside_model, operator_errors=outside_model, storm=storm)
     with mutants.applied(mutant) as overrides, seeded_tokens(random.Random(seed ^ 0x5EED)):
         world = World(seed, config, overrides)
         world.run()
@@ -75,7 +77,11 @@ def simulate(seed: int, mutant: str | None = None, *, outside_model: bool = Fals
 
 
 def explore(
-    seeds: Iterator[int], mutant: str | None = None, *, outside_model: bool = False
+    seeds: Iterator[int],
+    mutant: str | None = None,
+    *,
+    outside_model: bool = False,
+    storm: bool = False,
 ) -> tuple[int, float, float, Outcome | None]:
     """Run histories until one breaks an invariant (an expected break is counted and
     skipped): (histories run, simulated seconds, real seconds, the first failure)."""
@@ -83,7 +89,7 @@ def explore(
     simulated = 0.0
     began = time.perf_counter()
     for seed in seeds:
-        outcome = simulate(seed, mutant, outside_model=outside_model)
+        outcome = simulate(seed, mutant, outside_model=outside_model, storm=storm)
         count += 1
         simulated += outcome.world.now
         if outcome.violations and not outcome.expected:
@@ -104,9 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="add clock jumps and a wrong declare_fresh (their violations are expected)",
     )
+    parser.add_argument(
+        "--storm",
+        action="store_true",
+        help="plain locks only, always renewed, under many node faults",
+    )
     options = parser.parse_args(argv)
     if options.seed is not None:
-        outcome = simulate(options.seed, options.mutant, outside_model=options.outside_model)
+        outcome = simulate(
+            options.seed, options.mutant, outside_model=options.outside_model, storm=options.storm
+        )
         print(outcome.report())
         return 1 if outcome.violations and not outcome.expected else 0
     first = options.first if options.first is not None else random.SystemRandom().randrange(2**32)
@@ -123,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         chosen = iter(range(first, first + (options.histories or 1000)))
     count, simulated, real, failure = explore(
-        chosen, options.mutant, outside_model=options.outside_model
+        chosen, options.mutant, outside_model=options.outside_model, storm=options.storm
     )
     print(
         f"{count} histories from seed {first}: {simulated:.0f} simulated seconds in {real:.1f} s "
@@ -134,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nreplay: ./run sim --seed {failure.seed}"
             + (f" --mutant {options.mutant}" if options.mutant else "")
+            + (" --storm" if options.storm else "")
+            + (" --outside-model" if options.outside_model else "")
         )
         return 1
     return 0

@@ -19,8 +19,13 @@ from tests.sim.run import explore, simulate
 
 # Simulated seconds of load the real code must pass (CI budget: >= 1 simulated hour).
 SIMULATED_SECONDS = 3600.0
-# Seeds each mutant is given, from seed 0 (each is caught well within them: see MUTANT_SEEDS).
+# Seeds each mutant is given, from seed 0. Each is caught well within them (the first seed
+# that catches it, at this commit: no-drift 98, no-quarantine 4, release-any 5, no-clean-up
+# 1, gone-frees-all 282, slots-pooled 98).
 MUTANT_BUDGET = 1000
+# The mutants of a plain lock's rules are hunted in storms (plain locks only, always renewed,
+# many node faults); the semaphore's in the usual mix of kinds.
+STORM = {"no-drift", "no-quarantine", "release-any", "no-clean-up", "gone-frees-all"}
 
 
 def first_seed() -> int:
@@ -49,11 +54,12 @@ def test_the_real_code_keeps_every_invariant_for_a_simulated_hour() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(mutants.MUTANTS))
 def test_each_broken_variant_is_caught(mutant: str) -> None:
-    count, _, _, failure = explore(iter(range(MUTANT_BUDGET)), mutant)
+    storm = mutant in STORM
+    count, _, _, failure = explore(iter(range(MUTANT_BUDGET)), mutant, storm=storm)
     assert failure is not None, f"mutant {mutant} survived {count} histories"
     assert not failure.expected
     # The failure replays: the same seed breaks the same invariant at the same step.
-    again = simulate(failure.seed, mutant)
+    again = simulate(failure.seed, mutant, storm=storm)
     assert again.violations == failure.violations
     assert again.world.history() == failure.world.history()
 
@@ -68,16 +74,22 @@ def test_a_seed_is_one_history() -> None:
 
 
 def test_a_history_reads_as_steps() -> None:
-    report = simulate(78, "no-quarantine").report()
-    assert report.startswith("seed 78: 1 violation(s)")
-    assert "crashed (everysec)" in report
-    assert "VIOLATION: two holders of lock1" in report
+    _, _, _, failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", storm=True)
+    assert failure is not None
+    report = failure.report()
+    assert report.startswith(f"seed {failure.seed}: 1 violation(s)")
+    assert "restarted (" in report  # the restart that forgot the lease
+    assert "!!  VIOLATION: lock" in report
+    assert report.endswith(failure.violations[0])
 
 
 def test_faults_outside_the_model_are_reported_as_expected() -> None:
     # Node clocks jumping beyond the drift bound do break mutual exclusion, and the
     # simulator says so, without counting it as a defect of the library.
-    outcome = simulate(21, outside_model=True)
-    assert outcome.violations
+    for seed in range(200):
+        outcome = simulate(seed, outside_model=True)
+        if outcome.violations:
+            break
+    assert outcome.violations, "no clock jump broke anything in 200 histories"
     assert outcome.expected
-    assert "node clock jump beyond the drift bound" in outcome.report()
+    assert "(expected: " in outcome.report()

@@ -34,6 +34,11 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 
 # -- configuration ---------------------------------------------------------------------------
 
+KINDS = ("lock", "lock", "lock", "semaphore", "read", "write", "many")
+"""What a client takes, one drawn per acquire: a lock, a slot of a semaphore, a read or a write
+lease of the read-write lock of a lock's name (the writer is the lock's own key), or several
+locks at once (the very keys of the locks)."""
+
 PERSISTENCE = ("always", "everysec", "rdb", "empty")
 """How a crashed node comes back: AOF with fsync always (nothing lost), AOF everysec (its
 last second lost), an RDB snapshot from earlier, or empty."""
@@ -61,6 +66,8 @@ class Config:
     clock_jumps: bool = False  # node clock jumps beyond the drift bound: violations expected
     operator_errors: bool = False  # declare_fresh right after a lossy restart: expected too
     auto_extend: float = 0.5  # chance a lease is renewed while held
+    kinds: tuple[str, ...] = KINDS  # what the clients take (one drawn per acquire)
+    limit: int = 2  # the semaphore's slots
 
     @property
     def quorum(self) -> int:
@@ -68,14 +75,20 @@ class Config:
 
 
 def draw_config(
-    rng: random.Random, *, clock_jumps: bool = False, operator_errors: bool = False
+    rng: random.Random,
+    *,
+    clock_jumps: bool = False,
+    operator_errors: bool = False,
+    storm: bool = False,
 ) -> Config:
+    """A history's parameters. ``storm``: plain locks only, always renewed, under many node
+    faults (where the rules of renewal and restart are tested hardest)."""
     nodes = rng.choice((3, 3, 5))
     ttl = rng.choice((0.5, 1.0, 2.0))
-    return Config(
+    config = Config(
         nodes=nodes,
         clients=rng.randint(2, 5),
-        names=rng.choice((1, 1, 2)),
+        names=rng.choice((1, 2, 2, 3)),
         seconds=rng.uniform(4.0, 10.0),
         ttl=ttl,
         max_ttl=ttl * rng.choice((1, 1, 2)),
@@ -90,7 +103,13 @@ def draw_config(
         clock_jumps=clock_jumps,
         operator_errors=operator_errors,
         auto_extend=rng.choice((0.0, 0.5, 1.0)),
+        limit=rng.choice((1, 2, 3)),
     )
+    if storm:
+        config.kinds = ("lock",)
+        config.auto_extend = 1.0
+        config.node_faults = rng.choice((0.3, 1.0, 2.0))
+    return config
 
 
 # -- clocks ----------------------------------------------------------------------------------
@@ -287,6 +306,7 @@ class LeaseRecord:
     token: str
     start: float
     end: float
+    claims: tuple[tuple[str, str], ...] = ()  # (resource, "x" exclusive | "r" read | "s" slot)
     released: float | None = None
 
 
