@@ -18,7 +18,7 @@ from django_redlock.core import flow
 from django_redlock.core.lease import BaseLease, held_on
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire.scripts import GRANTED
-from tests.sim.world import LeaseRecord, Round, SimClient, Sleep
+from tests.sim.world import LeaseRecord, Round, SimClient, Sleep, Wait
 
 Process = Generator[Any, Any, None]
 
@@ -60,6 +60,7 @@ def client_process(client: SimClient) -> Process:
         client.log(f"acquire {name} blocking={blocking} timeout={wait} ttl={ttl}")
         granted: flow.Granted | None = None
         results: Sequence[Any] = ()
+        listening = False
         while True:
             commands = attempt.next_round(quarantine_ms)
             start = client.now()
@@ -72,6 +73,7 @@ def client_process(client: SimClient) -> Process:
                 strays = attempt.strays(results)
                 if strays is not None:
                     world.clean_up(client, strays)
+                world.checker.ended(client, attempt, end, client.pauses != pauses)
                 granted = step
                 break
             world.clean_up(client, step.clean_up)
@@ -83,7 +85,17 @@ def client_process(client: SimClient) -> Process:
                     world.clean_up(client, left)
                 world.checker.gave_up(client, attempt, end, client.pauses != pauses)
                 break
-            yield Sleep(step.delay)
+            # LockManager._rounds: a client given a sleep function sleeps the delay; otherwise
+            # a try that never queues polls, and a waiter in line hears its turn (pub/sub),
+            # right after its first try as a listener, then waits up to the delay.
+            if not client.listens or not waiter:
+                yield Sleep(step.delay)
+                if client.listens:
+                    attempt.waited(False)
+            elif not listening:
+                listening = True  # subscribed: the next try covers a release meanwhile
+            else:
+                attempt.waited((yield Wait(step.delay, waiter)))
         if granted is None:
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue

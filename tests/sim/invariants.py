@@ -136,6 +136,10 @@ class Checker:
 
     def gave_up(self, client: SimClient, attempt: flow.Acquire, end: float, paused: bool) -> None:
         self.failures += 1
+        self.ended(client, attempt, end, paused)
+
+    def ended(self, client: SimClient, attempt: flow.Acquire, end: float, paused: bool) -> None:
+        """An acquire ended (granted or given up) at ``end`` on its client's clock."""
         if attempt.deadline is None or paused:
             return
         late = end - (attempt.deadline + self.world.config.node_timeout)

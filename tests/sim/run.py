@@ -20,7 +20,7 @@ from types import SimpleNamespace
 
 from django_redlock.core import flow
 from tests.sim import mutants
-from tests.sim.world import World, draw_config
+from tests.sim.world import PROFILES, World, draw_config
 
 
 @contextlib.contextmanager
@@ -63,13 +63,15 @@ class Outcome:
 
 
 def simulate(
-    seed: int, mutant: str | None = None, *, outside_model: bool = False, storm: bool = False
+    seed: int, mutant: str | None = None, *, outside_model: bool = False, profile: str = "mix"
 ) -> Outcome:
     """Run the history of ``seed`` (under ``mutant``, if named); never raises on a violation.
     ``outside_model``: add the fault classes whose violations are expected (node clock jumps
     beyond the drift bound, declare_fresh at the wrong moment)."""
     rng = random.Random(seed)
-    config = draw_config(rng, clock_jumps=outside_model, operator_errors=outside_model, storm=storm)
+    config = draw_config(
+        rng, clock_jumps=outside_model, operator_errors=outside_model, profile=profile
+    )
     with mutants.applied(mutant) as overrides, seeded_tokens(random.Random(seed ^ 0x5EED)):
         world = World(seed, config, overrides)
         world.run()
@@ -81,7 +83,7 @@ def explore(
     mutant: str | None = None,
     *,
     outside_model: bool = False,
-    storm: bool = False,
+    profile: str = "mix",
 ) -> tuple[int, float, float, Outcome | None]:
     """Run histories until one breaks an invariant (an expected break is counted and
     skipped): (histories run, simulated seconds, real seconds, the first failure)."""
@@ -89,7 +91,7 @@ def explore(
     simulated = 0.0
     began = time.perf_counter()
     for seed in seeds:
-        outcome = simulate(seed, mutant, outside_model=outside_model, storm=storm)
+        outcome = simulate(seed, mutant, outside_model=outside_model, profile=profile)
         count += 1
         simulated += outcome.world.now
         if outcome.violations and not outcome.expected:
@@ -111,14 +113,18 @@ def main(argv: list[str] | None = None) -> int:
         help="add clock jumps and a wrong declare_fresh (their violations are expected)",
     )
     parser.add_argument(
-        "--storm",
-        action="store_true",
-        help="plain locks only, always renewed, under many node faults",
+        "--profile",
+        choices=sorted(PROFILES),
+        default="mix",
+        help="; ".join(f"{name}: {text}" for name, text in PROFILES.items()),
     )
     options = parser.parse_args(argv)
     if options.seed is not None:
         outcome = simulate(
-            options.seed, options.mutant, outside_model=options.outside_model, storm=options.storm
+            options.seed,
+            options.mutant,
+            outside_model=options.outside_model,
+            profile=options.profile,
         )
         print(outcome.report())
         return 1 if outcome.violations and not outcome.expected else 0
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         chosen = iter(range(first, first + (options.histories or 1000)))
     count, simulated, real, failure = explore(
-        chosen, options.mutant, outside_model=options.outside_model, storm=options.storm
+        chosen, options.mutant, outside_model=options.outside_model, profile=options.profile
     )
     print(
         f"{count} histories from seed {first}: {simulated:.0f} simulated seconds in {real:.1f} s "
@@ -147,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"\nreplay: ./run sim --seed {failure.seed}"
             + (f" --mutant {options.mutant}" if options.mutant else "")
-            + (" --storm" if options.storm else "")
+            + (f" --profile {options.profile}" if options.profile != "mix" else "")
             + (" --outside-model" if options.outside_model else "")
         )
         return 1

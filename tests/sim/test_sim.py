@@ -25,7 +25,7 @@ SIMULATED_SECONDS = 3600.0
 MUTANT_BUDGET = 1000
 # The mutants of a plain lock's rules are hunted in storms (plain locks only, always renewed,
 # many node faults); the semaphore's in the usual mix of kinds.
-STORM = {"no-drift", "no-quarantine", "release-any", "no-clean-up", "gone-frees-all"}
+PROFILE = {"no-drift": "drift", "slots-pooled": "mix"}  # the others: "storm"
 
 
 def first_seed() -> int:
@@ -54,12 +54,12 @@ def test_the_real_code_keeps_every_invariant_for_a_simulated_hour() -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mutant", sorted(mutants.MUTANTS))
 def test_each_broken_variant_is_caught(mutant: str) -> None:
-    storm = mutant in STORM
-    count, _, _, failure = explore(iter(range(MUTANT_BUDGET)), mutant, storm=storm)
+    profile = PROFILE.get(mutant, "storm")
+    count, _, _, failure = explore(iter(range(MUTANT_BUDGET)), mutant, profile=profile)
     assert failure is not None, f"mutant {mutant} survived {count} histories"
     assert not failure.expected
     # The failure replays: the same seed breaks the same invariant at the same step.
-    again = simulate(failure.seed, mutant, storm=storm)
+    again = simulate(failure.seed, mutant, profile=profile)
     assert again.violations == failure.violations
     assert again.world.history() == failure.world.history()
 
@@ -74,7 +74,7 @@ def test_a_seed_is_one_history() -> None:
 
 
 def test_a_history_reads_as_steps() -> None:
-    _, _, _, failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", storm=True)
+    _, _, _, failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", profile="storm")
     assert failure is not None
     report = failure.report()
     assert report.startswith(f"seed {failure.seed}: 1 violation(s)")

@@ -68,6 +68,8 @@ class Config:
     auto_extend: float = 0.5  # chance a lease is renewed while held
     kinds: tuple[str, ...] = KINDS  # what the clients take (one drawn per acquire)
     limit: int = 2  # the semaphore's slots
+    listen: float = 0.5  # chance a client hears wake-ups (pub/sub) instead of sleeping
+    clock_edges: bool = False  # clocks at the edges of the drift bound, not within it
 
     @property
     def quorum(self) -> int:
@@ -79,10 +81,9 @@ def draw_config(
     *,
     clock_jumps: bool = False,
     operator_errors: bool = False,
-    storm: bool = False,
+    profile: str = "mix",
 ) -> Config:
-    """A history's parameters. ``storm``: plain locks only, always renewed, under many node
-    faults (where the rules of renewal and restart are tested hardest)."""
+    """A history's parameters, by ``profile`` (see PROFILES)."""
     nodes = rng.choice((3, 3, 5))
     ttl = rng.choice((0.5, 1.0, 2.0))
     config = Config(
@@ -104,12 +105,40 @@ def draw_config(
         operator_errors=operator_errors,
         auto_extend=rng.choice((0.0, 0.5, 1.0)),
         limit=rng.choice((1, 2, 3)),
+        clock_edges=rng.random() < 0.3,
     )
-    if storm:
+    if profile == "storm":
         config.kinds = ("lock",)
         config.auto_extend = 1.0
         config.node_faults = rng.choice((0.3, 1.0, 2.0))
+    elif profile == "drift":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.drift_factor = 0.05
+        config.clock_edges = True
+        config.listen = 0.0
+        config.retry_delay = 0.02
+        config.node_faults = 0.0
+        config.client_faults = 0.5
+    elif profile != "mix":
+        raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
+
+
+PROFILES = {
+    "mix": "every kind of lease, every fault (the default)",
+    "storm": "plain locks only, always renewed, many node faults",
+    "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
+}
+
+
+def drift_rate(rng: random.Random, config: Config) -> float:
+    """A clock's rate: within the bound, or at one of its edges (the difference between any
+    two clocks stays under ``drift_factor``, which the validity's drift term covers)."""
+    bound = config.drift_factor * 0.45
+    if config.clock_edges:
+        return rng.choice((-bound, bound))
+    return rng.uniform(-bound, bound)
 
 
 # -- clocks ----------------------------------------------------------------------------------
@@ -143,8 +172,7 @@ class SimNode:
         self.index = index
         self.label = f"n{index}"
         rng = world.rng
-        bound = world.config.drift_factor * 0.45
-        self.clock = Clock(rng.uniform(-bound, bound), 1_700_000_000.0 + rng.uniform(0, 100))
+        self.clock = Clock(drift_rate(rng, world.config), 1_700_000_000.0 + rng.uniform(0, 100))
         self.persistence = persistence
         self.space = Keyspace()
         self.server = Server()
@@ -190,6 +218,8 @@ class SimNode:
         now_us = self.now_us()
         reply = world.engine.run(sha, keys, args, self.space, self.server, now_us)
         world.checker.after_script(self, now_us // 1000)
+        for _, waiter in world.engine.published:
+            world.publish(waiter.decode())
         if world.now - self.last_snapshot >= 0.25:
             self.last_snapshot = world.now
             self.snapshot()
@@ -297,6 +327,15 @@ class Sleep:
 
 
 @dataclass
+class Wait:
+    """Wait up to ``seconds`` (the client's clock) for a wake-up published to ``waiter``
+    (``Subscriber.wait``); the process is sent True when woken, False on the timeout."""
+
+    seconds: float
+    waiter: str
+
+
+@dataclass
 class LeaseRecord:
     """A lease a client held: its lock, token, and the interval of virtual time it held it
     within its validity (``end`` grows with each renewal, shrinks to the release)."""
@@ -323,6 +362,9 @@ class SimClient:
     waiters: int = 0
     pauses: int = 0
     incarnation: int = 0
+    listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
+    woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
+    waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
 
     def now(self) -> float:
         return self.clock.at(self.world.now)
@@ -357,10 +399,10 @@ class World:
             labels, config.quorum, config.node_timeout, config.drift_factor, config.retry_delay
         )
         self.clients: list[SimClient] = []
-        bound = config.drift_factor * 0.45
         for i in range(config.clients):
-            clock = Clock(self.rng.uniform(-bound, bound), self.rng.uniform(0, 1000))
+            clock = Clock(drift_rate(self.rng, config), self.rng.uniform(0, 1000))
             client = SimClient(self, i, clock, self.flow_nodes, [None] * config.nodes)
+            client.listens = self.rng.random() < config.listen
             self.clients.append(client)
 
     # -- the event queue -------------------------------------------------------------------
@@ -413,10 +455,44 @@ class World:
         if isinstance(request, Sleep):
             wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.step(client, None, process))
+        elif isinstance(request, Wait):
+            if request.waiter in client.woken:  # published while it was trying: kept
+                client.woken.discard(request.waiter)
+                self.at(self.now, lambda: self.step(client, True, process))
+                return
+            marker = (request.waiter, object())
+            client.waiting = marker
+            wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
+            self.at(wake, lambda: self.end_wait(client, marker, False, process))
         elif isinstance(request, Round):
             self.send_round(client, request)
         else:  # pragma: no cover
             raise TypeError(request)
+
+    def end_wait(
+        self, client: SimClient, marker: tuple[str, object], woken: bool, process: object
+    ) -> None:
+        if client.waiting is not marker:
+            return  # already ended (woken, or timed out)
+        client.waiting = None
+        self.step(client, woken, process)
+
+    def publish(self, waiter: str) -> None:
+        """A script published a wake-up for ``waiter`` (``wake_next.lua``): its client hears
+        it over its pub/sub connection after one message delay."""
+        listener = waiter.split(".", 1)[0]
+        for client in self.clients:
+            if f"c{client.index}" != listener or not client.alive or not client.listens:
+                continue
+
+            def hear(client: SimClient = client) -> None:
+                waiting = client.waiting
+                if waiting is not None and waiting[0] == waiter:
+                    self.end_wait(client, waiting, True, client.process)
+                else:
+                    client.woken.add(waiter)
+
+            self.at(self.now + self.delay(), hear)
 
     def send_round(self, client: SimClient, request: Round) -> None:
         size = len(request.commands)
@@ -638,6 +714,8 @@ class World:
 
             client.alive = True
             client.paused_until = 0.0
+            client.waiting = None
+            client.woken = set()
             client.connections = [None] * len(self.nodes)
             client.process = clients.client_process(client)
             self.log(f"c{client.index}", "restarted")
