@@ -66,8 +66,6 @@ end
 return load, invoke
 """
 
-Value = bytes | dict[bytes, bytes] | dict[bytes, float]
-
 
 class Keyspace:
     """One node's data: key -> value (bytes: a string; ``Hash``; ``ZSet``) and key -> the ms
@@ -284,12 +282,6 @@ class LuaEngine:
             space.data.pop(key, None)
             return None
         return space.data.get(key)
-
-    def _typed(self, key: bytes, kind: type) -> Any:
-        value = self._get(key)
-        if value is not None and type(value) is not kind:
-            raise TypeError
-        return value
 
     def _del(self, args: list[bytes]) -> Any:
         count = 0

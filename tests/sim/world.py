@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 import random
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -25,8 +24,6 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.core.lease import held_on
-from django_redlock.core.shapes import Shape
 from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from tests.sim.invariants import Checker
@@ -729,19 +726,17 @@ class World:
         self.checker.expect_violations("node clock jump beyond the drift bound")
 
 
-def ms(seconds: float) -> int:
-    return math.ceil(seconds * 1000)
-
-
 __all__ = [
+    "KINDS",
+    "PERSISTENCE",
+    "PROFILES",
     "Config",
     "LeaseRecord",
     "Round",
-    "Shape",
     "SimClient",
     "SimNode",
     "Sleep",
+    "Wait",
     "World",
     "draw_config",
-    "held_on",
 ]
