@@ -15,7 +15,7 @@ import random
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from django_redlock.core import flow
@@ -78,25 +78,49 @@ def simulate(
     return Outcome(seed, world)
 
 
+@dataclass
+class Exploration:
+    """Histories run (``count``), their simulated and real seconds, how many broke an
+    invariant under a fault outside the model (``expected``, by reason), and the first that
+    broke one otherwise (``failure``)."""
+
+    count: int = 0
+    simulated: float = 0.0
+    real: float = 0.0
+    expected: dict[str, int] = field(default_factory=dict)
+    failure: Outcome | None = None
+
+    def figures(self) -> str:
+        return (
+            f"{self.count} histories: {self.simulated:.0f} simulated seconds in {self.real:.1f} s "
+            f"({self.count / self.real:.1f} histories/s, "
+            f"{self.simulated / self.real:.0f} simulated s per real s)"
+        )
+
+
 def explore(
     seeds: Iterator[int],
     mutant: str | None = None,
     *,
     outside_model: bool = False,
     profile: str = "mix",
-) -> tuple[int, float, float, Outcome | None]:
+) -> Exploration:
     """Run histories until one breaks an invariant (an expected break is counted and
-    skipped): (histories run, simulated seconds, real seconds, the first failure)."""
-    count = 0
-    simulated = 0.0
+    skipped)."""
+    found = Exploration()
     began = time.perf_counter()
     for seed in seeds:
         outcome = simulate(seed, mutant, outside_model=outside_model, profile=profile)
-        count += 1
-        simulated += outcome.world.now
-        if outcome.violations and not outcome.expected:
-            return count, simulated, time.perf_counter() - began, outcome
-    return count, simulated, time.perf_counter() - began, None
+        found.count += 1
+        found.simulated += outcome.world.now
+        if outcome.violations and outcome.expected:
+            for reason in outcome.world.checker.expected:
+                found.expected[reason] = found.expected.get(reason, 0) + 1
+        elif outcome.violations:
+            found.failure = outcome
+            break
+    found.real = time.perf_counter() - began
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,13 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         chosen: Iterator[int] = seeds()
     else:
         chosen = iter(range(first, first + (options.histories or 1000)))
-    count, simulated, real, failure = explore(
+    found = explore(
         chosen, options.mutant, outside_model=options.outside_model, profile=options.profile
     )
-    print(
-        f"{count} histories from seed {first}: {simulated:.0f} simulated seconds in {real:.1f} s "
-        f"({count / real:.1f} histories/s, {simulated / real:.0f} simulated s per real s)"
-    )
+    print(f"from seed {first}, {found.figures()}")
+    for reason, count in sorted(found.expected.items()):
+        print(f"{count} histories broke an invariant after {reason} (expected)")
+    failure = found.failure
     if failure is not None:
         print(failure.report())
         print(

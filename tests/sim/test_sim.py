@@ -56,8 +56,9 @@ def test_the_real_code_keeps_every_invariant_for_a_simulated_hour() -> None:
 @pytest.mark.parametrize("mutant", sorted(mutants.MUTANTS))
 def test_each_broken_variant_is_caught(mutant: str) -> None:
     profile = PROFILE.get(mutant, "storm")
-    count, _, _, failure = explore(iter(range(MUTANT_BUDGET)), mutant, profile=profile)
-    assert failure is not None, f"mutant {mutant} survived {count} histories"
+    found = explore(iter(range(MUTANT_BUDGET)), mutant, profile=profile)
+    failure = found.failure
+    assert failure is not None, f"mutant {mutant} survived {found.count} histories"
     assert not failure.expected
     # The failure replays: the same seed breaks the same invariant at the same step.
     again = simulate(failure.seed, mutant, profile=profile)
@@ -75,7 +76,7 @@ def test_a_seed_is_one_history() -> None:
 
 
 def test_a_history_reads_as_steps() -> None:
-    _, _, _, failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", profile="storm")
+    failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", profile="storm").failure
     assert failure is not None
     report = failure.report()
     assert report.startswith(f"seed {failure.seed}: 1 violation(s)")
