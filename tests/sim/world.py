@@ -520,6 +520,12 @@ class World:
     def timeout_round(self, client: SimClient, exchange: Exchange) -> None:
         if exchange.closed:
             return
+        if client.paused_until > self.now:
+            # wire.sync: a reply already in the socket when the client finds its deadline
+            # passed is an answer (the pause was the client's, not the node's): the client
+            # judges lateness only once it runs again, after taking in what arrived.
+            self.at(client.paused_until, lambda: self.timeout_round(client, exchange))
+            return
         exchange.results = [TIMED_OUT if r is PENDING else r for r in exchange.results]
         self.finish_round(client, exchange)
 
