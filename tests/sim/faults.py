@@ -15,14 +15,20 @@ restart (``world.World.restart_node``).
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from functools import partial
 
 from tests.sim.world import World
 
 
-def schedule(world: World) -> None:
+def plan(world: World) -> list[tuple[float, Callable[[], None]]]:
+    """The history's faults, in the order drawn: (virtual time, what happens). They come
+    from a generator of their own (the seed's), so that dropping some of them (``shrink`` in
+    run.py) leaves the others as they were."""
     config = world.config
-    rng = world.rng
+    rng = random.Random(world.seed ^ 0xFA0175)
+    out: list[tuple[float, Callable[[], None]]] = []
     t = 0.0
     if config.node_faults:
         while True:
@@ -33,14 +39,14 @@ def schedule(world: World) -> None:
             kind = rng.random()
             if kind < 0.4:
                 seconds = rng.uniform(0.005, 3 * config.node_timeout)
-                world.at(t, partial(world.pause_node, node, seconds))
+                out.append((t, partial(world.pause_node, node, seconds)))
             elif kind < 0.55:
                 seconds = rng.uniform(0.5, 2.0) * config.ttl
-                world.at(t, partial(world.pause_node, node, seconds))
+                out.append((t, partial(world.pause_node, node, seconds)))
             else:
                 seconds = rng.uniform(0.02, 1.5) * config.max_ttl
                 mode = rng.choice(config.persistence) if rng.random() < 0.3 else None
-                world.at(t, partial(world.crash_node, node, seconds, mode))
+                out.append((t, partial(world.crash_node, node, seconds, mode)))
     t = 0.0
     if config.client_faults:
         while True:
@@ -50,12 +56,20 @@ def schedule(world: World) -> None:
             client = rng.choice(world.clients)
             if rng.random() < 0.7:
                 seconds = rng.uniform(0.1, 2.5) * config.ttl
-                world.at(t, partial(world.pause_client, client, seconds))
+                out.append((t, partial(world.pause_client, client, seconds)))
             else:
                 seconds = rng.uniform(0.2, 2.0)
-                world.at(t, partial(world.crash_client, client, seconds))
+                out.append((t, partial(world.crash_client, client, seconds)))
     if config.clock_jumps:
         for _ in range(rng.randint(1, 3)):
             node = rng.choice(world.nodes)
             jump = rng.uniform(0.2, 1.5) * config.ttl
-            world.at(rng.uniform(0, config.seconds), partial(world.jump_clock, node, jump))
+            out.append((rng.uniform(0, config.seconds), partial(world.jump_clock, node, jump)))
+    return out
+
+
+def schedule(world: World) -> None:
+    """Put the planned faults on the world's queue, but those ``world.dropped`` names."""
+    for index, (when, action) in enumerate(plan(world)):
+        if index not in world.dropped:
+            world.at(when, action)

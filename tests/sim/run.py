@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from django_redlock.core import flow
-from tests.sim import mutants
+from tests.sim import faults, mutants
 from tests.sim.world import PROFILES, World, draw_config
 
 
@@ -44,6 +44,10 @@ class Outcome:
     world: World
 
     @property
+    def dropped(self) -> frozenset[int]:
+        return self.world.dropped
+
+    @property
     def violations(self) -> list[str]:
         return self.world.checker.violations
 
@@ -59,11 +63,18 @@ class Outcome:
             + (f" (expected: {', '.join(sorted(checker.expected))})" if checker.expected else ""),
             f"config: {config}",
         ]
+        if self.dropped:
+            head.append(f"shrunk: planned faults {sorted(self.dropped)} left out")
         return "\n".join([*head, self.world.history(), *checker.violations])
 
 
 def simulate(
-    seed: int, mutant: str | None = None, *, outside_model: bool = False, profile: str = "mix"
+    seed: int,
+    mutant: str | None = None,
+    *,
+    outside_model: bool = False,
+    profile: str = "mix",
+    dropped: frozenset[int] = frozenset(),
 ) -> Outcome:
     """Run the history of ``seed`` (under ``mutant``, if named); never raises on a violation.
     ``outside_model``: add the fault classes whose violations are expected (node clock jumps
@@ -73,9 +84,32 @@ def simulate(
         rng, clock_jumps=outside_model, operator_errors=outside_model, profile=profile
     )
     with mutants.applied(mutant) as overrides, seeded_tokens(random.Random(seed ^ 0x5EED)):
-        world = World(seed, config, overrides)
+        world = World(seed, config, overrides, dropped)
         world.run()
     return Outcome(seed, world)
+
+
+def shrink(
+    outcome: Outcome,
+    mutant: str | None = None,
+    *,
+    outside_model: bool = False,
+    profile: str = "mix",
+) -> Outcome:
+    """A failing history with as few of its planned faults as still break an invariant:
+    drop each fault in turn and keep it dropped if the history still fails (the rest of the
+    history may change with it: it is a new history of the same seed, and it is replayed
+    with the same ``dropped`` set)."""
+    planned = len(faults.plan(outcome.world))
+    best = outcome
+    for index in range(planned):
+        dropped = best.dropped | {index}
+        trial = simulate(
+            outcome.seed, mutant, outside_model=outside_model, profile=profile, dropped=dropped
+        )
+        if trial.violations and not trial.expected:
+            best = trial
+    return best
 
 
 @dataclass
@@ -123,6 +157,17 @@ def explore(
     return found
 
 
+def replay(options: argparse.Namespace, outcome: Outcome) -> str:
+    """The command that replays ``outcome``."""
+    return (
+        f"./run sim --seed {outcome.seed}"
+        + (f" --mutant {options.mutant}" if options.mutant else "")
+        + (f" --profile {options.profile}" if options.profile != "mix" else "")
+        + (" --outside-model" if options.outside_model else "")
+        + (f" --drop {','.join(map(str, sorted(outcome.dropped)))}" if outcome.dropped else "")
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./run sim", description=__doc__.split("\n\n")[0])
     what = parser.add_mutually_exclusive_group()
@@ -142,16 +187,32 @@ def main(argv: list[str] | None = None) -> int:
         default="mix",
         help="; ".join(f"{name}: {text}" for name, text in PROFILES.items()),
     )
+    parser.add_argument(
+        "--shrink", action="store_true", help="with --seed: leave out every fault it can"
+    )
+    parser.add_argument("--drop", help="with --seed: the planned faults to leave out (1,4,7)")
     options = parser.parse_args(argv)
     if options.seed is not None:
+        dropped = frozenset(int(i) for i in options.drop.split(",") if i) if options.drop else None
         outcome = simulate(
             options.seed,
             options.mutant,
             outside_model=options.outside_model,
             profile=options.profile,
+            dropped=dropped or frozenset(),
         )
+        failed = bool(outcome.violations) and not outcome.expected
+        if failed and options.shrink:
+            outcome = shrink(
+                outcome,
+                options.mutant,
+                outside_model=options.outside_model,
+                profile=options.profile,
+            )
         print(outcome.report())
-        return 1 if outcome.violations and not outcome.expected else 0
+        if failed and outcome.dropped:
+            print(f"\nreplay: {replay(options, outcome)}")
+        return 1 if failed else 0
     first = options.first if options.first is not None else random.SystemRandom().randrange(2**32)
     if options.minutes is not None:
         stop = time.monotonic() + options.minutes * 60
@@ -174,12 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = found.failure
     if failure is not None:
         print(failure.report())
-        print(
-            f"\nreplay: ./run sim --seed {failure.seed}"
-            + (f" --mutant {options.mutant}" if options.mutant else "")
-            + (f" --profile {options.profile}" if options.profile != "mix" else "")
-            + (" --outside-model" if options.outside_model else "")
-        )
+        print(f"\nreplay: {replay(options, failure)}  (add --shrink: fewer faults)")
         return 1
     return 0
 

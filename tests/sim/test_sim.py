@@ -15,7 +15,7 @@ import random
 import pytest
 
 from tests.sim import mutants
-from tests.sim.run import explore, simulate
+from tests.sim.run import explore, shrink, simulate
 
 # Simulated seconds of load the real code must pass (CI budget: >= 1 simulated hour).
 SIMULATED_SECONDS = 3600.0
@@ -95,3 +95,14 @@ def test_faults_outside_the_model_are_reported_as_expected() -> None:
     assert outcome.violations, "no clock jump broke anything in 200 histories"
     assert outcome.expected
     assert "(expected: " in outcome.report()
+
+
+def test_a_failure_shrinks_to_fewer_faults_and_replays() -> None:
+    failure = explore(iter(range(MUTANT_BUDGET)), "no-quarantine", profile="storm").failure
+    assert failure is not None
+    shrunk = shrink(failure, "no-quarantine", profile="storm")
+    assert shrunk.violations
+    assert shrunk.dropped
+    again = simulate(failure.seed, "no-quarantine", profile="storm", dropped=shrunk.dropped)
+    assert again.world.history() == shrunk.world.history()
+    assert "crashed (" in shrunk.report()  # the restart cannot be shrunk away

@@ -375,9 +375,14 @@ class World:
     caller (see ``tests/sim/run.py``); ``overrides``: script SHA1 -> source for the nodes."""
 
     def __init__(
-        self, seed: int, config: Config | None = None, overrides: dict[bytes, bytes] | None = None
+        self,
+        seed: int,
+        config: Config | None = None,
+        overrides: dict[bytes, bytes] | None = None,
+        dropped: frozenset[int] = frozenset(),
     ) -> None:
         self.seed = seed
+        self.dropped = dropped  # the planned faults left out (see faults.plan)
         self.rng = random.Random(seed)
         self.config = config or draw_config(self.rng)
         self.now = 0.0
