@@ -26,7 +26,7 @@ MUTANT_BUDGET = 1000
 # Each mutant is hunted in the profile that exercises its rule: the drift term with clocks at
 # the edges of the bound; the other plain-lock rules in storms (plain locks only, always
 # renewed, many node faults); the semaphore's in the usual mix of kinds.
-PROFILE = {"no-drift": "drift", "slots-pooled": "mix"}  # the others: "storm"
+PROFILE = {"no-drift": "drift", "slots-pooled": "slots"}  # the others: "storm"
 
 
 def first_seed() -> int:

@@ -117,6 +117,11 @@ def draw_config(
         config.retry_delay = 0.02
         config.node_faults = 0.0
         config.client_faults = 0.5
+    elif profile == "slots":
+        config.kinds = ("semaphore",)
+        config.limit = rng.choice((2, 3))
+        config.clients = rng.randint(config.limit + 1, 6)
+        config.node_faults = rng.choice((1.0, 2.0))
     elif profile != "mix":
         raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
@@ -126,6 +131,7 @@ PROFILES = {
     "mix": "every kind of lease, every fault (the default)",
     "storm": "plain locks only, always renewed, many node faults",
     "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
+    "slots": "semaphores only, more clients than slots, many node faults",
 }
 
 
