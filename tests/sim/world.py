@@ -1,16 +1,17 @@
 """The simulated world: virtual time, a seeded event queue, nodes, connections and clients.
 
-One seed makes one history. Everything random comes from one ``random.Random(seed)``
-(message delays, faults, the clients' choices, lease tokens, retry jitter), and nothing reads
-the real clock, so the same seed gives the same history, step for step.
+One seed makes one history. The configuration, message delays, the clients' choices and
+their retry jitter come from ``random.Random(seed)``; the planned faults (``faults.plan``)
+and the lease tokens (``run.seeded_tokens``) from generators of their own, derived from the
+seed. Nothing reads the real clock, so the same seed gives the same history, step for step.
 
 The clients run the managers' real decision code (``core/flow.py``, ``core/shapes.py``): the
 commands of each round are the ``Command`` bytes the library builds, sent to the simulated
 nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies are judged by
 the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
 ``judge_release``). What the sim writes itself is only the glue the managers add around
-those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), kept line for line
-in the same order, and the transport's round semantics (``wire/sync.py``: ``_Exchange``).
+those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), step by step in
+the same order, and the transport's round semantics (``wire/sync.py``: ``_Exchange``).
 """
 
 from __future__ import annotations
@@ -117,6 +118,11 @@ def draw_config(
         config.retry_delay = 0.02
         config.node_faults = 0.0
         config.client_faults = 0.5
+    elif profile == "restarts":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.persistence = ("everysec", "rdb", "empty")
+        config.node_faults = rng.choice((1.0, 2.0, 4.0))
     elif profile == "slots":
         config.kinds = ("semaphore",)
         config.limit = rng.choice((2, 3))
@@ -131,6 +137,7 @@ PROFILES = {
     "mix": "every kind of lease, every fault (the default)",
     "storm": "plain locks only, always renewed, many node faults",
     "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
+    "restarts": "plain locks, never renewed, nodes that lose data when they crash",
     "slots": "semaphores only, more clients than slots, many node faults",
 }
 
