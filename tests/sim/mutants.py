@@ -1,0 +1,126 @@
+"""Deliberately broken variants of the library, each of which the simulator must catch.
+
+A mutant changes one rule for the length of one history: a flow function patched in
+``core/flow.py``, or one script's text replaced on the simulated nodes (the override is
+keyed by the real script's SHA1, so the clients send exactly the commands they always send).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from django_redlock.core import flow
+from django_redlock.core.shapes import Slots
+from django_redlock.wire import primitives, scripts
+from tests.sim.lua_node import LIBRARY_SCRIPTS
+
+
+def _replace(script: scripts.Script, old: str, new: str) -> dict[bytes, bytes]:
+    source = script.source.decode()
+    if old not in source:
+        raise AssertionError(f"mutant out of date: {old!r} is no longer in the script")
+    return {script.sha: source.replace(old, new, 1).encode()}
+
+
+def _no_drift() -> Iterator[dict[bytes, bytes]]:
+    """Validity without the drift term: ``ttl - elapsed``."""
+    saved = flow.validity
+    flow.validity = lambda ttl, elapsed, drift_factor: ttl - elapsed
+    try:
+        yield {}
+    finally:
+        flow.validity = saved
+
+
+def _no_quarantine() -> Iterator[dict[bytes, bytes]]:
+    """A restarted node votes at once (node_rule.lua's uptime test always passes, in every
+    script that grants)."""
+    rule = "elseif up >= q then"
+    overrides: dict[bytes, bytes] = {}
+    for script in LIBRARY_SCRIPTS.values():
+        if rule in script.source.decode() and script is not scripts.NODE_STATE:
+            overrides.update(_replace(script, rule, "elseif true then"))
+    assert scripts.ACQUIRE.sha in overrides
+    yield overrides
+
+
+def _release_any() -> Iterator[dict[bytes, bytes]]:
+    """The release deletes the key whoever holds it (no owner compare)."""
+    yield _replace(
+        scripts.RELEASE,
+        "if redis.pcall('HGET', KEYS[1], 't') ~= ARGV[1] then",
+        "if redis.call('EXISTS', KEYS[1]) == 0 then",
+    )
+
+
+def _no_clean_up() -> Iterator[dict[bytes, bytes]]:
+    """A failed try frees nothing (its SETs stay until they expire)."""
+    saved = flow.Acquire.judge
+
+    def judge(self: flow.Acquire, *args: Any, **kwargs: Any) -> flow.Granted | flow.Failed:
+        step = saved(self, *args, **kwargs)
+        if isinstance(step, flow.Failed):
+            return flow.Failed(
+                step.error, [None] * len(step.clean_up), step.give_up, step.delay, step.waited
+            )
+        return step
+
+    flow.Acquire.judge = judge  # type: ignore[method-assign]
+    try:
+        yield {}
+    finally:
+        flow.Acquire.judge = saved  # type: ignore[method-assign]
+
+
+def _gone_frees_all() -> Iterator[dict[bytes, bytes]]:
+    """A lease a renewal judged gone frees all its keys (the defect the fault storm found,
+    fixed in flow.lost_clean_up): the keys that still keep rivals out go too."""
+    saved = flow.lost_clean_up
+
+    def lost_clean_up(shape: Any, token: str, cause: str, results: Sequence[Any]) -> Any:
+        return saved(shape, token, flow.TAKEN, results)
+
+    flow.lost_clean_up = lost_clean_up
+    try:
+        yield {}
+    finally:
+        flow.lost_clean_up = saved
+
+
+def _slots_pooled() -> Iterator[dict[bytes, bytes]]:
+    """A semaphore counts every node's grant as a vote, whatever slot the node granted (as a
+    per-node counter would): a lease made of different slots on different nodes."""
+    saved = Slots.votes
+
+    def votes(self: Slots, results: Sequence[Any], yes: int) -> int:
+        best = saved(self, results, yes)
+        return sum(1 for reply in results if primitives.slot_granted(reply) is not None) or best
+
+    Slots.votes = votes  # type: ignore[method-assign]
+    try:
+        yield {}
+    finally:
+        Slots.votes = saved  # type: ignore[method-assign]
+
+
+MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
+    "no-drift": _no_drift,
+    "no-quarantine": _no_quarantine,
+    "release-any": _release_any,
+    "no-clean-up": _no_clean_up,
+    "gone-frees-all": _gone_frees_all,
+    "slots-pooled": _slots_pooled,
+}
+
+
+@contextlib.contextmanager
+def applied(name: str | None) -> Iterator[dict[bytes, bytes]]:
+    """Apply mutant ``name`` (None: the real code) for the block; yields the script
+    overrides for the nodes."""
+    if name is None:
+        yield {}
+        return
+    with contextlib.contextmanager(MUTANTS[name])() as overrides:
+        yield overrides

@@ -1,0 +1,766 @@
+"""The simulated world: virtual time, a seeded event queue, nodes, connections and clients.
+
+One seed makes one history. The configuration, message delays, the clients' choices and
+their retry jitter come from ``random.Random(seed)``; the planned faults (``faults.plan``)
+and the lease tokens (``run.seeded_tokens``) from generators of their own, derived from the
+seed. Nothing reads the real clock, so the same seed gives the same history, step for step.
+
+The clients run the managers' real decision code (``core/flow.py``, ``core/shapes.py``): the
+commands of each round are the ``Command`` bytes the library builds, sent to the simulated
+nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies are judged by
+the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
+``judge_release``). What the sim writes itself is only the glue the managers add around
+those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), step by step in
+the same order, and the transport's round semantics (``wire/sync.py``: ``_Exchange``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import random
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from django_redlock.core import flow
+from django_redlock.wire import scripts
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
+from tests.sim.invariants import Checker
+from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
+
+# -- configuration ---------------------------------------------------------------------------
+
+KINDS = ("lock", "lock", "lock", "semaphore", "read", "write", "many")
+"""What a client takes, one drawn per acquire: a lock, a slot of a semaphore, a read or a write
+lease of the read-write lock of a lock's name (the writer is the lock's own key), or several
+locks at once (the very keys of the locks)."""
+
+PERSISTENCE = ("always", "everysec", "rdb", "empty")
+"""How a crashed node comes back: AOF with fsync always (nothing lost), AOF everysec (its
+last second lost), an RDB snapshot from earlier, or empty."""
+
+
+@dataclass
+class Config:
+    """One history's parameters (drawn from the seed by :func:`draw_config`)."""
+
+    nodes: int = 3
+    clients: int = 3
+    names: int = 1
+    seconds: float = 8.0  # simulated seconds of load
+    ttl: float = 1.0
+    max_ttl: float = 1.0
+    node_timeout: float = 0.05
+    retry_delay: float = 0.05
+    drift_factor: float = 0.01
+    latency: float = 0.002  # mean one-way delay, seconds
+    late: float = 0.01  # chance a message is late (up to 4 node timeouts)
+    loss: float = 0.002  # chance a message is lost
+    node_faults: float = 0.3  # node faults (pause, crash) per simulated second
+    client_faults: float = 0.1  # client GC pauses and crashes per simulated second
+    persistence: tuple[str, ...] = PERSISTENCE
+    clock_jumps: bool = False  # node clock jumps beyond the drift bound: violations expected
+    operator_errors: bool = False  # declare_fresh right after a lossy restart: expected too
+    auto_extend: float = 0.5  # chance a lease is renewed while held
+    kinds: tuple[str, ...] = KINDS  # what the clients take (one drawn per acquire)
+    limit: int = 2  # the semaphore's slots
+    listen: float = 0.5  # chance a client hears wake-ups (pub/sub) instead of sleeping
+    clock_edges: bool = False  # clocks at the edges of the drift bound, not within it
+
+    @property
+    def quorum(self) -> int:
+        return self.nodes // 2 + 1
+
+
+def draw_config(
+    rng: random.Random,
+    *,
+    clock_jumps: bool = False,
+    operator_errors: bool = False,
+    profile: str = "mix",
+) -> Config:
+    """A history's parameters, by ``profile`` (see PROFILES)."""
+    nodes = rng.choice((3, 3, 5))
+    ttl = rng.choice((0.5, 1.0, 2.0))
+    config = Config(
+        nodes=nodes,
+        clients=rng.randint(2, 5),
+        names=rng.choice((1, 2, 2, 3)),
+        seconds=rng.uniform(4.0, 10.0),
+        ttl=ttl,
+        max_ttl=ttl * rng.choice((1, 1, 2)),
+        node_timeout=rng.choice((0.02, 0.05, 0.1)),
+        retry_delay=rng.choice((0.02, 0.05, 0.1)),
+        drift_factor=rng.choice((0.01, 0.01, 0.05)),
+        latency=rng.choice((0.0005, 0.002, 0.01)),
+        late=rng.choice((0.0, 0.01, 0.05)),
+        loss=rng.choice((0.0, 0.002, 0.02)),
+        node_faults=rng.choice((0.0, 0.3, 1.0, 2.0)),
+        client_faults=rng.choice((0.0, 0.1, 0.5)),
+        clock_jumps=clock_jumps,
+        operator_errors=operator_errors,
+        auto_extend=rng.choice((0.0, 0.5, 1.0)),
+        limit=rng.choice((1, 2, 3)),
+        clock_edges=rng.random() < 0.3,
+    )
+    if profile == "storm":
+        config.kinds = ("lock",)
+        config.auto_extend = 1.0
+        config.node_faults = rng.choice((0.3, 1.0, 2.0))
+    elif profile == "drift":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.drift_factor = 0.05
+        config.clock_edges = True
+        config.listen = 0.0
+        config.retry_delay = 0.02
+        config.node_faults = 0.0
+        config.client_faults = 0.5
+    elif profile == "restarts":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.persistence = ("everysec", "rdb", "empty")
+        config.node_faults = rng.choice((1.0, 2.0, 4.0))
+    elif profile == "slots":
+        config.kinds = ("semaphore",)
+        config.limit = rng.choice((2, 3))
+        config.clients = rng.randint(config.limit + 1, 6)
+        config.node_faults = rng.choice((1.0, 2.0))
+    elif profile != "mix":
+        raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
+    return config
+
+
+PROFILES = {
+    "mix": "every kind of lease, every fault (the default)",
+    "storm": "plain locks only, always renewed, many node faults",
+    "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
+    "restarts": "plain locks, never renewed, nodes that lose data when they crash",
+    "slots": "semaphores only, more clients than slots, many node faults",
+}
+
+
+def drift_rate(rng: random.Random, config: Config) -> float:
+    """A clock's rate: within the bound, or at one of its edges (the difference between any
+    two clocks stays under ``drift_factor``, which the validity's drift term covers)."""
+    bound = config.drift_factor * 0.45
+    if config.clock_edges:
+        return rng.choice((-bound, bound))
+    return rng.uniform(-bound, bound)
+
+
+# -- clocks ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Clock:
+    """A clock of the world: ``offset + t * (1 + rate)`` seconds at virtual time ``t``, plus
+    the steps it jumped (a node's wall clock stepped by NTP or an operator)."""
+
+    rate: float
+    offset: float
+    jumped: float = 0.0
+
+    def at(self, t: float) -> float:
+        return self.offset + t * (1.0 + self.rate) + self.jumped
+
+    def when(self, local: float) -> float:
+        """The virtual time at which this clock reads ``local`` (no jumps after now)."""
+        return (local - self.offset - self.jumped) / (1.0 + self.rate)
+
+
+# -- nodes -----------------------------------------------------------------------------------
+
+
+class SimNode:
+    """One simulated node: its keyspace, its server process, its clock and persistence."""
+
+    def __init__(self, world: World, index: int, persistence: str) -> None:
+        self.world = world
+        self.index = index
+        self.label = f"n{index}"
+        rng = world.rng
+        self.clock = Clock(drift_rate(rng, world.config), 1_700_000_000.0 + rng.uniform(0, 100))
+        self.persistence = persistence
+        self.space = Keyspace()
+        self.server = Server()
+        self.state = "up"  # up, paused, down
+        self.incarnation = 0
+        self.inbox: list[Callable[[], None]] = []  # deliveries held while paused
+        self.snapshots: list[tuple[float, Keyspace]] = []
+        self.last_snapshot = 0.0
+        self.start_process()
+        # A node in service from the start: up longer than any quarantine (its marker is set
+        # by its first acquire, as on a node that has been running for a while).
+        self.server.started_ms -= int(world.config.max_ttl * 1000) + 2000
+
+    def now_us(self) -> int:
+        return int(self.clock.at(self.world.now) * 1_000_000)
+
+    def start_process(self) -> None:
+        self.incarnation += 1
+        self.server = Server()
+        self.server.run_id = (
+            hashlib.sha1(b"%d" % self.world.rng.getrandbits(64), usedforsecurity=False)
+            .hexdigest()
+            .encode()
+        )
+        self.server.started_ms = self.now_us() // 1000
+        self.server.aof_enabled = self.persistence in ("always", "everysec")
+
+    @property
+    def hint(self) -> bytes:
+        """What a connection's ``CONFIG GET append*`` makes of this node (wire.setup)."""
+        return {"always": b"always", "everysec": b"appendfsync everysec"}.get(
+            self.persistence, b"appendonly no"
+        )
+
+    def snapshot(self) -> None:
+        """Keep the keyspace as it is now (what an everysec AOF or an RDB save would hold)."""
+        self.snapshots.append((self.world.now, self.space.copy()))
+        if len(self.snapshots) > 64:
+            del self.snapshots[:16]
+
+    def run(self, sha: bytes, keys: Sequence[bytes], args: Sequence[bytes]) -> object:
+        world = self.world
+        now_us = self.now_us()
+        reply = world.engine.run(sha, keys, args, self.space, self.server, now_us)
+        world.checker.after_script(self, now_us // 1000)
+        for _, waiter in world.engine.published:
+            world.publish(waiter.decode())
+        if world.now - self.last_snapshot >= 0.25:
+            self.last_snapshot = world.now
+            self.snapshot()
+        return reply
+
+    def restored(self, mode: str) -> Keyspace:
+        """The keyspace a process restarting now loads, by persistence ``mode``."""
+        if mode == "always":
+            return self.space.copy()
+        if mode == "empty":
+            return Keyspace()
+        rng = self.world.rng
+        lost = rng.uniform(0.0, 1.0) if mode == "everysec" else rng.uniform(1.0, 6.0)
+        older = [space for at, space in self.snapshots if at <= self.world.now - lost]
+        return older[-1].copy() if older else Keyspace()
+
+
+# -- the wire --------------------------------------------------------------------------------
+
+
+@dataclass
+class Exchange:
+    """One round's replies (``wire.sync._Exchange``: the same counting)."""
+
+    results: list[Any]
+    yes_value: object
+    need: int
+    give_up: int
+    yes: int = 0
+    no: int = 0
+    pending: int = 0
+    closed: bool = False
+    waiter: Any = None
+
+    def record(self, index: int, reply: object) -> None:
+        self.results[index] = reply
+        self.pending -= 1
+        if reply == self.yes_value:
+            self.yes += 1
+        else:
+            self.no += 1
+
+    @property
+    def done(self) -> bool:
+        return self.pending <= 0 or self.yes >= self.need or self.no > self.give_up
+
+
+class Connection:
+    """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
+
+    __slots__ = ("incarnation", "last_in", "last_out", "node", "owed")
+
+    def __init__(self, node: SimNode) -> None:
+        self.node = node
+        self.incarnation = node.incarnation
+        self.last_in = 0.0  # when its last command reaches the node
+        self.last_out = 0.0  # when its last reply reaches the client
+        self.owed: list[Exchange | None] = []
+
+
+_PARSED: dict[bytes, tuple[int, list[bytes]]] = {}
+
+
+def parse_command(data: bytes) -> tuple[int, list[bytes]]:
+    """A RESP command: (the argument count its header announces, the arguments present).
+    A round sends one command to every node: parsed once."""
+    parsed = _PARSED.get(data)
+    if parsed is None:
+        if len(_PARSED) > 256:
+            _PARSED.clear()
+        parsed = _PARSED[data] = _parse(data)
+    return parsed[0], list(parsed[1])
+
+
+def _parse(data: bytes) -> tuple[int, list[bytes]]:
+    end = data.index(b"\r\n")
+    count = int(data[1:end])
+    parts = []
+    pos = end + 2
+    while pos < len(data):
+        end = data.index(b"\r\n", pos)
+        size = int(data[pos + 1 : end])
+        parts.append(data[end + 2 : end + 2 + size])
+        pos = end + 4 + size
+    return count, parts
+
+
+# -- clients ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Round:
+    """What a client process yields to send a round and wait for its outcome."""
+
+    commands: Sequence[scripts.Command | None]
+    yes_value: object
+    need: int
+    give_up: int | None = None
+    identify: bool = False
+
+
+@dataclass
+class Sleep:
+    seconds: float
+
+
+@dataclass
+class Wait:
+    """Wait up to ``seconds`` (the client's clock) for a wake-up published to ``waiter``
+    (``Subscriber.wait``); the process is sent True when woken, False on the timeout."""
+
+    seconds: float
+    waiter: str
+
+
+@dataclass
+class LeaseRecord:
+    """A lease a client held: its lock, token, and the interval of virtual time it held it
+    within its validity (``end`` grows with each renewal, shrinks to the release)."""
+
+    client: int
+    name: str
+    token: str
+    start: float
+    end: float
+    claims: tuple[tuple[str, str], ...] = ()  # (resource, "x" exclusive | "r" read | "s" slot)
+    released: float | None = None
+
+
+@dataclass
+class SimClient:
+    world: World
+    index: int
+    clock: Clock
+    nodes: flow.Nodes
+    connections: list[Connection | None] = field(default_factory=list)
+    alive: bool = True
+    paused_until: float = 0.0
+    process: Generator[Any, Any, None] | None = None
+    waiters: int = 0
+    pauses: int = 0
+    incarnation: int = 0
+    listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
+    woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
+    waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+
+    def now(self) -> float:
+        return self.clock.at(self.world.now)
+
+    def log(self, text: str) -> None:
+        self.world.log(f"c{self.index}", text)
+
+
+class World:
+    """One simulated history. ``patches``: the mutant's changes, already applied by the
+    caller (see ``tests/sim/run.py``); ``overrides``: script SHA1 -> source for the nodes."""
+
+    def __init__(
+        self,
+        seed: int,
+        config: Config | None = None,
+        overrides: dict[bytes, bytes] | None = None,
+        dropped: frozenset[int] = frozenset(),
+    ) -> None:
+        self.seed = seed
+        self.dropped = dropped  # the planned faults left out (see faults.plan)
+        self.rng = random.Random(seed)
+        self.config = config or draw_config(self.rng)
+        self.now = 0.0
+        self.queue: list[tuple[float, int, Callable[[], None]]] = []
+        self.seq = 0
+        self.trace: list[tuple[float, str, str]] = []
+        self.engine = LuaEngine(overrides)
+        self.checker = Checker(self)
+        self.rounds = 0
+        config = self.config
+        self.nodes = [
+            SimNode(self, i, self.rng.choice(config.persistence)) for i in range(config.nodes)
+        ]
+        labels = tuple(node.label for node in self.nodes)
+        self.flow_nodes = flow.Nodes(
+            labels, config.quorum, config.node_timeout, config.drift_factor, config.retry_delay
+        )
+        self.clients: list[SimClient] = []
+        for i in range(config.clients):
+            clock = Clock(drift_rate(self.rng, config), self.rng.uniform(0, 1000))
+            client = SimClient(self, i, clock, self.flow_nodes, [None] * config.nodes)
+            client.listens = self.rng.random() < config.listen
+            self.clients.append(client)
+
+    # -- the event queue -------------------------------------------------------------------
+
+    def at(self, when: float, action: Callable[[], None]) -> None:
+        self.seq += 1
+        heapq.heappush(self.queue, (when, self.seq, action))
+
+    def log(self, who: str, text: str) -> None:
+        self.trace.append((self.now, who, text))
+
+    def history(self) -> str:
+        return "\n".join(f"{t:12.6f}  {who:>4}  {text}" for t, who, text in self.trace)
+
+    def run(self) -> World:
+        from tests.sim import clients, faults
+
+        for client in self.clients:
+            client.process = clients.client_process(client)
+            self.at(self.rng.uniform(0, 0.01), partial(self.step, client, None, client.process))
+        faults.schedule(self)
+        end = self.config.seconds
+        while self.queue and not self.checker.stop:
+            when, _, action = heapq.heappop(self.queue)
+            if when > end + 3 * self.config.max_ttl:
+                break
+            self.now = when
+            action()
+        self.checker.finish()
+        return self
+
+    # -- client processes ------------------------------------------------------------------
+
+    def step(self, client: SimClient, value: object, process: object = None) -> None:
+        """Resume ``client``'s process with ``value`` and act on what it yields next (not if
+        the client crashed since: ``process`` is then no longer its process)."""
+        if not client.alive or client.process is None:
+            return
+        if process is not None and process is not client.process:
+            return
+        process = client.process
+        if client.paused_until > self.now:  # a GC pause: it resumes when the pause ends
+            self.at(client.paused_until, lambda: self.step(client, value, process))
+            return
+        try:
+            request = client.process.send(value)
+        except StopIteration:
+            client.process = None
+            return
+        if isinstance(request, Sleep):
+            wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
+            self.at(wake, lambda: self.step(client, None, process))
+        elif isinstance(request, Wait):
+            if request.waiter in client.woken:  # published while it was trying: kept
+                client.woken.discard(request.waiter)
+                self.at(self.now, lambda: self.step(client, True, process))
+                return
+            marker = (request.waiter, object())
+            client.waiting = marker
+            wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
+            self.at(wake, lambda: self.end_wait(client, marker, False, process))
+        elif isinstance(request, Round):
+            self.send_round(client, request)
+        else:  # pragma: no cover
+            raise TypeError(request)
+
+    def end_wait(
+        self, client: SimClient, marker: tuple[str, object], woken: bool, process: object
+    ) -> None:
+        if client.waiting is not marker:
+            return  # already ended (woken, or timed out)
+        client.waiting = None
+        self.step(client, woken, process)
+
+    def publish(self, waiter: str) -> None:
+        """A script published a wake-up for ``waiter`` (``wake_next.lua``): its client hears
+        it over its pub/sub connection after one message delay."""
+        listener = waiter.split(".", 1)[0]
+        for client in self.clients:
+            if f"c{client.index}" != listener or not client.alive or not client.listens:
+                continue
+
+            def hear(client: SimClient = client) -> None:
+                waiting = client.waiting
+                if waiting is not None and waiting[0] == waiter:
+                    self.end_wait(client, waiting, True, client.process)
+                else:
+                    client.woken.add(waiter)
+
+            self.at(self.now + self.delay(), hear)
+
+    def send_round(self, client: SimClient, request: Round) -> None:
+        size = len(request.commands)
+        need = request.need
+        give_up = size - need if request.give_up is None else request.give_up
+        exchange = Exchange([None] * size, request.yes_value, need, give_up)
+        exchange.waiter = client.process
+        self.rounds += 1
+        for index, command in enumerate(request.commands):
+            if command is None:
+                continue
+            exchange.results[index] = PENDING
+            exchange.pending += 1
+            self.send(client, index, command, exchange, request.identify)
+        if exchange.done:
+            self.finish_round(client, exchange)
+            return
+        deadline = client.clock.when(client.now() + self.config.node_timeout)
+        exchange.waiter = client.process
+        self.at(deadline, lambda: self.timeout_round(client, exchange))
+
+    def finish_round(self, client: SimClient, exchange: Exchange) -> None:
+        if exchange.closed:
+            return
+        exchange.closed = True
+        self.step(client, exchange, exchange.waiter)
+
+    def timeout_round(self, client: SimClient, exchange: Exchange) -> None:
+        if exchange.closed:
+            return
+        if client.paused_until > self.now:
+            # wire.sync: a reply already in the socket when the client finds its deadline
+            # passed is an answer (the pause was the client's, not the node's): the client
+            # judges lateness only once it runs again, after taking in what arrived.
+            self.at(client.paused_until, lambda: self.timeout_round(client, exchange))
+            return
+        exchange.results = [TIMED_OUT if r is PENDING else r for r in exchange.results]
+        self.finish_round(client, exchange)
+
+    def clean_up(self, client: SimClient, commands: Sequence[scripts.Command | None]) -> None:
+        """Send without waiting (``ConnectionSet.clean_up``)."""
+        for index, command in enumerate(commands):
+            if command is not None:
+                self.send(client, index, command, None, False)
+
+    def delay(self) -> float:
+        config = self.config
+        base = self.rng.expovariate(1.0 / config.latency)
+        if config.late and self.rng.random() < config.late:
+            base += self.rng.uniform(0.0, 4 * config.node_timeout)
+        return base
+
+    def send(
+        self,
+        client: SimClient,
+        index: int,
+        command: scripts.Command,
+        exchange: Exchange | None,
+        identify: bool,
+    ) -> None:
+        node = self.nodes[index]
+        conn = client.connections[index]
+        self.checker.sent(client, index, command[0])
+        if conn is None or conn.incarnation != node.incarnation:
+            if node.state == "down":
+                if exchange is not None:
+                    exchange.record(index, NotSent("connection refused"))
+                return
+            conn = client.connections[index] = Connection(node)
+        data = command[0]
+        if self.config.loss and self.rng.random() < self.config.loss:
+            self.log(f"c{client.index}", f"message to {node.label} lost")
+            return  # never arrives: the round times out, a clean-up is lost
+        arrive = max(conn.last_in, self.now + self.delay())
+        conn.last_in = arrive
+        self.at(arrive, lambda: self.deliver(client, conn, data, exchange, index))
+
+    def deliver(
+        self,
+        client: SimClient,
+        conn: Connection,
+        data: bytes,
+        exchange: Exchange | None,
+        index: int,
+    ) -> None:
+        node = conn.node
+        if node.incarnation != conn.incarnation or node.state == "down":
+            self.reply(
+                client,
+                conn,
+                exchange,
+                index,
+                NodeError("connection closed by the server"),
+                lost_node=True,
+            )
+            return
+        if node.state == "paused":
+            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index))
+            return
+        reply = self.execute(node, conn, data)
+        self.reply(client, conn, exchange, index, reply)
+
+    def execute(self, node: SimNode, conn: Connection, data: bytes) -> object:
+        count, parts = parse_command(data)
+        verb = parts[0].upper()
+        if verb == b"PING":
+            return b"PONG"
+        if verb in (b"EVALSHA", b"EVAL"):
+            sha = (
+                parts[1]
+                if verb == b"EVALSHA"
+                else hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
+            )
+            keys_count = int(parts[2])
+            if len(parts) < count:
+                # identify=True: the connection's identity ends the command (wire.setup.Hello),
+                # the server process and persistence its hello read when it connected.
+                parts += [node.server.run_id, node.hint]
+            keys = parts[3 : 3 + keys_count]
+            args = parts[3 + keys_count :]
+            return node.run(sha, keys, args)
+        return NodeError(f"ERR the simulator does not run {verb.decode()}")
+
+    def reply(
+        self,
+        client: SimClient,
+        conn: Connection,
+        exchange: Exchange | None,
+        index: int,
+        reply: object,
+        lost_node: bool = False,
+    ) -> None:
+        if exchange is None:
+            return
+        if lost_node:
+            arrive = self.now
+        else:
+            arrive = max(conn.last_out, self.now + self.delay())
+            conn.last_out = arrive
+
+        def receive() -> None:
+            if exchange.closed or not client.alive:
+                return
+            exchange.record(index, reply)
+            if exchange.done:
+                self.finish_round(client, exchange)
+
+        self.at(arrive, receive)
+
+    # -- what faults do to nodes -------------------------------------------------------------
+
+    def pause_node(self, node: SimNode, seconds: float) -> None:
+        if node.state != "up":
+            return
+        node.state = "paused"
+        self.log(node.label, f"paused for {seconds * 1000:.0f} ms")
+        self.at(self.now + seconds, lambda: self.resume_node(node))
+
+    def resume_node(self, node: SimNode) -> None:
+        if node.state != "paused":
+            return
+        node.state = "up"
+        self.log(node.label, "resumed")
+        held, node.inbox = node.inbox, []
+        for deliver in held:
+            deliver()
+
+    def crash_node(self, node: SimNode, seconds: float, mode: str | None = None) -> None:
+        if node.state == "down":
+            return
+        if mode is None or node.persistence == "always":
+            # A node with fsync always loses nothing (that it restarts empty, its AOF wiped,
+            # is outside the model: an operator's declare_fresh case, see restart_node).
+            mode = node.persistence
+        kept = node.restored(mode)
+        node.state = "down"
+        node.incarnation += 1  # every connection to the old process is closed
+        self.log(node.label, f"crashed ({mode}); back in {seconds * 1000:.0f} ms")
+        held, node.inbox = node.inbox, []
+        for deliver in held:  # commands it never read: their connections are closed
+            deliver()
+        self.at(self.now + seconds, lambda: self.restart_node(node, kept, mode))
+
+    def restart_node(self, node: SimNode, kept: Keyspace, mode: str) -> None:
+        node.start_process()
+        kept.purge(node.now_us() // 1000)
+        node.space = kept
+        node.state = "up"
+        node.snapshots = []
+        node.snapshot()
+        locks = sum(1 for v in kept.data.values() if type(v) is Hash and b"t" in v)
+        self.log(
+            node.label,
+            f"restarted ({mode}): {locks} lock keys kept, run_id {node.server.run_id[:8].decode()}",
+        )
+        if self.config.operator_errors and mode != "always" and self.rng.random() < 0.5:
+            self.declare_fresh(node)
+
+    def declare_fresh(self, node: SimNode) -> None:
+        """An operator's ``redlock_declare_fresh`` (``DECLARE_FRESH``, naming the run_id read
+        just before), here at the wrong moment: the node lost leases it granted."""
+        reply = node.run(
+            scripts.DECLARE_FRESH.sha, [scripts.NODE_KEY.encode()], [node.server.run_id]
+        )
+        self.log(node.label, f"operator declared it fresh: {reply!r}")
+        self.checker.expect_violations("declare_fresh after a lossy restart")
+
+    def pause_client(self, client: SimClient, seconds: float) -> None:
+        if not client.alive or client.paused_until > self.now:
+            return
+        client.paused_until = self.now + seconds
+        client.pauses += 1
+        self.log(f"c{client.index}", f"GC pause of {seconds * 1000:.0f} ms")
+
+    def crash_client(self, client: SimClient, seconds: float) -> None:
+        if not client.alive:
+            return
+        client.alive = False
+        client.process = None
+        self.checker.client_crashed(client)
+        self.log(f"c{client.index}", f"crashed; a new process in {seconds * 1000:.0f} ms")
+
+        def restart() -> None:
+            from tests.sim import clients
+
+            client.alive = True
+            client.paused_until = 0.0
+            client.waiting = None
+            client.woken = set()
+            client.connections = [None] * len(self.nodes)
+            client.process = clients.client_process(client)
+            self.log(f"c{client.index}", "restarted")
+            self.step(client, None)
+
+        self.at(self.now + seconds, restart)
+
+    def jump_clock(self, node: SimNode, seconds: float) -> None:
+        node.clock.jumped += seconds
+        self.log(node.label, f"clock jumped {seconds * 1000:+.0f} ms")
+        self.checker.expect_violations("node clock jump beyond the drift bound")
+
+
+__all__ = [
+    "KINDS",
+    "PERSISTENCE",
+    "PROFILES",
+    "Config",
+    "LeaseRecord",
+    "Round",
+    "SimClient",
+    "SimNode",
+    "Sleep",
+    "Wait",
+    "World",
+    "draw_config",
+]
