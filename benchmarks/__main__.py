@@ -61,12 +61,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.contention import _client
+from benchmarks.pairs import NODE_TIMEOUT, TTL, PairRunner, ours, redis_py
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.localnodes import LocalCluster, server_version
-
-NODE_TIMEOUT = 0.05
-TTL = 10.0
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -83,37 +81,6 @@ def _open_sockets() -> int:
         except OSError:
             continue
     return count
-
-
-# A pair runner takes a fresh key name and does acquire + release; returns True on success.
-PairRunner = Callable[[str], bool]
-
-
-def ours(urls: list[str]) -> PairRunner:
-    manager = LockManager(urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
-
-    def run(name: str) -> bool:
-        try:
-            lease = manager.acquire(name, blocking=False)
-        except LockNotAcquired:
-            return False
-        lease.release()
-        return True
-
-    return run
-
-
-def redis_py(urls: list[str]) -> PairRunner:
-    client = _client(urls[0])
-
-    def run(name: str) -> bool:
-        lock = client.lock(name, timeout=TTL)
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-        return True
-
-    return run
 
 
 def pottery_redlock(urls: list[str]) -> PairRunner:

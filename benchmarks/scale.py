@@ -39,7 +39,10 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from benchmarks.contention import _client, make_locker
-from django_redlock import Lease, LockManager, LockNotAcquired
+from benchmarks.pairs import PairRunner
+from benchmarks.pairs import ours as ours_pair
+from benchmarks.pairs import redis_py as redis_py_pair
+from django_redlock import Lease, LockManager
 from django_redlock.localnodes import LocalCluster
 
 TTL = 600.0  # every held lock must outlive its section
@@ -61,35 +64,6 @@ def _info(url: str, section: str) -> dict[str, Any]:
 
 
 # -- 1. pair p50 -----------------------------------------------------------------------------
-
-PairRunner = Callable[[str], bool]
-
-
-def _ours_pair(urls: list[str]) -> PairRunner:
-    manager = LockManager(urls, ttl=10.0, node_timeout=NODE_TIMEOUT)
-
-    def run(name: str) -> bool:
-        try:
-            lease = manager.acquire(name, blocking=False)
-        except LockNotAcquired:
-            return False
-        lease.release()
-        return True
-
-    return run
-
-
-def _redis_py_pair(url: str) -> PairRunner:
-    client = _client(url)
-
-    def run(name: str) -> bool:
-        lock = client.lock(name, timeout=10.0)
-        if not lock.acquire(blocking=False):
-            return False
-        lock.release()
-        return True
-
-    return run
 
 
 def _python_redis_lock_pair(url: str) -> PairRunner:
@@ -114,10 +88,10 @@ def pair_p50(
     first N of ``urls``, the anchors on the first node), ``pairs`` each in ``rounds``
     interleaved rounds, each round in a rotated order."""
     contenders: list[tuple[str, PairRunner]] = [
-        (f"django_redlock N={n}", _ours_pair(urls[:n])) for n in counts
+        (f"django_redlock N={n}", ours_pair(urls[:n])) for n in counts
     ]
     contenders += [
-        (f"{LABELS['redis-py']}", _redis_py_pair(urls[0])),
+        (f"{LABELS['redis-py']}", redis_py_pair(urls[:1])),
         (f"{LABELS['python-redis-lock']}", _python_redis_lock_pair(urls[0])),
     ]
     samples: dict[str, list[float]] = {label: [] for label, _ in contenders}
