@@ -1,13 +1,17 @@
-"""The asyncio manager: :class:`AsyncLockManager` hands out :class:`AsyncLease` objects.
+"""The asyncio manager: :class:`AsyncLockManager` hands out :class:`AsyncLease` objects
+(public import path ``django_redlock.aredlock``).
 
-The same steps as :class:`~django_redlock.redlock.LockManager` (``django_redlock.core.flow``),
-reported the same way (``django_redlock.core.reporting``), with the same configuration,
-re-entry registry and observer (it wraps a sync manager); only the transport differs: the
-asyncio one (``django_redlock.wire.aio``), per event loop, with no thread hop per call.
+It holds the same engine as :class:`~django_redlock.redlock.LockManager`
+(``django_redlock.core.engine``: configuration, re-entry registry, observer, the steps
+around a round; ``AsyncLockManager.sharing(sync)`` shares one), runs the same flow
+(``django_redlock.core.flow``, whose actions say what to do between rounds), and reports the
+same way; only the transport differs: the asyncio one (``django_redlock.wire.aio``), per
+event loop, with no thread hop per call. It imports nothing of the sync manager's module.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
-and the operator calls that are on no hot path (``locks``, ``force_release``,
-``declare_fresh``) are the sync manager's; ``locked`` and ``holder`` are coroutines.
+as a sync round on the engine's sync transport. The operator calls that read every node
+through their own clients (``locks``, ``declare_fresh``) stay plain functions, as do the
+ones that do no I/O; ``locked``, ``holder`` and ``force_release`` are coroutines.
 """
 
 from __future__ import annotations
@@ -16,24 +20,41 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, Unpack
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import validate_name, validate_names
+from django_redlock.core.engine import (
+    DEFAULT_DRIFT_FACTOR,
+    DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TTL,
+    Engine,
+    Sharing,
+)
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
-from django_redlock.core.options import AcquireOptions, Checked, acquire_options
+from django_redlock.core.listing import LockListing, list_locks
+from django_redlock.core.options import (
+    MANAGER_DEFAULT,
+    AcquireOptions,
+    Checked,
+    ManagerDefault,
+    acquire_options,
+)
 from django_redlock.core.owner import owner_scope
+from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.redlock import LockManager
 from django_redlock.wire.aio import LoopConnections
-from django_redlock.wire.scripts import PING
+from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
@@ -85,9 +106,9 @@ class AsyncLease(BaseLease):
     _closing: asyncio.Task[None]
 
     def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
-        # The sync manager is the lease's host (clock, reporter, the extender's renewals)
-        # and the sender of its signals, as for a sync lease.
-        super().__init__(manager.sync, **fields)
+        # Hosted by the engine, as a sync lease (clock, reporter, and the extender's
+        # renewals, which are sync rounds); its own rounds are the asyncio manager's.
+        super().__init__(manager.engine, **fields)
         self._async_manager = manager
 
     async def owned(self) -> bool:
@@ -201,42 +222,183 @@ class AsyncLease(BaseLease):
 class AsyncLockManager:
     """Redlock for asyncio code: ``await manager.acquire(...)``, ``async with manager.lock()``.
 
-    Takes the same arguments as :class:`~django_redlock.LockManager` (except ``sleep``, which
-    is ``asyncio.sleep``) and raises the same errors.
+    Takes the arguments of :class:`~django_redlock.LockManager` and raises the same errors;
+    its configuration is the engine's (:attr:`engine`), shared with a sync manager when made
+    with :meth:`sharing`.
+
+    Args:
+        sleep: how a blocking acquire waits between attempts. ``None`` (the default): until
+            the release that hands it the lock is published to it, or the retry delay
+            passes. A coroutine function of seconds (a test's fake clock,
+            ``asyncio.sleep``) sleeps the retry delay instead, and hears no releases.
+        nodes, ttl, node_timeout, retry_delay, default_timeout, drift_factor, key_prefix,
+            max_ttl, clock, observer: as for :class:`~django_redlock.LockManager`.
+
+    Raises:
+        TypeError, ValueError: a bad argument; the message names it.
     """
 
-    def __init__(self, nodes: Sequence[object], **options: Any) -> None:
-        self._share(LockManager(nodes, **options))
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        *,
+        ttl: float = DEFAULT_TTL,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        default_timeout: float | None = DEFAULT_TIMEOUT,
+        drift_factor: float = DEFAULT_DRIFT_FACTOR,
+        key_prefix: str = "redlock:",
+        max_ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        observer: LockObserver | None = None,
+    ) -> None:
+        self._share(
+            Engine(
+                nodes,
+                ttl=ttl,
+                node_timeout=node_timeout,
+                retry_delay=retry_delay,
+                default_timeout=default_timeout,
+                drift_factor=drift_factor,
+                key_prefix=key_prefix,
+                max_ttl=max_ttl,
+                clock=clock,
+                observer=observer,
+            ),
+            sleep,
+        )
 
     @classmethod
-    def sharing(cls, sync: LockManager) -> AsyncLockManager:
-        """An asyncio manager with ``sync``'s nodes, configuration, observer and re-entry
-        registry (one set of owners for both), and its own per-loop connections."""
-        manager = cls.__new__(cls)
-        manager._share(sync)
-        return manager
+    def sharing(
+        cls, manager: Sharing, *, sleep: Callable[[float], Awaitable[None]] | None = None
+    ) -> AsyncLockManager:
+        """An asyncio manager on ``manager``'s engine (a sync or asyncio manager): the same
+        nodes, configuration, observer and re-entry registry (one set of owners for both),
+        and its own per-loop connections. ``sleep`` as for the constructor."""
+        shared = cls.__new__(cls)
+        shared._share(manager.engine, sleep)
+        return shared
 
-    def _share(self, sync: LockManager) -> None:
-        self.sync = sync
+    def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:
+        self.engine = engine
+        """The engine this manager holds: configuration, re-entry registry, observer."""
+        self._sleep = sleep
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopConnections] = (
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
 
-    def __getattr__(self, name: str) -> Any:
-        # Configuration and operator calls (ttl, quorum, nodes, locks, force_release, ...).
-        return getattr(self.sync, name)
+    # -- configuration (the engine's) ------------------------------------------------------
+
+    @property
+    def addresses(self) -> tuple[NodeAddress, ...]:
+        """The nodes, parsed (URL parts, TLS, credentials)."""
+        return self.engine.addresses
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes' labels (URLs without passwords)."""
+        return self.engine.nodes.labels
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: ``N // 2 + 1``."""
+        return self.engine.quorum
+
+    @property
+    def ttl(self) -> float:
+        """Default lease length in seconds."""
+        return self.engine.ttl
+
+    @property
+    def max_ttl(self) -> float:
+        """The longest lease an acquire may ask for, in seconds (and the restart quarantine)."""
+        return self.engine.max_ttl
+
+    @property
+    def node_timeout(self) -> float:
+        """Seconds each node has per command."""
+        return self.engine.node_timeout
+
+    @property
+    def retry_delay(self) -> float:
+        """Mean seconds between attempts of a blocking acquire (±50% jitter)."""
+        return self.engine.retry_delay
+
+    @property
+    def default_timeout(self) -> float | None:
+        """Seconds a blocking acquire waits when not told (None: forever)."""
+        return self.engine.default_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        """Share of the ttl set aside for clock drift."""
+        return self.engine.drift_factor
+
+    @property
+    def key_prefix(self) -> str:
+        """Prepended to every lock name to form the Redis key."""
+        return self.engine.key_prefix
+
+    @property
+    def observer(self) -> LockObserver | None:
+        """Told of every acquire, release, renewal, loss and give-up (or None)."""
+        return self.engine.observer
+
+    @property
+    def quarantine_ms(self) -> int:
+        """The restart quarantine sent with every acquire, in milliseconds (see
+        :attr:`LockManager.quarantine_ms <django_redlock.LockManager.quarantine_ms>`)."""
+        return self.engine.quarantine.ms
+
+    def __repr__(self) -> str:
+        engine = self.engine
+        return (
+            f"<AsyncLockManager quorum {engine.quorum} of {len(engine.addresses)}: "
+            f"{engine.describe()}>"
+        )
+
+    def open_connections(self) -> int:
+        """How many node sockets the engine's sync transport holds open, across all threads
+        (the extender's renewals, and a sync manager sharing the engine): a plain function,
+        it counts without I/O. This manager's per-loop connections are not counted."""
+        return self.engine.connections.open_count()
+
+    def close(self) -> None:
+        """Close the engine's sync connections (the extender's renewals; they reopen on
+        demand). A plain function, no I/O to await; :meth:`aclose` closes this loop's."""
+        self.engine.close()
+
+    async def aclose(self) -> None:
+        """Close this loop's connections."""
+        self._connections().close()
+
+    async def __aenter__(self) -> AsyncLockManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def key(self, name: str) -> str:
+        """The Redis key of lock ``name``.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return self.engine.key(name)
 
     def _connections(self) -> LoopConnections:
         loop = asyncio.get_running_loop()
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
+                engine = self.engine
                 connections = LoopConnections(
-                    self.sync.addresses,
-                    self.sync._hello,
+                    engine.addresses,
+                    engine.hello,
                     max_outstanding=MAX_OUTSTANDING,
-                    **stall_limits(self.sync.node_timeout),
+                    **stall_limits(engine.node_timeout),
                 )
                 self._loops[loop] = connections
                 # Closes the connections when the loop's tasks are cancelled at its end
@@ -244,55 +406,68 @@ class AsyncLockManager:
                 connections.guard = loop.create_task(connections.close_at_loop_end())
         return connections
 
-    async def aclose(self) -> None:
-        """Close this loop's connections."""
-        self._connections().close()
+    # -- acquire ---------------------------------------------------------------------------
 
-    async def acquire(self, name: str, **options: Unpack[AcquireOptions]) -> AsyncLease:
-        """Take lock ``name`` (see :meth:`LockManager.acquire`).
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> AsyncLease:
+        """Take lock ``name`` (see :meth:`LockManager.acquire <django_redlock.LockManager.acquire>`
+        for the arguments).
 
         Cancellation: a task cancelled here owns nothing afterwards. A round in flight is
         released on every node it may have reached (the releases are queued behind its SETs),
         and a waiter leaves the line, so the next release wakes a live waiter.
+
+        Raises:
+            LockContended: another holder has it.
+            QuorumUnreachable: too many nodes failed or timed out.
+            TypeError, ValueError: a bad argument.
         """
-        sync = self.sync
+        engine = self.engine
         name = validate_name(name)
         # Checked before re-entry too, so a bad argument is refused the same way every time.
-        checked = sync._acquire_arguments(*acquire_options(options))
+        checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
         scope = owner_scope()
-        held = sync._reenter(scope, name, AsyncLease)
+        held = engine.reenter(scope, name, AsyncLease)
         if held is not None:
             return held
-        return await self._take(name, Shape(sync.key_prefix + name), scope, checked)
+        return await self._take(name, Shape(engine.key_prefix + name), scope, checked)
 
     async def _take(
         self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked
     ) -> AsyncLease:
-        """Acquire a lease of ``shape``, its arguments checked (see
-        :meth:`LockManager._take`)."""
-        sync = self.sync
+        """Acquire a lease of ``shape``, its arguments checked (the sync manager's rounds,
+        with ``await``: the same flow and the same actions between rounds)."""
+        engine = self.engine
         connections = self._connections()
         subscriber = connections.subscriber
+        contact = engine.contact()
+        if contact is not None:
+            # Before the acquire begins, as in the sync manager: never counted against its
+            # timeout (see flow.Contact). The PONGs come after each connection's hello.
+            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
         queues = checked.blocking and shape.wake_key is not None
-        if len(sync._quarantine.heard) < sync.quorum:
-            # Hear from the nodes before the first acquire (see LockManager._first_contact):
-            # the PONGs come after each new connection's hello replies. Before the acquire
-            # begins, as in the sync manager, so it does not count against the timeout.
-            await connections.run(
-                [PING] * len(sync.addresses), sync.node_timeout, b"PONG", sync.quorum
-            )
         waiter = subscriber.waiter_id() if queues else ""
-        attempt = sync._begin(name, checked, waiter, shape)
+        attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
         if waiter:
             subscriber.register(waiter)  # from now on a release naming us is kept
-        listening = False
+        clock = engine.clock
+        quarantine = engine.quarantine
         try:
             while True:
-                commands = attempt.next_round(sync._quarantine.ms)
-                start = sync._clock()
+                commands = attempt.next_round(quarantine.ms)
+                start = clock()
                 try:
                     results, granted, _ = await connections.run(
-                        commands, sync.node_timeout, attempt.decider, attempt.need, identify=True
+                        commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
                     )
                 except BaseException:
                     # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
@@ -300,7 +475,7 @@ class AsyncLockManager:
                     # queued behind the SETs on each connection.
                     connections.post(attempt.interrupted())
                     raise
-                end = sync._clock()
+                end = clock()
                 step = attempt.judge(results, granted, start, end)
                 if isinstance(step, flow.Granted):
                     strays = attempt.strays(results)
@@ -308,25 +483,25 @@ class AsyncLockManager:
                         connections.post(strays)
                     make = partial(AsyncLease, self)
                     free = connections.post
-                    return sync._grant(make, free, attempt, step, results, scope, checked)
+                    return engine.grant(make, free, attempt, step, results, scope, checked)
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
-                error = sync._failed(step, checked.origin)
-                if error is not None:  # the place in line is left below
-                    raise error
-                wake_key = shape.wake_key
-                if not waiter or wake_key is None:
-                    await asyncio.sleep(step.delay)  # a try that never queues polls
+                action = engine.failed(attempt, step, checked.origin)
+                # What the flow said, awaited here (not in a helper coroutine), as the sync
+                # manager's _carry_out does it.
+                if isinstance(action, flow.Sleep):
+                    sleep = self._sleep
+                    await (asyncio.sleep if sleep is None else sleep)(action.delay)
                     attempt.waited(False)
-                elif not listening and await subscriber.subscribe(
-                    wake_key, sync.node_timeout, waiter
-                ):
-                    # Just subscribed: the try right after covers a release that came between
-                    # our last try and the subscription (see LockManager.acquire).
-                    listening = True
-                else:
-                    listening = True
-                    attempt.waited(await subscriber.wait(waiter, step.delay))
+                elif isinstance(action, flow.Subscribe):
+                    fresh = await subscriber.subscribe(action.key, engine.node_timeout, waiter)
+                    wait = attempt.subscribed(fresh, action.delay)
+                    if wait is not None:
+                        attempt.waited(await subscriber.wait(waiter, wait.delay))
+                elif isinstance(action, flow.Wait):
+                    attempt.waited(await subscriber.wait(waiter, action.delay))
+                else:  # the place in line is left below
+                    raise action.error
         except BaseException:
             leave = attempt.left_line()
             if leave is not None:
@@ -347,128 +522,116 @@ class AsyncLockManager:
         max_hold: float | None = None,
         origin: str | None = None,
     ) -> AsyncLease:
-        """Take over a lease another process gave away (see :meth:`LockManager.adopt`).
+        """Take over a lease another process gave away (see
+        :meth:`LockManager.adopt <django_redlock.LockManager.adopt>`).
 
         Cancellation: a task cancelled here owns nothing; the keys the new token may have
         taken are released (written at once, without awaiting).
+
+        Raises:
+            LockLost: the lease ran out, was released or adopted elsewhere.
+            QuorumUnreachable: too few nodes answered to take it over (the keys are handed
+                back).
+            TypeError, ValueError: not a handle, or one for another key prefix.
         """
-        sync = self.sync
-        adoption = sync._adoption(handle, auto_extend, max_hold, origin)
+        engine = self.engine
+        adoption = engine.adoption(handle, auto_extend, max_hold, origin)
         connections = self._connections()
-        size = len(sync.addresses)
-        if len(sync._quarantine.heard) < sync.quorum:
-            await connections.run([PING] * size, sync.node_timeout, b"PONG", sync.quorum)
-        start = sync._clock()
+        size = len(engine.addresses)
+        contact = engine.contact()
+        if contact is not None:
+            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
+        start = engine.clock()
         try:
             results, _, _ = await connections.run(
                 adoption.commands,
-                sync.node_timeout,
+                engine.node_timeout,
                 flow.NEVER_YES,
                 size,
                 identify=True,
                 give_up=size - 1,
             )
-            return sync._adopted(partial(AsyncLease, self), adoption, results, start)
+            return engine.adopted(partial(AsyncLease, self), adoption, results, start)
         except BaseException as error:
             connections.post(adoption.undo(error))
             raise
 
     async def _release(self, lease: AsyncLease) -> None:
-        sync = self.sync
-        expired = lease._expires_at <= sync._clock()
+        engine = self.engine
+        expired = lease._expires_at <= engine.clock()
         results, deleted, _ = await self._connections().run(
-            flow.release_round(len(sync.addresses), lease._shape, lease.token, lease._waiter),
-            sync.node_timeout,
+            flow.release_round(len(engine.addresses), lease._shape, lease.token, lease._waiter),
+            engine.node_timeout,
             lease._shape.release_yes,
-            sync.quorum,
-            capped=False,  # queued behind what a node owes, never skipped (LockManager._release)
+            engine.quorum,
+            capped=False,  # queued behind what a node owes, never skipped (Engine.release)
         )
         lease._settle_release(results, deleted, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
-        sync = self.sync
-        size = len(sync.addresses)
+        engine = self.engine
+        size = len(engine.addresses)
         if lease._expired_before_renewal():
             self._connections().post(lease._shape.clean_up(lease.token, None, size))
             raise lease._lost_error()
-        commands = sync._extend_round(lease)
-        start = sync._clock()
-        # Never given up early on refusals (LockManager._extend says why).
+        commands = engine.extend_round(lease)
+        start = engine.clock()
+        # Never given up early on refusals (Engine.renew says why).
         results, _, _ = await self._connections().run(
-            commands, sync.node_timeout, 1, sync.quorum, give_up=size
+            commands, engine.node_timeout, 1, engine.quorum, give_up=size
         )
         try:
-            return lease._settle_extend(start, sync._clock(), results)
+            return lease._settle_extend(start, engine.clock(), results)
         except LockLost:
-            # The lease has ended (never on a mere miss, LockManager._extend): best effort,
-            # no await, free the keys flow.lost_clean_up says to.
+            # The lease has ended (never on a mere miss, Engine.renew): best effort, no
+            # await, free the keys flow.lost_clean_up says to.
             self._connections().post(
                 flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
             )
             raise
 
     async def _owned(self, lease: AsyncLease) -> bool:
-        sync = self.sync
+        engine = self.engine
         _, owned, _ = await self._connections().run(
-            flow.owns_round(len(sync.addresses), lease._shape, lease.token),
-            sync.node_timeout,
+            flow.owns_round(len(engine.addresses), lease._shape, lease.token),
+            engine.node_timeout,
             1,
-            sync.quorum,
+            engine.quorum,
         )
-        return flow.owned(sync._nodes, owned, lease.validity)
+        return flow.owned(engine.nodes, owned, lease.validity)
 
     async def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see
-        :meth:`LockManager.locked`).
+        :meth:`LockManager.locked <django_redlock.LockManager.locked>`).
 
         Raises:
             TypeError, ValueError: a bad name.
         """
-        return flow.is_locked(self.sync._nodes, await self.holder(name))
+        return flow.is_locked(self.engine.nodes, await self.holder(name))
 
     async def holder(self, name: str) -> dict[str, Any] | None:
-        """Who holds lock ``name``, or None (one round trip; see :meth:`LockManager.holder`).
+        """Who holds lock ``name``, or None (one round trip; see
+        :meth:`LockManager.holder <django_redlock.LockManager.holder>`).
 
         Raises:
             TypeError, ValueError: a bad name.
         """
-        sync = self.sync
-        size = len(sync.addresses)
+        engine = self.engine
+        size = len(engine.addresses)
         results, _, _ = await self._connections().run(  # every node's answer is wanted
-            flow.holder_round(size, sync.key(name)), sync.node_timeout, None, size, give_up=size
+            flow.holder_round(size, engine.key(name)),
+            engine.node_timeout,
+            None,
+            size,
+            give_up=size,
         )
         return flow.holder_of(results)
-
-    def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:
-        """The semaphore ``name`` of ``limit`` slots; ``await sem.acquire(...)`` (see
-        :meth:`LockManager.semaphore`)."""
-        return Semaphore(self, validate_name(name), limit)
-
-    def rwlock(self, name: str) -> RWLock[Coroutine[Any, Any, AsyncLease]]:
-        """The read-write lock ``name``; ``await rw.read(...)`` / ``await rw.write(...)``
-        (see :meth:`LockManager.rwlock`)."""
-        return RWLock(self, validate_name(name))
-
-    async def lock_many(
-        self, names: Iterable[str], **options: Unpack[AcquireOptions]
-    ) -> AsyncLease:
-        """Take several locks as one lease, all or nothing (see
-        :meth:`LockManager.lock_many`)."""
-        checked = validate_names(names)
-        shape = Many([self.sync.key_prefix + name for name in checked])
-        lease = await self._take_shape(" + ".join(checked), shape, dict(options))
-        lease.names = tuple(checked)
-        return lease
-
-    async def _take_shape(self, name: str, shape: Shape, options: dict[str, Any]) -> AsyncLease:
-        checked = self.sync._acquire_arguments(*acquire_options(options))
-        return await self._take(name, shape, owner_scope(), checked)
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]
     ) -> contextlib.AbstractAsyncContextManager[AsyncLease]:
         """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit
-        (the arguments of :meth:`LockManager.acquire`)."""
+        (the arguments of :meth:`acquire`)."""
         acquire_options(options)  # an unknown argument is refused here, not at enter
         return self._block(name, options)
 
@@ -476,3 +639,102 @@ class AsyncLockManager:
     async def _block(self, name: str, options: AcquireOptions) -> AsyncIterator[AsyncLease]:
         async with await self.acquire(name, **options) as lease:
             yield lease
+
+    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
+
+    def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:
+        """The semaphore ``name`` of ``limit`` slots; ``await sem.acquire(...)`` (see
+        :meth:`LockManager.semaphore <django_redlock.LockManager.semaphore>`).
+
+        Raises:
+            TypeError, ValueError: a bad name or limit (1 … 1024).
+        """
+        return Semaphore(self, validate_name(name), limit)
+
+    def rwlock(self, name: str) -> RWLock[Coroutine[Any, Any, AsyncLease]]:
+        """The read-write lock ``name``; ``await rw.read(...)`` / ``await rw.write(...)``
+        (see :meth:`LockManager.rwlock <django_redlock.LockManager.rwlock>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return RWLock(self, validate_name(name))
+
+    async def lock_many(
+        self, names: Iterable[str], **options: Unpack[AcquireOptions]
+    ) -> AsyncLease:
+        """Take several locks as one lease, all or nothing (see
+        :meth:`LockManager.lock_many <django_redlock.LockManager.lock_many>`).
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
+        """
+        checked = validate_names(names)
+        shape = Many([self.engine.key_prefix + name for name in checked])
+        lease = await self.acquire_shape(" + ".join(checked), shape, **options)
+        lease.names = tuple(checked)
+        return lease
+
+    async def acquire_shape(
+        self, name: str, shape: Shape, **options: Unpack[AcquireOptions]
+    ) -> AsyncLease:
+        """Acquire a lease of ``shape`` named ``name`` (see
+        :meth:`LockManager.acquire_shape <django_redlock.LockManager.acquire_shape>`).
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad argument.
+        """
+        checked = self.engine.check_arguments(*acquire_options(dict(options)))
+        return await self._take(name, shape, owner_scope(), checked)
+
+    # -- operators -------------------------------------------------------------------------
+
+    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
+        """The active locks whose names start with ``prefix`` (see
+        :meth:`LockManager.locks <django_redlock.LockManager.locks>`). A plain function:
+        blocking reads through clients of its own, for operators, on no hot path.
+
+        Raises:
+            TypeError, ValueError: a bad ``prefix`` or ``limit``.
+        """
+        return list_locks(self, prefix, limit=limit)
+
+    async def force_release(self, name: str) -> int:
+        """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
+        it (see :meth:`LockManager.force_release <django_redlock.LockManager.force_release>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        engine = self.engine
+        size = len(engine.addresses)
+        _, deleted, _ = await self._connections().run(
+            flow.force_release_round(size, engine.key(name)),
+            engine.node_timeout,
+            1,
+            size,
+            give_up=size,
+        )
+        engine.reporter.force_released(name, deleted)
+        return int(deleted)
+
+    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
+        """Let the nodes vote at once, with no restart quarantine (see
+        :meth:`LockManager.declare_fresh <django_redlock.LockManager.declare_fresh>`). A
+        plain function: blocking I/O through clients of its own, for operators.
+
+        Raises:
+            ValueError: ``nodes`` names a node this manager does not have.
+            RedlockError: a node could not be declared (unreachable, refused).
+        """
+        return self.engine.declare_fresh(nodes)
+
+    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
+        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
+
+        Raises:
+            ValueError: a name matches none of them.
+        """
+        return self.engine.addresses_of(nodes)
