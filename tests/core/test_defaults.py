@@ -54,7 +54,10 @@ def test_retry_after_is_when_a_quorum_of_the_holders_keys_run_out(cluster3):
     error = failure(manager.engine.nodes, "report", [12_000, 5_000, 4_000], 0, 0.001, 1)
     assert error.retry_after == 5.0
     # One node granted this attempt: one more must free up, the shortest.
-    assert failure(manager.engine.nodes, "report", [b"OK", 9_000, 3_000], 1, 0.001, 1).retry_after == 3.0
+    assert (
+        failure(manager.engine.nodes, "report", [b"OK", 9_000, 3_000], 1, 0.001, 1).retry_after
+        == 3.0
+    )
     # A key without expiry on the node that would be needed: unknown.
     assert failure(manager.engine.nodes, "report", [-1, -1, 3_000], 0, 0.001, 1).retry_after is None
 
