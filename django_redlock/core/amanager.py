@@ -108,7 +108,7 @@ class AsyncLease(BaseLease):
     def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
         # Hosted by the engine, as a sync lease (clock, reporter, and the extender's
         # renewals, which are sync rounds); its own rounds are the asyncio manager's.
-        super().__init__(manager.engine, **fields)
+        super().__init__(manager, **fields)
         self._async_manager = manager
 
     async def owned(self) -> bool:

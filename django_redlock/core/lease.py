@@ -28,7 +28,7 @@ from django_redlock.exceptions import (
 )
 from django_redlock.wire.process import current_pid
 
-__all__ = ["BaseLease", "LeaseEvents", "LeaseHost", "held_on", "release_quietly"]
+__all__ = ["BaseLease", "Holder", "LeaseEvents", "LeaseHost", "held_on", "release_quietly"]
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -99,6 +99,13 @@ class LeaseHost(Protocol):
         validity in seconds. Raises what ``Lease.extend`` raises."""
 
 
+class Holder(Protocol):
+    """What a lease is made with: a manager, sync or asyncio, whose engine hosts it."""
+
+    @property
+    def engine(self) -> LeaseHost: ...
+
+
 class BaseLease:
     """What :class:`~django_redlock.redlock.Lease` and
     :class:`~django_redlock.aredlock.AsyncLease` share: the state of a held lock and the
@@ -142,7 +149,7 @@ class BaseLease:
 
     def __init__(
         self,
-        host: LeaseHost,
+        manager: Holder,
         *,
         name: str,
         key: str,
@@ -153,7 +160,9 @@ class BaseLease:
         origin: str | None = None,
         shape: Shape | None = None,
     ) -> None:
-        self._host = host
+        # The manager's engine, not the manager: one host for the leases of every manager
+        # sharing it, and the attribute read here costs less than a subclass __init__ would.
+        self._host = manager.engine
         # What the lease is on the nodes (see core/shapes.py and _shape): None for a lock
         # on ``key``, the common case, whose shape is made again for each round.
         self._special_shape = (

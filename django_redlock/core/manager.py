@@ -96,12 +96,9 @@ class Lease(BaseLease):
     the attributes)."""
 
     __slots__ = ()
+    # Hosted by the engine its manager holds (clock, reporter, renewal): the sync rounds of
+    # a lease (extend, release, owned) run on the engine's sync transport.
     _host: Engine
-
-    def __init__(self, manager: Sharing, **fields: Any) -> None:
-        # Hosted by the engine its manager holds (clock, reporter, renewal): the sync
-        # rounds of a lease (extend, release, owned) run on the engine's sync transport.
-        super().__init__(manager.engine, **fields)
 
     def extend(self) -> float:
         """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
@@ -420,8 +417,7 @@ class LockManager:
         queues = checked.blocking and shape.wake_key is not None
         # Registered from now on: a release naming it is kept even if it comes while
         # another thread reads the shared pub/sub sockets and this one is not waiting yet.
-        subscriber = connections.subscriber
-        waiter = subscriber.waiter_id() if queues else ""
+        waiter = connections.subscriber.waiter_id() if queues else ""
         try:
             attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
             try:
@@ -439,7 +435,7 @@ class LockManager:
             if waiter:
                 # Its channel may now be unsubscribed by another thread, once nobody
                 # listens on it (the subscriber counts the listeners of each channel).
-                subscriber.unregister(waiter)
+                connections.subscriber.unregister(waiter)
 
     def _rounds(
         self,
