@@ -167,6 +167,16 @@ def once_retry_busy(self: Task, job: str, gate: str | None = None) -> str:
 @app.task(
     bind=True,
     base=LockedTask,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 10, "ttl": 2},
+)
+def once_long_wait(self: Task, job: str, gate: str | None = None) -> str:
+    """Enqueued with a countdown that uses most of its once_ttl: starts with little left."""
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
     redlock={"key": "page:{job}:{page}", "once": True, "once_ttl": 20, "ttl": 2},
 )
 def once_paged(self: Task, job: str, page: int, gate: str) -> Any:
