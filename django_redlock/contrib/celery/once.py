@@ -51,7 +51,7 @@ __all__ = [
 logger = logging.getLogger("django_redlock.celery")
 
 #: The message header that carries the ``once`` lease from ``apply_async`` to the worker:
-#: ``LeaseHandle.dumps()`` text (a dict ``{name, token, ttl, origin}`` before 0.2).
+#: ``LeaseHandle.dumps()`` text (in 0.1: a dict ``{name, token, ttl, origin}``).
 HEADER = "redlock_once"
 #: Prefix of the ``once`` lease's name: ``once:<key>``.
 ONCE_PREFIX = "once:"
@@ -205,7 +205,7 @@ def handle_in(manager: LockManager, request: Any) -> LeaseHandle | None:
     (no header, or a malformed one: logged).
 
     Reads the header of this version (``LeaseHandle.dumps()`` text) and the one of the
-    versions before 0.2 (a dict ``{name, token, ttl, origin}``, the token of the lease as
+    version 0.1 (a dict ``{name, token, ttl, origin}``, the token of the lease as
     the producer took it), so messages queued before an upgrade keep their key.
     """
     header = getattr(request, HEADER, None)
