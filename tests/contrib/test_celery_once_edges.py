@@ -196,3 +196,15 @@ def test_the_header_of_either_version_is_read_and_a_malformed_one_ignored(
         for bad in ("rlh1.garbage", {"name": "once:job:x", "token": "short", "ttl": 3}, 7):
             assert handle_in(manager, SimpleNamespace(headers={HEADER: bad})) is None
     assert caplog.text.count(f"ignoring a malformed {HEADER} header") == 3
+
+
+def test_a_copy_that_enqueues_its_own_key_while_running_gets_itself_back(
+    solo: Worker, celery_app: Any, journal: Journal
+):
+    # The running copy's thread holds the adopted once lease: the core counts a second
+    # acquire of it there as a re-entry, which must not hand that lease to a new message.
+    job = new_job()
+    first = celery_app.once_enqueues_itself.apply_async((job,), queue=solo.queue)
+    assert first.get(timeout=WAIT) == first.id  # the new copy was not sent: it is this one
+    assert count(journal.events(job), "start") == 1
+    wait_until(lambda: get_manager().holder(f"once:job:{job}") is None, "the key", PROMPT)

@@ -1,15 +1,14 @@
 """The ``once`` lease: taken at enqueue, handed to the worker in the message, adopted there,
-handed on to a retry, freed at the end (all through the core's ``handle()``/``adopt``).
+handed on to a retry, freed at the end (all through the core's ``handle()`` and ``adopt``).
 
 The producer acquires ``once:<key>`` (no waiting, ``once_ttl``) and gives it away at once
 with ``lease.handle()``: the handle's text goes in the message header :data:`HEADER`. The
-worker ``adopt``\\ s it (one round trip: the keys move to a new token, keeping their expiry)
-with ``auto_extend=True``, so the core's extender renews it while the task runs and a killed
-worker's key runs out within ``once_ttl``. A retry of the task ``handle()``\\ s it again into
-the retried message; the end of the task releases it. Every adopt names the same origin,
-``celery-once:<task name>[<task id>]``, so a second enqueue reads the queued copy's id from
-the lease's holder record whichever process holds it at that moment.
-"""
+worker adopts it (``m.adopt``, one round trip: the keys move to a new token and keep their
+expiry) with ``auto_extend=True``, so the core's extender renews it while the task runs and
+a killed worker's key runs out within ``once_ttl``. A retry of the task hands it on with
+``lease.handle()`` into the retried message; the end of the task releases it. Every adopt
+names the same origin, ``celery-once:<task name>[<task id>]``, so a second enqueue reads the
+queued copy's id from the lease's holder record whichever process holds it at that moment."""
 
 from __future__ import annotations
 
@@ -40,12 +39,13 @@ from django_redlock.redlock import Lease, LockManager
 __all__ = [
     "HEADER",
     "ONCE_PREFIX",
+    "RUNNING_ATTR",
     "AlreadyQueued",
     "RunningOnce",
     "apply_once",
     "free",
     "handle_in",
-    "start",
+    "start_once",
 ]
 
 logger = logging.getLogger("django_redlock.celery")
@@ -172,14 +172,22 @@ def _take(
         try:
             lease = manager.acquire(name, ttl=ttl, blocking=False, origin=origin)
         except LockContended:
-            existing = _queued_task_id(manager, name)
-            if existing is None:
-                continue  # ran out between our try and the read: try again
-            if policy.once_raise:
-                raise AlreadyQueued(name, existing) from None
-            logger.info("%s[%s] not sent: %r is queued as %s", task.name, task_id, name, existing)
-            return cast(AsyncResult, task.AsyncResult(existing))
-        return lease.handle()
+            pass
+        else:
+            if lease.depth == 1:
+                return lease.handle()
+            # This thread holds the key already: it runs the copy that adopted it (an adopted
+            # lease is this thread's, and the core counts an acquire of it as a re-entry).
+            # Undo the re-entry only (no round trip; the keys stay that copy's) and answer as
+            # for any copy queued or running.
+            lease.release()
+        existing = _queued_task_id(manager, name)
+        if existing is None:
+            continue  # ran out between our try and the read: try again
+        if policy.once_raise:
+            raise AlreadyQueued(name, existing)
+        logger.info("%s[%s] not sent: %r is queued as %s", task.name, task_id, name, existing)
+        return cast(AsyncResult, task.AsyncResult(existing))
     raise AlreadyQueued(name, None)
 
 
@@ -269,6 +277,7 @@ class RunningOnce:
         # still hold the handle's token (a failed adopt hands them back).
         self.handle = handle
         self.handed_off = False
+        self.handed: LeaseHandle | None = None
 
     def hand_off(self) -> LeaseHandle | None:
         """Give the lease to a retry of this task: its handle for the retried message, or
@@ -280,7 +289,13 @@ class RunningOnce:
         came: if the nodes were only unreachable the key stays this message's instead of
         needing a new lease while they are down.
         """
+        if self.handed_off:
+            return self.handed  # a second retry message of the same run: the same lease
         self.handed_off = True
+        self.handed = self._give()
+        return self.handed
+
+    def _give(self) -> LeaseHandle | None:
         lease = self.lease
         if lease is None and self.handle is not None:
             try:
@@ -318,7 +333,7 @@ class RunningOnce:
             free(self.manager, self.handle, "the task ended")
 
 
-def start(task: Task, manager: LockManager, request: Any) -> RunningOnce | None:
+def start_once(task: Task, manager: LockManager, request: Any) -> RunningOnce | None:
     """Adopt the ``once`` lease the message carries, when the task starts; None when it
     carries none.
 

@@ -14,8 +14,9 @@ from celery import Task
 from celery._state import get_current_task
 from celery.result import AsyncResult
 
-from django_redlock.contrib.celery import once, run_lock
+from django_redlock.contrib.celery import run_lock
 from django_redlock.contrib.celery.naming import Key, Namer
+from django_redlock.contrib.celery.once import RUNNING_ATTR, RunningOnce, apply_once, start_once
 from django_redlock.contrib.celery.policy import (
     ONCE_ATTR,
     POLICY_ATTR,
@@ -58,7 +59,7 @@ def _run_locked(
     call_args = args[1:] if bound else args
     name = namer.name(call_args, kwargs, bound=bound)
     manager = policy.get_manager()
-    running: once.RunningOnce | None = None
+    running: RunningOnce | None = None
     if policy.once:
         if not has_once(task):
             # Only @app.task without bind=True gets here (see _LockedFunction).
@@ -67,8 +68,8 @@ def _run_locked(
                 "lacks here: declare the task with @app.task(bind=True) over @locked_task, "
                 "or with base=LockedTask"
             )
-        running = once.start(task, manager, request)
-    setattr(request, once.RUNNING_ATTR, running)
+        running = start_once(task, manager, request)
+    setattr(request, RUNNING_ATTR, running)
     try:
         lease = run_lock.acquire(policy, task, manager, name, run_lock.origin(task, request))
         if lease is None:
@@ -88,7 +89,7 @@ def _run_locked(
         lease.__exit__(None, None, None)
         return result
     finally:
-        setattr(request, once.RUNNING_ATTR, None)
+        setattr(request, RUNNING_ATTR, None)
         if running is not None:
             running.finish()
 
@@ -236,7 +237,7 @@ def _apply(
         # Eager: Celery runs it here and now, not from a queue (documented bypass).
         return send(args, kwargs, task_id, *more, **options)
     policy, namer = found
-    return once.apply_once(task, policy, namer, send, args, kwargs, task_id, *more, **options)
+    return apply_once(task, policy, namer, send, args, kwargs, task_id, *more, **options)
 
 
 # -- the base class ------------------------------------------------------------------------
