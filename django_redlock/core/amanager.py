@@ -40,7 +40,16 @@ from django_redlock.core.engine import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
-from django_redlock.core.lease import BaseLease
+from django_redlock.core.lease import (
+    BaseLease,
+    expired_before_renewal,
+    lost_clean_up,
+    lost_error,
+    owns_round,
+    release_round,
+    settle_extend,
+    settle_release,
+)
 from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
@@ -558,22 +567,23 @@ class AsyncLockManager:
 
     async def _release(self, lease: AsyncLease) -> None:
         engine = self.engine
-        expired = lease._expires_at <= engine.clock()
+        commands, yes, expired = release_round(lease, len(engine.addresses))
         results, deleted, _ = await self._connections().run(
-            flow.release_round(len(engine.addresses), lease._shape, lease.token, lease._waiter),
+            commands,
             engine.node_timeout,
-            lease._shape.release_yes,
+            yes,
             engine.quorum,
             capped=False,  # queued behind what a node owes, never skipped (Engine.release)
         )
-        lease._settle_release(results, deleted, expired)
+        settle_release(lease, results, deleted, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
         engine = self.engine
         size = len(engine.addresses)
-        if lease._expired_before_renewal():
-            self._connections().post(lease._shape.clean_up(lease.token, None, size))
-            raise lease._lost_error()
+        expired = expired_before_renewal(lease, size)
+        if expired is not None:
+            self._connections().post(expired)
+            raise lost_error(lease)
         commands = engine.extend_round(lease)
         start = engine.clock()
         # Never given up early on refusals (Engine.renew says why).
@@ -581,19 +591,17 @@ class AsyncLockManager:
             commands, engine.node_timeout, 1, engine.quorum, give_up=size
         )
         try:
-            return lease._settle_extend(start, engine.clock(), results)
+            return settle_extend(lease, start, engine.clock(), results)
         except LockLost:
             # The lease has ended (never on a mere miss, Engine.renew): best effort, no
             # await, free the keys flow.lost_clean_up says to.
-            self._connections().post(
-                flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
-            )
+            self._connections().post(lost_clean_up(lease, results))
             raise
 
     async def _owned(self, lease: AsyncLease) -> bool:
         engine = self.engine
         _, owned, _ = await self._connections().run(
-            flow.owns_round(len(engine.addresses), lease._shape, lease.token),
+            owns_round(lease, len(engine.addresses)),
             engine.node_timeout,
             1,
             engine.quorum,

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from django_redlock.core import extender, flow
+from django_redlock.core import flow
 from django_redlock.core.arguments import (
     check_drift_factor,
     check_key_prefix,
@@ -43,7 +43,23 @@ from django_redlock.core.arguments import (
 )
 from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.health import declare_fresh
-from django_redlock.core.lease import BaseLease, held_on
+from django_redlock.core.lease import (
+    BaseLease,
+    expired_before_renewal,
+    forget_scope,
+    held_on,
+    let_go,
+    lost_clean_up,
+    lost_error,
+    owns_round,
+    reenter,
+    release_round,
+    renewal_round,
+    settle_extend,
+    settle_grant,
+    settle_release,
+    take_over,
+)
 from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
@@ -350,8 +366,7 @@ class Engine:
         """The lease of type ``kind`` that ``scope`` already holds on ``name``, counted once
         more (re-entry by the same thread or asyncio task), or None."""
         held = self.held.get((scope, name))
-        if isinstance(held, kind) and not held.released and not held.lost:
-            held._depth += 1
+        if held is not None and reenter(held, kind):
             return held
         return None
 
@@ -408,13 +423,13 @@ class Engine:
                 origin=checked.origin,
                 shape=attempt.kind,
             )
-            lease._owner = attempt.owner
-            lease._held = held_on(attempt.kind.granted_on(results))
-            waited = lease.acquired_at - attempt.started
-            self.reporter.granted(lease.name, results, attempt.votes, waited)
             # Our place in line may remain on nodes that did not grant this attempt; the
             # release drops it there (see release.lua), at no extra round trip.
-            lease._waiter = attempt.waiter
+            settle_grant(
+                lease, attempt.owner, held_on(attempt.kind.granted_on(results)), attempt.waiter
+            )
+            waited = lease.acquired_at - attempt.started
+            self.reporter.granted(lease.name, results, attempt.votes, waited)
             return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:
             free(attempt.interrupted())
@@ -436,19 +451,13 @@ class Engine:
         frees or hands back its keys.
         """
         try:
-            if auto_extend:
-                lease._guard = threading.Lock()
-                if hold is not None:
-                    lease._renew_until = time.monotonic() + hold
-                extender.schedule(lease, time.monotonic() + lease.ttl / 3)
-            lease._scope = scope
-            if lease._shape.reentrant:
+            if take_over(lease, scope, auto_extend, hold):
                 self.held[(scope, lease.name)] = lease
             self.reporter.acquired(lease, waited)
         except BaseException:
             # Else a re-entrant acquire in this thread would get a lease whose keys are
             # being freed, and the extender would keep renewing them.
-            lease._released = True
+            let_go(lease)
             self.forget(lease)
             raise
         return lease
@@ -465,8 +474,9 @@ class Engine:
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
-        if lease._scope is not None and self.held.get((lease._scope, lease.name)) is lease:
-            del self.held[(lease._scope, lease.name)]
+        scope = forget_scope(lease)
+        if scope is not None and self.held.get((scope, lease.name)) is lease:
+            del self.held[(scope, lease.name)]
 
     # -- adopt -----------------------------------------------------------------------------
 
@@ -537,7 +547,7 @@ class Engine:
             origin=adoption.origin,
         )
         lease.fencing_token = taken.fencing_token
-        lease._held = held_on(type(reply) is int and reply > 0 for reply in results)
+        settle_grant(lease, "", held_on(type(reply) is int and reply > 0 for reply in results))
         self.reporter.adopted(lease)
         return self.own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 
@@ -546,11 +556,7 @@ class Engine:
     def extend_round(self, lease: BaseLease) -> list[Command]:
         """The commands of a renewal round of ``lease`` (sync and asyncio alike): renew, or
         re-create where a node lost the key (with ``lease``'s owner record)."""
-        if not lease._owner:
-            lease._owner = self.owners.record(lease.origin)
-        return flow.extend_round(
-            len(self.addresses), lease._shape, lease.token, lease.ttl, lease._owner
-        )
+        return renewal_round(lease, len(self.addresses), self.owners.record)
 
     def renew(self, lease: BaseLease) -> float:
         """One sync renewal round of ``lease``: a sync ``Lease.extend``, and the extender
@@ -566,9 +572,10 @@ class Engine:
         """
         connections = self.connections.get()
         size = len(self.addresses)
-        if lease._expired_before_renewal():
-            connections.clean_up(lease._shape.clean_up(lease.token, None, size))
-            raise lease._lost_error()
+        expired = expired_before_renewal(lease, size)
+        if expired is not None:
+            connections.clean_up(expired)
+            raise lost_error(lease)
         commands = self.extend_round(lease)
         start = self.clock()
         # Never given up early on refusals: a node that never held the lease may answer
@@ -577,14 +584,12 @@ class Engine:
         exchange = connections.run(commands, deadline, 1, self.quorum, size)
         now = self.clock()
         try:
-            return lease._settle_extend(start, now, exchange.results)
+            return settle_extend(lease, start, now, exchange.results)
         except LockLost:
             # The lease has ended: free what keys of ours only keep the next holder waiting
             # (flow.lost_clean_up: all of them, but for a lease found gone only those this
             # round re-created). Never on a mere miss: those keys keep others out meanwhile.
-            connections.clean_up(
-                flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, exchange.results)
-            )
+            connections.clean_up(lost_clean_up(lease, exchange.results))
             raise
 
     def release(self, lease: BaseLease) -> None:
@@ -594,24 +599,20 @@ class Engine:
             LockLost: the lease had expired, or a quorum no longer held it.
         """
         connections = self.connections.get()
-        expired = lease._expires_at <= self.clock()
+        commands, yes, expired = release_round(lease, len(self.addresses))
         # Queued behind whatever a node still owes, never skipped: a node that owes many
         # replies (it stalled, or was overloaded while this thread waited) then frees the
         # lock when it catches up instead of keeping the key for the whole ttl.
         exchange = connections.run(
-            flow.release_round(len(self.addresses), lease._shape, lease.token, lease._waiter),
-            time.monotonic() + self.node_timeout,
-            lease._shape.release_yes,
-            self.quorum,
-            queue_behind=True,
+            commands, time.monotonic() + self.node_timeout, yes, self.quorum, queue_behind=True
         )
-        lease._settle_release(exchange.results, exchange.yes, expired)
+        settle_release(lease, exchange.results, exchange.yes, expired)
 
     def owned(self, lease: BaseLease) -> bool:
         """One sync round trip: does a quorum hold ``lease``'s token (a sync
         ``Lease.owned``)."""
         exchange = self.connections.get().run(
-            flow.owns_round(len(self.addresses), lease._shape, lease.token),
+            owns_round(lease, len(self.addresses)),
             time.monotonic() + self.node_timeout,
             1,
             self.quorum,

@@ -14,9 +14,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard, TypeVar
 
-from django_redlock.core import flow
+from django_redlock.core import extender, flow
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.shapes import Shape
@@ -27,8 +27,31 @@ from django_redlock.exceptions import (
     LockLost,
 )
 from django_redlock.wire.process import current_pid
+from django_redlock.wire.scripts import Command
 
-__all__ = ["BaseLease", "Holder", "LeaseEvents", "LeaseHost", "held_on", "release_quietly"]
+__all__ = [
+    "BaseLease",
+    "Holder",
+    "LeaseEvents",
+    "LeaseHost",
+    "expired_before_renewal",
+    "forget_scope",
+    "held_on",
+    "let_go",
+    "lost_clean_up",
+    "lost_error",
+    "owns_round",
+    "reenter",
+    "release_quietly",
+    "release_round",
+    "renewal_round",
+    "settle_extend",
+    "settle_grant",
+    "settle_release",
+    "take_over",
+]
+
+_K = TypeVar("_K", bound="BaseLease")
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -593,6 +616,106 @@ class BaseLease:
             return
         if exc is None and lost is not None:
             raise self._lost_error()
+
+
+# -- what the engine and the managers do to a lease -------------------------------------
+# Functions, not lease methods: they are the lease's side of its host's steps and rounds
+# (core/engine.py, core/manager.py, core/amanager.py), not part of what users call on a
+# lease; they live here, with the state they change.
+
+
+def reenter(lease: BaseLease, kind: type[_K]) -> TypeGuard[_K]:
+    """Count one more hold of ``lease`` by its owner (re-entry) when it is a ``kind`` that
+    is still held (not released, not lost); False, changing nothing, otherwise."""
+    if isinstance(lease, kind) and not lease._released and not lease.lost:
+        lease._depth += 1
+        return True
+    return False
+
+
+def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: str = "") -> None:
+    """Record what the round that granted (or handed over) ``lease`` left: its owner record
+    ("" when not known yet: made at its first renewal), which nodes hold it, and the waiter
+    id whose place in line its release drops."""
+    lease._owner = owner
+    lease._held = held
+    lease._waiter = waiter
+
+
+def take_over(
+    lease: BaseLease, scope: tuple[object, ...], auto_extend: bool, hold: float | None
+) -> bool:
+    """Make ``lease`` the property of ``scope`` (pid, thread, task), renewed in the
+    background when ``auto_extend`` (until ``hold`` seconds from now, when given). Returns
+    whether the lease is re-entrant (then its host registers it for re-entry)."""
+    if auto_extend:
+        lease._guard = threading.Lock()
+        if hold is not None:
+            lease._renew_until = time.monotonic() + hold
+        extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+    lease._scope = scope
+    return lease._shape.reentrant
+
+
+def let_go(lease: BaseLease) -> None:
+    """The owner never gets ``lease`` (its acquire failed after the grant): it counts as
+    released, so the extender renews it no more."""
+    lease._released = True
+
+
+def forget_scope(lease: BaseLease) -> tuple[object, ...] | None:
+    """The scope ``lease`` is registered under for re-entry, or None (never owned)."""
+    return lease._scope
+
+
+def renewal_round(
+    lease: BaseLease, size: int, record: Callable[[str | None], str]
+) -> list[Command]:
+    """The commands of a renewal round of ``lease`` on ``size`` nodes: renew, or re-create
+    where a node lost the key, with the lease's owner record (made by ``record`` from its
+    origin when it has none yet: an adopted lease)."""
+    if not lease._owner:
+        lease._owner = record(lease.origin)
+    return flow.extend_round(size, lease._shape, lease.token, lease.ttl, lease._owner)
+
+
+def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] | None:
+    """None while ``lease`` is valid. Once its validity ran out before a renewal could start
+    (no round is sent then): the lease is marked lost, and this returns the releases of its
+    keys to send before raising :func:`lost_error`."""
+    if not lease._expired_before_renewal():
+        return None
+    return lease._shape.clean_up(lease.token, None, size)
+
+
+def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
+    """After :func:`settle_extend` raised ``LockLost``: the releases its round's ``results``
+    call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
+    return flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
+
+
+def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool]:
+    """The release round of ``lease`` on ``size`` nodes: its commands, the reply that counts
+    as released, and whether the lease had run out before it (for :func:`settle_release`)."""
+    shape = lease._shape
+    expired = lease._expires_at <= lease._host.clock()
+    return flow.release_round(size, shape, lease.token, lease._waiter), shape.release_yes, expired
+
+
+def owns_round(lease: BaseLease, size: int) -> list[Command]:
+    """The commands that ask ``size`` nodes whether they hold ``lease``'s token."""
+    return flow.owns_round(size, lease._shape, lease.token)
+
+
+lost_error = BaseLease._lost_error
+"""``lost_error(lease)``: the :class:`LockLost` of the lease's end."""
+settle_release = BaseLease._settle_release
+"""``settle_release(lease, results, deleted, expired)``: judge and report a release round
+(raises ``LockLost``: see ``BaseLease._settle_release``)."""
+settle_extend = BaseLease._settle_extend
+"""``settle_extend(lease, start, now, results)``: judge and report an extend round; the new
+validity in seconds (raises ``LockLost``, ``LeaseNotExtended``: see
+``BaseLease._settle_extend``)."""
 
 
 class _Releasable(Protocol):
