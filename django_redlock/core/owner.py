@@ -2,12 +2,17 @@
 the scope used for re-entry.
 
 The record (JSON: host, pid, thread, task, origin, acquired_at) tells operators where a lock
-was taken; it never holds the token. The scope (pid, thread, asyncio task) says who may
+was taken; it never holds the token. The scripts receive it as ``"<owner id> <acquired_at>
+<record up to acquired_at>"``: each lock key keeps only the id and the time, and the record is
+stored once per owner on each node (``scripts/lock_key.lua``), so a held lock costs a node
+about as much as a plain string lock. The scope (pid, thread, asyncio task) says who may
 re-enter a lease it holds: another thread, task or a forked child never can.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import sys
 import threading
@@ -25,12 +30,18 @@ __all__ = [
     "OwnerRecords",
     "current_task_name",
     "describe_holder",
+    "owner_id",
+    "owner_json",
     "owner_scope",
 ]
 
 MAX_OWNER_BYTES = 4096
-"""Longest owner record stored with a lock (its JSON, in bytes): host, pid, thread and task
+"""Longest owner record stored for a lock (its JSON, in bytes): host, pid, thread and task
 names, origin and time. Text fields are cut further when escapes make it longer."""
+
+OWNER_ID_CHARS = 12
+"""Length of an owner id (URL-safe base64 of 9 bytes of the record's BLAKE2b digest, so no
+space: the scripts split on spaces). Equal records share one id, hence one owner key."""
 
 # Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
 _MAX_NAME_BYTES = 256
@@ -47,21 +58,47 @@ class OwnerRecords:
 
     def __init__(self, host: str) -> None:
         self.host = host
-        self._cache: dict[tuple[object, ...], str] = {}
+        # (pid, thread, task, origin) -> (owner id, record JSON up to acquired_at)
+        self._cache: dict[tuple[object, ...], tuple[str, str]] = {}
 
     def record(self, origin: str | None) -> str:
-        """The owner record of an acquire made now by this thread (and task) for ``origin``."""
+        """The owner argument of an acquire made now by this thread (and task) for ``origin``:
+        ``"<owner id> <acquired_at> <record JSON up to acquired_at>"`` (``acquired_at`` in
+        seconds since the epoch, to the millisecond), as the scripts take it
+        (``scripts/lock_key.lua``); :func:`owner_json` turns it back into the JSON record."""
         thread = threading.current_thread()
         task = current_task_name()
         origin = clip_origin(origin)  # also bounds the cache's keys
         key = (current_pid(), thread.ident, thread.name, task, origin)
         prefix = self._cache.get(key)
         if prefix is None:
-            prefix = owner_prefix(self.host, current_pid(), thread.name, task, origin)
+            record = owner_prefix(self.host, current_pid(), thread.name, task, origin)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.clear()
-            self._cache[key] = prefix
-        return f"{prefix}{time.time():.6f}}}"
+            prefix = self._cache[key] = (owner_id(record), record)
+        return f"{prefix[0]} {time.time():.3f} {prefix[1]}"
+
+
+def owner_id(prefix: str) -> str:
+    """The id naming an owner record (``prefix``: its JSON up to ``acquired_at``) on the nodes:
+    :data:`OWNER_ID_CHARS` characters of ``[A-Za-z0-9_-]``. 72 bits: two owners that differ
+    get the same id (and one would be shown for the other) with a chance of about 1 in 10^21
+    for a million owners alive at once."""
+    digest = hashlib.blake2b(prefix.encode(), digest_size=9).digest()
+    return base64.urlsafe_b64encode(digest).decode()
+
+
+def owner_json(argument: str) -> str:
+    """The JSON owner record of an owner argument made by :meth:`OwnerRecords.record` (what
+    ``holder`` and listings read back from the nodes).
+
+    Raises:
+        ValueError: ``argument`` is not ``"<owner id> <acquired_at> <record>"``.
+    """
+    parts = argument.split(" ", 2)
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError(f"not an owner argument: {argument[:80]!r}")
+    return f"{parts[2]}{parts[1]}}}"
 
 
 def owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:

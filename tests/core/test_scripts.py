@@ -13,7 +13,7 @@ from django_redlock import redlock
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, ReplyError, encode_command
 from django_redlock.wire.sync import UNIDENTIFIED
-from tests.helpers import node_client
+from tests.helpers import OWNER, lock_token, node_client, owner_arg, owner_record, put_lock
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def acquire(
     key,
     token,
     ttl_ms=10_000,
-    owner="{}",
+    owner=OWNER,
     quarantine_ms=60_000,
     waiter="",
     ticket=0,
@@ -44,12 +44,18 @@ def release(client, key, token, waiter=""):
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
-    assert acquire(node, "k", "a" * 40, owner='{"pid":1}') == b"OK"
-    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":1}'}
+    owner = owner_arg(1, "1795000000.123")
+    assert acquire(node, "k", "a" * 40, owner=owner) == b"OK"
+    # The layout of scripts/lock_key.lua: the token, the owner id and the time in the key...
+    assert node.get("k") == b"a" * 40 + b" " + owner.split()[0].encode() + b" 1795000000.123"
     assert 9_000 < node.pttl("k") <= 10_000
+    # ... and the owner's record once per owner, kept at least as long as the key.
+    owner_key = b"\x00o:" + owner.split()[0].encode() + b":django_redlock:node"
+    assert node.get(owner_key) == b'{"pid":1,"acquired_at":'
+    assert node.pttl(owner_key) >= node.pttl("k")
     left = acquire(node, "k", "b" * 40)
     assert 9_000 < left <= 10_000
-    assert node.hget("k", "t") == b"a" * 40
+    assert lock_token(node, "k") == b"a" * 40
 
 
 def test_acquire_with_the_same_token_renews_instead_of_refusing(node):
@@ -59,22 +65,30 @@ def test_acquire_with_the_same_token_renews_instead_of_refusing(node):
 
 
 def test_acquire_never_overwrites_foreign_keys(node):
-    node.set("plain", "user data")
-    with pytest.raises(Exception, match="WRONGTYPE"):
-        acquire(node, "plain", "a" * 40)
+    node.set("plain", "user data")  # a string, but not a lock (no owner after a space)
+    assert acquire(node, "plain", "a" * 40) == -1  # held by someone, no expiry
+    node.set("word", "x" * 40)  # not even a space: held too
+    assert acquire(node, "word", "x" * 40) == -1
     node.hset("hash", "field", "x")  # a hash of someone else's, no expiry
     assert acquire(node, "hash", "a" * 40) == -1
     assert node.get("plain") == b"user data"
+    assert node.get("word") == b"x" * 40
     assert node.hgetall("hash") == {b"field": b"x"}
 
 
+def test_an_owner_argument_of_another_shape_is_refused_before_anything_is_written(node):
+    with pytest.raises(Exception, match="owner argument"):
+        acquire(node, "k", "a" * 40, owner='{"pid":1}')
+    assert node.exists("k") == 0
+
+
 def test_listing_reads_owner_and_time_left_of_many_keys_and_never_the_token(node):
-    assert acquire(node, "held", "a" * 40, ttl_ms=10_000, owner='{"pid":1}') == b"OK"
-    node.set("plain", "user data")  # another type under our prefix: no owner, not an error
-    node.hset("forever", "o", '{"pid":2}')  # no expiry
+    assert acquire(node, "held", "a" * 40, ttl_ms=10_000, owner=owner_arg(1)) == b"OK"
+    node.set("plain", "user data")  # a user's string under our prefix: no owner, not an error
+    node.hset("forever", "o", '{"pid":2}')  # an old-layout lock (a hash), no expiry
     keys = ("held", "gone", "plain", "forever")
     reply = node.eval(scripts.LISTING.source, len(keys), *keys)
-    assert reply[0] == b'{"pid":1}'
+    assert reply[0] == owner_record(1)
     assert 9_000 < reply[1] <= 10_000
     assert reply[2:] == [None, -2, None, -1, b'{"pid":2}', -1]
     assert b"a" * 40 not in reply
@@ -90,7 +104,7 @@ def test_release_deletes_only_its_own_token(node):
     assert release(node, "k", "a" * 40) == 0
 
 
-def extend(node, key: str, token: str, ttl_ms: int, owner: str = "{}") -> Any:
+def extend(node, key: str, token: str, ttl_ms: int, owner: str = OWNER) -> Any:
     return node.eval(scripts.EXTEND.source, 2, key, key + "\x00r", token, ttl_ms, owner)
 
 
@@ -99,7 +113,7 @@ def test_extend_renews_its_own_key_and_never_overwrites_another(node):
     assert extend(node, "k", "a" * 40, 30_000) == 1
     assert node.pttl("k") > 25_000
     assert extend(node, "k", "b" * 40, 30_000) == -1  # a's, not b's
-    assert node.hget("k", "t") == b"a" * 40
+    assert lock_token(node, "k") == b"a" * 40
     node.set("user-key", "x")  # not a lock of ours: never overwritten
     assert extend(node, "user-key", "a" * 40, 30_000) == -1
     assert node.get("user-key") == b"x"
@@ -109,8 +123,10 @@ def test_extend_re_creates_a_key_the_node_lost(node):
     """Answered 2, so the client can tell a renewal from a re-creation (core/flow.py)."""
     acquire(node, "k", "a" * 40, ttl_ms=2_000)
     node.delete("k")  # this node lost it (a restart without data, an eviction)
-    assert extend(node, "k", "a" * 40, 30_000, owner='{"pid":9}') == 2
-    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":9}'}
+    assert extend(node, "k", "a" * 40, 30_000, owner=owner_arg(9)) == 2
+    assert lock_token(node, "k") == b"a" * 40
+    reply = node.eval(scripts.HOLDER.source, 1, "k")
+    assert reply[0] == owner_record(9)  # with its owner
     assert node.pttl("k") > 25_000
     # Live readers of the read-write lock of the same name hold it back: taken by them.
     node.delete("k")
@@ -120,13 +136,35 @@ def test_extend_re_creates_a_key_the_node_lost(node):
     assert node.exists("k") == 0
 
 
+def test_a_lock_written_by_the_previous_layout_is_held_by_another_holder(node):
+    """A rolling upgrade: a node holds hash locks (t = token, o = owner) written by the
+    version before scripts/lock_key.lua. The new scripts never grant over such a key, never
+    release or renew it (even with its very token), never crash on it, and still show its
+    owner to operators (the hand-off: tests/core/test_primitive_scripts.py)."""
+    old_token = "a" * 40
+    node.hset("old", mapping={"t": old_token, "o": '{"pid":7}'})
+    node.pexpire("old", 20_000)
+    before = node.pttl("old")
+    assert 0 < acquire(node, "old", "b" * 40) <= before  # held: its time left
+    assert 0 < acquire(node, "old", old_token) <= before  # not even its own token re-enters
+    assert release(node, "old", old_token) == 0
+    assert extend(node, "old", old_token, 60_000) == -1
+    assert node.eval(scripts.OWNS.source, 1, "old", old_token) == 0
+    assert node.hgetall("old") == {b"t": old_token.encode(), b"o": b'{"pid":7}'}
+    assert 0 < node.pttl("old") <= before
+    reply = node.eval(scripts.HOLDER.source, 1, "old")
+    assert reply[0] == b'{"pid":7}' and 0 < reply[1] <= before
+
+
 def test_hostile_names_are_data_not_code(cluster3):
     manager = redlock.LockManager(cluster3.urls)
     for name in ("']]; redis.call('FLUSHALL') --", "a\\\\b", "job*?[x]", "Ünï😀", "]]"):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
-            assert client.hget(lease.key, "t") == lease.token.encode()
+            assert lock_token(client, lease.key) == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        assert client.keys() == [scripts.NODE_KEY.encode()]  # no lock key is left
+        # No lock key is left; only the marker and the owner's record (which expires).
+        left = [key for key in client.keys() if not key.startswith(b"\x00o:")]
+        assert left == [scripts.NODE_KEY.encode()]
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
