@@ -674,7 +674,7 @@ def owner_key_of(client: redis.Redis, key: str) -> bytes:
 def test_a_hand_off_keeps_the_expiry_and_the_adopters_owner_outlives_the_keys(node):
     run(node, scripts.acquire_command(KEY, token("a"), 10_000, owner_arg(1), Q))
     node.pexpire(KEY, 8_000)  # some of the lease has gone by
-    assert 0 < run(node, p.handoff_command([KEY], token("a"), token("b"), owner_arg(2), Q))
+    assert run(node, p.handoff_command([KEY], token("a"), token("b"), owner_arg(2), Q)) > 0
     assert 0 < node.pttl(KEY) <= 8_000  # kept, not renewed (SET ... KEEPTTL)
     assert stored_owner(node, KEY) == owner_record(2)
     assert node.pttl(owner_key_of(node, KEY)) >= node.pttl(KEY)
