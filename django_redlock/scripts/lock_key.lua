@@ -44,7 +44,7 @@ local function lock_token(key)
 end
 
 -- The owner argument's parts: '<owner id> <acquired_at>' (what the lock key keeps), the id,
--- and the record. Raises (aborting the script before it writes) when it is malformed.
+-- and the record. Raises when it is malformed (a caller's bug), before the key is written.
 local function owner_parts(owner)
     local first = string.find(owner, ' ', 1, true)
     local second = first and string.find(owner, ' ', first + 1, true)

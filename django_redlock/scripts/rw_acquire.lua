@@ -102,8 +102,9 @@ if kind == 'r' then
         queue()
         return 0
     end
+    local record = owner_json(ARGV[4]) -- raises on a malformed owner: before any write
     redis.call('ZADD', readers, string.format('%d', clock() + tonumber(ttl)), token)
-    redis.call('HSET', owners, token, owner_json(ARGV[4]))
+    redis.call('HSET', owners, token, record)
     keep_readers(readers, owners, ttl)
     return granted()
 end
