@@ -11,7 +11,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from django_redlock.core.owner import owner_id
+from django_redlock.core.owner import base36, owner_id
 from django_redlock.localnodes import LocalNode
 from django_redlock.wire.scripts import HOLDER
 
@@ -45,16 +45,16 @@ def node_client(node: LocalNode) -> redis.Redis:
     return redis.Redis.from_url(node.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
 
 
-def owner_arg(pid: int = 0, acquired_at: str = "1.000") -> str:
+def owner_arg(pid: int = 0, acquired_ms: int = 1000) -> str:
     """An owner argument as the scripts take it (``scripts/lock_key.lua``), for a record
-    ``{"pid": pid, "acquired_at": acquired_at}``."""
+    ``{"pid": pid, "acquired_at": acquired_ms / 1000}``."""
     record = f'{{"pid":{pid},"acquired_at":'
-    return f"{owner_id(record)} {acquired_at} {record}"
+    return f"{owner_id(record)}{base36(acquired_ms)} {record}"
 
 
-def owner_record(pid: int = 0, acquired_at: str = "1.000") -> bytes:
+def owner_record(pid: int = 0, acquired_ms: int = 1000) -> bytes:
     """The JSON record the scripts read back for :func:`owner_arg`'s owner."""
-    return f'{{"pid":{pid},"acquired_at":{acquired_at}}}'.encode()
+    return f'{{"pid":{pid},"acquired_at":{acquired_ms / 1000:.3f}}}'.encode()
 
 
 OWNER = owner_arg()
@@ -63,7 +63,7 @@ OWNER = owner_arg()
 
 def lock_token(client: redis.Redis, key: str) -> bytes | None:
     """The token the lock key ``key`` holds on one node (a string ``"<token> <owner id>
-    <acquired_at>"``, ``scripts/lock_key.lua``), None when the key is absent."""
+    <acquired_at>"`` without the last space, ``scripts/lock_key.lua``), None when absent."""
     value = client.get(key)
     return None if value is None else value.split(b" ", 1)[0]
 
@@ -71,7 +71,7 @@ def lock_token(client: redis.Redis, key: str) -> bytes | None:
 def put_lock(client: redis.Redis, key: str, token: str) -> None:
     """Make ``key`` hold ``token`` on one node, as another holder's lock would, keeping the
     key's expiry (a rival that took the node's key)."""
-    client.set(key, f"{token} {owner_id('x')} 1.000", keepttl=True)
+    client.set(key, f"{token} {owner_id('x')}rs", keepttl=True)
 
 
 def stored_owner(client: redis.Redis, key: str) -> bytes | None:

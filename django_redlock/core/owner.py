@@ -2,11 +2,12 @@
 the scope used for re-entry.
 
 The record (JSON: host, pid, thread, task, origin, acquired_at) tells operators where a lock
-was taken; it never holds the token. The scripts receive it as ``"<owner id> <acquired_at>
-<record up to acquired_at>"``: each lock key keeps only the id and the time, and the record is
-stored once per owner on each node (``scripts/lock_key.lua``), so a held lock costs a node
-about as much as a plain string lock. The scope (pid, thread, asyncio task) says who may
-re-enter a lease it holds: another thread, task or a forked child never can.
+was taken; it never holds the token. The scripts receive it as ``"<owner id><acquired_at>
+<record up to acquired_at>"`` (:meth:`OwnerRecords.record`): each lock key keeps only the id
+and the time, and the record is stored once per owner on each node (``scripts/lock_key.lua``),
+so a held lock costs a node about as much as a plain string lock. The scope (pid, thread,
+asyncio task) says who may re-enter a lease it holds: another thread, task or a forked child
+never can.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ __all__ = [
     "MAX_OWNER_BYTES",
     "HolderSource",
     "OwnerRecords",
+    "base36",
     "current_task_name",
     "describe_holder",
     "owner_id",
-    "owner_json",
     "owner_scope",
 ]
 
@@ -39,9 +40,9 @@ MAX_OWNER_BYTES = 4096
 """Longest owner record stored for a lock (its JSON, in bytes): host, pid, thread and task
 names, origin and time. Text fields are cut further when escapes make it longer."""
 
-OWNER_ID_CHARS = 12
-"""Length of an owner id (URL-safe base64 of 9 bytes of the record's BLAKE2b digest, so no
-space: the scripts split on spaces). Equal records share one id, hence one owner key."""
+OWNER_ID_CHARS = 7
+"""Length of an owner id (URL-safe base64, so never a space: the scripts split on spaces).
+Equal records share one id, hence one owner key on each node."""
 
 # Byte budgets of the owner record's names (thread, task, host) before JSON escaping.
 _MAX_NAME_BYTES = 256
@@ -62,10 +63,10 @@ class OwnerRecords:
         self._cache: dict[tuple[object, ...], tuple[str, str]] = {}
 
     def record(self, origin: str | None) -> str:
-        """The owner argument of an acquire made now by this thread (and task) for ``origin``:
-        ``"<owner id> <acquired_at> <record JSON up to acquired_at>"`` (``acquired_at`` in
-        seconds since the epoch, to the millisecond), as the scripts take it
-        (``scripts/lock_key.lua``); :func:`owner_json` turns it back into the JSON record."""
+        """The owner argument of an acquire made now by this thread (and task) for ``origin``,
+        as the scripts take it (``scripts/lock_key.lua``): ``"<tag> <record>"``, the tag being
+        the owner id (:func:`owner_id`) then ``acquired_at`` in milliseconds since the epoch in
+        base 36, the record the owner's JSON up to its ``acquired_at`` value."""
         thread = threading.current_thread()
         task = current_task_name()
         origin = clip_origin(origin)  # also bounds the cache's keys
@@ -75,30 +76,33 @@ class OwnerRecords:
             record = owner_prefix(self.host, current_pid(), thread.name, task, origin)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.clear()
-            prefix = self._cache[key] = (owner_id(record), record)
-        return f"{prefix[0]} {time.time():.3f} {prefix[1]}"
+            prefix = self._cache[key] = (owner_id(record), f" {record}")
+        return f"{prefix[0]}{base36(int(time.time() * 1000))}{prefix[1]}"
+
+
+_DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def base36(number: int) -> str:
+    """``number`` (>= 0) in base 36, lowercase: what Lua's ``tonumber(text, 36)`` reads. A
+    time in ms takes 8 digits until 2059."""
+    digits = []
+    while True:
+        number, digit = divmod(number, 36)
+        digits.append(_DIGITS[digit])
+        if not number:
+            return "".join(reversed(digits))
 
 
 def owner_id(prefix: str) -> str:
     """The id naming an owner record (``prefix``: its JSON up to ``acquired_at``) on the nodes:
-    :data:`OWNER_ID_CHARS` characters of ``[A-Za-z0-9_-]``. 72 bits: two owners that differ
-    get the same id (and one would be shown for the other) with a chance of about 1 in 10^21
-    for a million owners alive at once."""
-    digest = hashlib.blake2b(prefix.encode(), digest_size=9).digest()
-    return base64.urlsafe_b64encode(digest).decode()
-
-
-def owner_json(argument: str) -> str:
-    """The JSON owner record of an owner argument made by :meth:`OwnerRecords.record` (what
-    ``holder`` and listings read back from the nodes).
-
-    Raises:
-        ValueError: ``argument`` is not ``"<owner id> <acquired_at> <record>"``.
-    """
-    parts = argument.split(" ", 2)
-    if len(parts) != 3 or not parts[0]:
-        raise ValueError(f"not an owner argument: {argument[:80]!r}")
-    return f"{parts[2]}{parts[1]}}}"
+    :data:`OWNER_ID_CHARS` characters of ``[A-Za-z0-9_-]`` (42 bits of a BLAKE2b digest).
+    Short because each lock key carries it: with the token and the time, a lock key's value
+    stays within 56 bytes, a size class below (see ``scripts/lock_key.lua``). Two owners that
+    differ share an id (and one's record would be shown for the other's locks; nothing else
+    depends on it) with a chance of about 1 in 10^5 with 10,000 owners holding locks at once."""
+    digest = hashlib.blake2b(prefix.encode(), digest_size=6).digest()
+    return base64.urlsafe_b64encode(digest).decode()[:OWNER_ID_CHARS]
 
 
 def owner_prefix(host: str, pid: int, thread: str, task: str | None, origin: str | None) -> str:

@@ -9,7 +9,7 @@
 --          a lock is its read-write lock's write lease, so live readers hold it back
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
--- ARGV[3]  the owner: '<owner id> <acquired_at> <record JSON: host, pid, thread, task, origin>'
+-- ARGV[3]  the owner: '<owner id><acquired_at> <record JSON: host, pid, thread, task, origin>'
 --          (lock_key.lua, core/owner.py); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (the longest lease any client may hold)
 -- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
@@ -30,12 +30,13 @@
 -- Returns the error QUARANTINED while the node may have forgotten locks it granted before a
 -- restart (node_rule.lua): its vote does not count.
 --
--- The lock is a string '<token> <owner id> <acquired_at>' (lock_key.lua) with the owner record
+-- The lock is a string '<token> <owner id><acquired_at>' (lock_key.lua) with the owner record
 -- in one key per owner: the token and the time travel with the key, expire with it, and are
 -- deleted with it; the owner key outlives every lock naming it, then expires.
 -- No `#!lua` shebang: plain EVAL semantics; this script writes, so a full node (OOM) refuses it,
 -- which is the right answer for an acquire.
 -- @include lock_key.lua
+-- @include lock_write.lua
 local now = 0
 local function clock()
     if now == 0 then

@@ -32,6 +32,7 @@
 -- @include vote_gate.lua
 -- @include wait_line.lua
 -- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[1], ARGV[4], ARGV[5], ARGV[6])
 if refusal ~= nil then
     return redis.error_reply(refusal)

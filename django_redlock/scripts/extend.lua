@@ -29,6 +29,7 @@
 -- force release, keys gone from a quorum) the lease is lost and the client deletes the keys
 -- it re-created. A key held by anyone else is never touched.
 -- @include lock_key.lua
+-- @include lock_write.lua
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
 local held = lock_token(key)
 if held == token then

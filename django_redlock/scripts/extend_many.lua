@@ -12,6 +12,7 @@
 -- then nothing is written. Re-creation follows acquire_many.lua's rules without the lines or
 -- the quarantine (extend.lua says why that is needed and safe).
 -- @include lock_key.lua
+-- @include lock_write.lua
 local token, ttl = ARGV[1], ARGV[2]
 local now = nil
 local missing = false

@@ -23,6 +23,7 @@
 -- @include node_rule.lua
 -- @include vote_gate.lua
 -- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[1], ARGV[4], ARGV[5], ARGV[6])
 if refusal ~= nil then
     return redis.error_reply(refusal)
@@ -58,7 +59,7 @@ for i = 2, #KEYS do
     -- KEEPTTL: the adopter inherits the time left, not a new lease.
     local rest = tag
     if rest == nil then
-        -- Keep the owner: what follows the token ('<owner id> <acquired_at>').
+        -- Keep the owner: the tag after the token (owner id and acquired_at).
         local value = redis.call('GET', KEYS[i])
         rest = string.sub(value, string.find(value, ' ', 1, true) + 1)
     end

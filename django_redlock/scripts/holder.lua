@@ -7,6 +7,7 @@
 -- milliseconds; an empty array when the key is absent or is not a lock.
 -- Read-only: a shebang would be allowed here, but plain EVAL keeps all scripts alike.
 -- @include lock_key.lua
+-- @include lock_owner.lua
 local owner = owner_of(KEYS[1], nil)
 if owner == false then
     return {}

@@ -12,6 +12,7 @@
 -- Read-only (a shebang would be allowed here, but plain EVAL keeps all scripts alike); the
 -- work is bounded by the number of keys the caller sends (1,000 at most).
 -- @include lock_key.lua
+-- @include lock_owner.lua
 local out = {}
 local records = {}
 for i, key in ipairs(KEYS) do

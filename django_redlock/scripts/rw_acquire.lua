@@ -45,6 +45,7 @@
 -- @include wait_line.lua
 -- @include readers.lua
 -- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[6], ARGV[5], ARGV[9], ARGV[10])
 if refusal ~= nil then
     return redis.error_reply(refusal)

@@ -18,6 +18,7 @@
 -- @include wait_line.lua
 -- @include readers.lua
 -- @include lock_key.lua
+-- @include lock_write.lua
 local key, readers, owners = KEYS[1], KEYS[2], KEYS[3]
 local kind, token, ttl = ARGV[1], ARGV[2], ARGV[3]
 if kind ~= 'r' and kind ~= 'w' then

@@ -9,7 +9,7 @@ node by the transport when the command is posted with ``identify=True``, exactly
 Key shapes on every node (``key`` is the manager's prefix plus the name; the NUL byte keeps
 them apart from every lock key, since names cannot contain control characters):
 
-- a lock key (a lock, a write lease, a slot) is a string ``"<token> <owner id> <acquired_at>"``
+- a lock key (a lock, a write lease, a slot) is a string ``"<token> <owner id><acquired_at>"``
   with the owner record in one key per owner (``scripts/lock_key.lua``);
 - semaphore: slot ``i`` is the lock key ``key + "\\x00s" + str(i)``, its
   line and lapse times ``key + "\\x00s\\x00q"`` / ``key + "\\x00s\\x00e"``; waiters are woken on

@@ -44,13 +44,17 @@ def release(client, key, token, waiter=""):
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
-    owner = owner_arg(1, "1795000000.123")
+    owner = owner_arg(1, 1_795_000_000_123)
     assert acquire(node, "k", "a" * 40, owner=owner) == b"OK"
-    # The layout of scripts/lock_key.lua: the token, the owner id and the time in the key...
-    assert node.get("k") == b"a" * 40 + b" " + owner.split()[0].encode() + b" 1795000000.123"
+    # The layout of scripts/lock_key.lua: the token, then the owner id and the time (base 36)
+    # in 56 bytes at most...
+    tag = owner.split()[0].encode()
+    assert tag[7:] == b"mwm0nkaj"  # 1795000000123 ms
+    assert node.get("k") == b"a" * 40 + b" " + tag
+    assert len(node.get("k")) == 56
     assert 9_000 < node.pttl("k") <= 10_000
     # ... and the owner's record once per owner, kept at least as long as the key.
-    owner_key = b"\x00o:" + owner.split()[0].encode() + b":django_redlock:node"
+    owner_key = b"\x00o:" + tag[:7] + b":django_redlock:node"
     assert node.get(owner_key) == b'{"pid":1,"acquired_at":'
     assert node.pttl(owner_key) >= node.pttl("k")
     left = acquire(node, "k", "b" * 40)
@@ -88,7 +92,7 @@ def test_listing_reads_owner_and_time_left_of_many_keys_and_never_the_token(node
     node.hset("forever", "o", '{"pid":2}')  # an old-layout lock (a hash), no expiry
     keys = ("held", "gone", "plain", "forever")
     reply = node.eval(scripts.LISTING.source, len(keys), *keys)
-    assert reply[0] == owner_record(1)
+    assert reply[0] == owner_record(1)  # its owner (the time to the ms)
     assert 9_000 < reply[1] <= 10_000
     assert reply[2:] == [None, -2, None, -1, b'{"pid":2}', -1]
     assert b"a" * 40 not in reply

@@ -31,7 +31,7 @@ def client_process(client: SimClient) -> Process:
     quarantine_ms = math.ceil(config.max_ttl * 1000)
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
     record = f'{{"host":"sim","pid":{client.index},"acquired_at":'
-    owner = f"{owner_id(record)} 1.000 {record}"  # as OwnerRecords.record makes it
+    owner = f"{owner_id(record)}rs {record}"  # as OwnerRecords.record makes it (at 1 s)
     while world.now < config.seconds and client.alive:
         name, shape, claims = choose(client)
         key = shape.key

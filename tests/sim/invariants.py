@@ -207,7 +207,7 @@ class Checker:
             space = node.space
             now_ms = node.now_us() // 1000
             for key, value in space.data.items():
-                if type(value) is bytes:  # a lock key: "<token> <owner id> <acquired_at>"
+                if type(value) is bytes:  # a lock key: "<token> <owner id><acquired_at>"
                     mine = value.split(b" ", 1)[0] == want
                 elif type(value) is Hash:
                     mine = value.get(b"t") == want
