@@ -93,13 +93,13 @@ local function wait_in_line()
     redis.call('PEXPIRE', lapse, lifetime)
 end
 
-local token = lock_token(KEYS[1])
-if token == false and redis.call('EXISTS', KEYS[5], KEYS[3]) == 0 then
-    -- The common case: no key, no readers, nobody in line. The lock is free and no waiter
-    -- is ahead, whatever this acquire is (a single try or a waiter's try).
+if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then
+    -- The common case in one call: no key, no readers, nobody in line. The lock is free and
+    -- no waiter is ahead, whatever this acquire is (a single try or a waiter's try).
     set_lock(KEYS[1], ARGV[1], ARGV[3], ARGV[2])
     return {ok = 'OK'}
 end
+local token = lock_token(KEYS[1])
 if type(token) == 'table' then
     -- A key of another type (an old-layout hash lock, a user's key): held, never overwritten.
     return redis.call('PTTL', KEYS[1])

@@ -51,9 +51,12 @@ for i = 2, #KEYS do
 end
 local tag = nil
 if ARGV[3] ~= '' then
-    local id, record
-    tag, id, record = owner_parts(ARGV[3])
-    keep_owner(id, record, most) -- before any key names it
+    local space = string.find(ARGV[3], ' ', 9, true)
+    if space == nil then
+        return redis.error_reply('ERR the owner argument must be "<owner id><acquired_at> <record>"')
+    end
+    tag = string.sub(ARGV[3], 1, space - 1)
+    keep_owner(string.sub(tag, 1, 7), ARGV[3], most) -- before any key names it
 end
 for i = 2, #KEYS do
     -- KEEPTTL: the adopter inherits the time left, not a new lease.

@@ -1,6 +1,11 @@
 -- Included after lock_key.lua by the scripts that show who holds a lock (holder.lua,
 -- listing.lua): the owner record of a lock key, as lock_key.lua lays it out.
 
+-- acquired_at of a tag, in seconds as the owner record's JSON has it (to the ms).
+local function acquired_at(tag)
+    return string.format('%.3f', (tonumber(string.sub(tag, 8), 36) or 0) / 1000)
+end
+
 -- The owner record (JSON) of the lock key `key`, for holder.lua and listing.lua, or false when
 -- the key is absent or not a lock. An old-layout key (a hash t/o) shows its stored owner, so
 -- operators still see who holds it during an upgrade. `records`, when given, caches the owner
@@ -25,7 +30,7 @@ local function owner_of(key, records)
     local id = string.sub(tag, 1, 7)
     local record = records and records[id]
     if record == nil then
-        record = redis.pcall('GET', owner_key(id))
+        record = redis.pcall('GET', '\0o:' .. id .. ':django_redlock:node')
         if type(record) ~= 'string' then
             record = false
         end
