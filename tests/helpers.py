@@ -61,10 +61,11 @@ OWNER = owner_arg()
 """An owner argument for scripts called by hand, when the owner does not matter."""
 
 
-def lock_token(client: redis.Redis, key: str) -> bytes | None:
-    """The token the lock key ``key`` holds on one node (a string ``"<token> <owner id>
-    <acquired_at>"`` without the last space, ``scripts/lock_key.lua``), None when absent."""
+def lock_token(client: redis.Redis, key: str | bytes) -> bytes | None:
+    """The token the lock key ``key`` holds on one node (a string ``"<token> <owner
+    id><acquired_at>"``, ``scripts/lock_key.lua``), None when absent."""
     value = client.get(key)
+    assert value is None or isinstance(value, bytes)
     return None if value is None else value.split(b" ", 1)[0]
 
 
@@ -74,10 +75,10 @@ def put_lock(client: redis.Redis, key: str, token: str) -> None:
     client.set(key, f"{token} {owner_id('x')}rs", keepttl=True)
 
 
-def stored_owner(client: redis.Redis, key: str) -> bytes | None:
+def stored_owner(client: redis.Redis, key: str | bytes) -> bytes | None:
     """The owner record JSON of the lock key ``key`` on one node, as ``holder`` reads it
     (None when the key is absent or not a lock)."""
-    reply = client.eval(HOLDER.source, 1, key)
+    reply = client.eval(HOLDER.source.decode(), 1, key)
     return reply[0] if reply else None
 
 

@@ -81,17 +81,24 @@ class OwnerRecords:
 
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"
+# Every two-digit base-36 number: a time in ms is 4 lookups (a digit loop took 3 us more per
+# acquire than the decimal time it replaced, on a small VM).
+_PAIRS = [high + low for high in _DIGITS for low in _DIGITS]
 
 
 def base36(number: int) -> str:
-    """``number`` (>= 0) in base 36, lowercase: what Lua's ``tonumber(text, 36)`` reads. A
-    time in ms takes 8 digits until 2059."""
+    """``number`` (>= 0) in base 36, lowercase, what Lua's ``tonumber(text, 36)`` reads: 8
+    digits for a time in ms from 1972 until 2059 (leading zeros kept below 36^6), more after."""
+    rest, first = divmod(number, 1296)
+    rest, second = divmod(rest, 1296)
+    rest, third = divmod(rest, 1296)
+    if rest < 1296:
+        return f"{_PAIRS[rest]}{_PAIRS[third]}{_PAIRS[second]}{_PAIRS[first]}"
     digits = []
-    while True:
+    while number:
         number, digit = divmod(number, 36)
         digits.append(_DIGITS[digit])
-        if not number:
-            return "".join(reversed(digits))
+    return "".join(reversed(digits))
 
 
 def owner_id(prefix: str) -> str:

@@ -668,7 +668,9 @@ def test_a_hand_off_of_a_multi_lock_or_a_slot_is_all_or_nothing(node):
 
 def owner_key_of(client: redis.Redis, key: str) -> bytes:
     """The owner key named by the lock key ``key`` (scripts/lock_key.lua)."""
-    return b"\x00o:" + client.get(key).split(b" ")[1][:7] + b":django_redlock:node"
+    value = client.get(key)
+    assert isinstance(value, bytes)
+    return b"\x00o:" + value.split(b" ")[1][:7] + b":django_redlock:node"
 
 
 def test_a_hand_off_keeps_the_expiry_and_the_adopters_owner_outlives_the_keys(node):

@@ -273,7 +273,9 @@ def test_owner_metadata_is_stored_with_the_key(cluster3):
     manager = make(cluster3)
     lease = manager.acquire("owned", ttl=5.0, origin="tests.view")
     with node_client(cluster3[0]) as client:
-        owner = json.loads(stored_owner(client, lease.key))
+        stored = stored_owner(client, lease.key)
+    assert stored is not None
+    owner = json.loads(stored)
     assert owner["pid"] == os.getpid()
     assert owner["origin"] == "tests.view"
     assert owner["thread"] == "MainThread"

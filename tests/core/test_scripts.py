@@ -341,3 +341,29 @@ def test_a_place_leaving_the_head_of_a_free_lock_wakes_the_next_waiter(node):
     assert node.eval(leave, 3, "k", "k\x00q", "k\x00e", "bbbb.2") == 1
     assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wdddd", b"dddd.4")]
     pubsub.close()
+
+
+def test_an_owner_record_goes_to_the_node_and_comes_back_whole(node):
+    """core/owner.py's owner argument, through acquire.lua and holder.lua: the same JSON
+    record as the manager builds, acquired_at to the millisecond."""
+    from django_redlock.core.owner import OwnerRecords, base36
+
+    before = time.time()
+    owner = OwnerRecords("web-1").record("view orders.checkout")
+    tag, record = owner.split(" ", 1)
+    assert len(tag) == 15  # 7-character owner id, then the time in ms in base 36
+    assert abs(int(tag[7:], 36) / 1000 - before) < 1.0
+    assert base36(1_795_000_000_123) == "mwm0nkaj"
+    assert acquire(node, "k", "a" * 40, owner=owner) == b"OK"
+    assert len(node.get("k")) <= 56  # a size class below what 57+ bytes cost (lock_key.lua)
+    shown = json.loads(node.eval(scripts.HOLDER.source, 1, "k")[0])
+    assert shown == {
+        **json.loads(record + "0}"),
+        "acquired_at": round(int(tag[7:], 36) / 1000, 3),
+    }
+    assert shown["host"] == "web-1"
+    assert shown["origin"] == "view orders.checkout"
+    # Another lock of the same owner shares its record: one owner key for both.
+    assert acquire(node, "k2", "b" * 40, owner=owner) == b"OK"
+    owners = list(node.scan_iter(match="\x00o:*"))
+    assert len(owners) == 1
