@@ -33,6 +33,8 @@ end
 
 -- A lock key of ours now lives `ms` more: so does its owner key (the id is the key's; `owner`
 -- gives the record when it names the same owner, else the owner key is only stretched).
+-- Called after the lock key's own write: a node out of memory refuses a script's first write
+-- that needs memory, not the ones after it, so a renewal never fails for the owner's record.
 local function keep_owner_of(key, owner, ms)
     local value = redis.call('GET', key)
     local space = string.find(value, ' ', 1, true)

@@ -367,3 +367,19 @@ def test_an_owner_record_goes_to_the_node_and_comes_back_whole(node):
     assert acquire(node, "k2", "b" * 40, owner=owner) == b"OK"
     owners = list(node.scan_iter(match="\x00o:*"))
     assert len(owners) == 1
+
+
+def test_a_full_node_still_renews_a_lock_whose_owner_record_it_cannot_write(node):
+    """A renewal on a node out of memory (maxmemory, noeviction) renews the lock even when
+    the owner's record must be written again: the script writes the lock's expiry first, and a
+    node lets a script that has written go on (it refuses only a first write needing memory)."""
+    owner = owner_arg(1)
+    acquire(node, "k", "a" * 40, ttl_ms=2_000, owner=owner)
+    node.delete(b"\x00o:" + owner[:7].encode() + b":django_redlock:node")  # e.g. deleted
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        assert extend(node, "k", "a" * 40, 30_000, owner=owner) == 1
+    finally:
+        node.config_set("maxmemory", "0")
+    assert node.pttl("k") > 25_000
