@@ -16,6 +16,7 @@ from typing import Any
 
 from django_redlock.core import flow
 from django_redlock.core.lease import BaseLease, held_on
+from django_redlock.core.owner import owner_id
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire.scripts import GRANTED
 from tests.sim.world import LeaseRecord, Round, SimClient, Sleep, Wait
@@ -29,7 +30,8 @@ def client_process(client: SimClient) -> Process:
     rng = world.rng
     quarantine_ms = math.ceil(config.max_ttl * 1000)
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
-    owner = f'{{"host":"sim","pid":{client.index}}}'
+    record = f'{{"host":"sim","pid":{client.index},"acquired_at":'
+    owner = f"{owner_id(record)}rs {record}"  # as OwnerRecords.record makes it (at 1 s)
     while world.now < config.seconds and client.alive:
         name, shape, claims = choose(client)
         key = shape.key

@@ -50,7 +50,7 @@ def _release_any() -> Iterator[dict[bytes, bytes]]:
     """The release deletes the key whoever holds it (no owner compare)."""
     yield _replace(
         scripts.RELEASE,
-        "if redis.pcall('HGET', KEYS[1], 't') ~= ARGV[1] then",
+        "if lock_token(KEYS[1]) ~= ARGV[1] then",
         "if redis.call('EXISTS', KEYS[1]) == 0 then",
     )
 

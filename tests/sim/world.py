@@ -28,7 +28,7 @@ from django_redlock.core import flow
 from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from tests.sim.invariants import Checker
-from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
+from tests.sim.lua_node import Keyspace, LuaEngine, Server
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -698,7 +698,7 @@ class World:
         node.state = "up"
         node.snapshots = []
         node.snapshot()
-        locks = sum(1 for v in kept.data.values() if type(v) is Hash and b"t" in v)
+        locks = sum(1 for k, v in kept.data.items() if type(v) is bytes and k[:1] != b"\x00")
         self.log(
             node.label,
             f"restarted ({mode}): {locks} lock keys kept, run_id {node.server.run_id[:8].decode()}",
