@@ -11,7 +11,7 @@ nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies a
 the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
 ``judge_release``). What the sim writes itself is only the glue the managers add around
 those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), step by step in
-the same order, and the transport's round semantics (``wire/sync.py``: ``_Exchange``).
+the same order, and the transport's round semantics (``wire/rounds.py``: ``Round``).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ class SimNode:
 
 @dataclass
 class Exchange:
-    """One round's replies (``wire.sync._Exchange``: the same counting)."""
+    """One round's replies (``wire.rounds.Round``: the same counting)."""
 
     results: list[Any]
     yes_value: object
@@ -539,7 +539,7 @@ class World:
         if exchange.closed:
             return
         if client.paused_until > self.now:
-            # wire.sync: a reply already in the socket when the client finds its deadline
+            # wire.connection_set: a reply already in the socket when the client finds its deadline
             # passed is an answer (the pause was the client's, not the node's): the client
             # judges lateness only once it runs again, after taking in what arrived.
             self.at(client.paused_until, lambda: self.timeout_round(client, exchange))
@@ -548,7 +548,7 @@ class World:
         self.finish_round(client, exchange)
 
     def clean_up(self, client: SimClient, commands: Sequence[scripts.Command | None]) -> None:
-        """Send without waiting (``ConnectionSet.clean_up``)."""
+        """Send without waiting (``ConnectionSet.post``)."""
         for index, command in enumerate(commands):
             if command is not None:
                 self.send(client, index, command, None, False)
