@@ -539,7 +539,7 @@ class LoopConnections:
 
         def record(index: int, reply: Any) -> None:
             answer.record(index, reply)
-            if answer.known() and not decided.done():
+            if not decided.done() and answer.known():
                 decided.set_result(None)
 
         stall = self.stall
@@ -666,16 +666,19 @@ class LoopConnections:
         fallback = command[1]
 
         def done(reply: Any) -> None:
-            action = on_reply(reply, fallback, answer.closed)
-            if action == RECORD:
-                record(index, reply)
-                return
-            assert fallback is not None
-            if action == RESEND:
-                self._expect(
-                    conn, index, (fallback.build(), None), answer, record, fallback.identify
-                )
-            conn.reload()
+            if type(reply) is ReplyError:
+                action = on_reply(reply, fallback, answer.closed)
+                if action == RECORD:
+                    reply = NodeError(str(reply))
+                else:
+                    assert fallback is not None  # on_reply resends only a fallback
+                    if action == RESEND:
+                        self._expect(
+                            conn, index, (fallback.build(), None), answer, record, fallback.identify
+                        )
+                    conn.reload()
+                    return
+            record(index, reply)
 
         conn._send_raw(command[0], done, identify)
 

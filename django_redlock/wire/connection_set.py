@@ -41,8 +41,8 @@ from django_redlock.wire.node_socket import (
 )
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.process import current_pid
-from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS
-from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
+from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
+from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.setup import Hello, warm_tls
 from django_redlock.wire.stall import StallRule
@@ -259,19 +259,20 @@ class ConnectionSet:
                 if out and not self._write(index, conn, out):
                     return
                 continue
-            if fallback is None:  # the common case: no script that may be missing
-                answer.record(slot_index, reply)
-                continue
-            action = on_reply(reply, fallback, answer.closed)
-            if action == RECORD:
-                answer.record(slot_index, reply)
-            elif action == RESEND:
-                if not self._resend(index, conn, fallback, answer, slot_index):
-                    return
-            else:  # RELOAD: too late to run, not to load
-                for command, kind in conn.reload_commands():
-                    if not self._write_expecting(index, conn, command, kind):
+            if type(reply) is ReplyError:
+                action = on_reply(reply, fallback, answer.closed)
+                if action == RESEND:
+                    assert fallback is not None  # on_reply resends only a fallback
+                    if not self._resend(index, conn, fallback, answer, slot_index):
                         return
+                    continue
+                if action == RELOAD:  # too late to run, not to load
+                    for command, kind in conn.reload_commands():
+                        if not self._write_expecting(index, conn, command, kind):
+                            return
+                    continue
+                reply = NodeError(str(reply))
+            answer.record(slot_index, reply)
         if hung_up:
             self._drop(index, "connection closed by the server")
 
@@ -340,9 +341,7 @@ class ConnectionSet:
         Raises:
             Nothing of its own: a node that fails is recorded as its result.
         """
-        answer = self.send_round(
-            commands, yes_value, need, give_up=give_up, identify=identify, queue_behind=queue_behind
-        )
+        answer = self.send_round(commands, yes_value, need, give_up, identify, queue_behind)
         return self.wait_round(answer, self.clock() + timeout)
 
     def send_round(
@@ -350,7 +349,6 @@ class ConnectionSet:
         commands: Commands,
         yes_value: object = None,
         need: int = 0,
-        *,
         give_up: int | None = None,
         identify: bool = False,
         queue_behind: bool = False,

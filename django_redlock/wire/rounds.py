@@ -40,12 +40,11 @@ class Round:
         self.no = 0
 
     def record(self, index: int, reply: object) -> None:
-        """Node ``index``'s reply (or failure) to a command sent in this round: an error
-        reply is recorded as a :class:`NodeError`. Ignored once the round is closed."""
+        """Node ``index``'s reply (or failure) to a command sent in this round; ignored once
+        the round is closed. An error reply is passed as a :class:`NodeError` (the caller
+        has looked at it already, for :func:`on_reply`)."""
         if self.closed:
             return
-        if type(reply) is ReplyError:
-            reply = NodeError(str(reply))
         self.results[index] = reply
         self.pending -= 1
         if reply == self.yes_value:

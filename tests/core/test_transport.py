@@ -17,6 +17,11 @@ import pytest
 from django_redlock import AsyncLockManager, LockManager
 from django_redlock.wire.aio import LoopConnections, LoopSubscriber
 from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
+from django_redlock.wire.resp import ReplyError
+from django_redlock.wire.rounds import RECORD, RELOAD, RESEND, Round, on_reply
+from django_redlock.wire.scripts import Fallback
+from django_redlock.wire.stall import StallRule
 from django_redlock.wire.subscriber import Subscriber
 from django_redlock.wire.transport import (
     AsyncTransport,
@@ -94,6 +99,74 @@ def test_a_drift_would_be_seen() -> None:
     assert _parameters(ConnectionSet.send_round) != _parameters(ConnectionSet.run)
     assert "run" in _public(ConnectionSet)
     assert "subscriber" in _public(LoopConnections) or "subscriber" in _public(AsyncTransport)
+
+
+# -- the rules both transports share ---------------------------------------------------------
+
+
+def test_a_round_is_known_at_a_quorum_at_too_many_noes_or_when_every_node_answered() -> None:
+    answer = Round(5, b"OK", 3)
+    answer.pending = 5
+    for index in range(2):
+        answer.record(index, b"OK")
+    assert not answer.known()
+    answer.record(2, b"OK")
+    assert answer.known()  # three yes of five
+    refused = Round(5, b"OK", 3)
+    refused.pending = 4
+    refused.refuse(0, NodeError("down"))
+    refused.record(1, 0)
+    assert not refused.known()  # two no: a quorum is still possible
+    refused.record(2, NodeError("reset"))
+    assert refused.known()  # three no: it is not
+    every = Round(3, None, 3, give_up=3)  # holder(): every answer wanted, none a yes
+    every.pending = 3
+    for index in range(3):
+        assert not every.known()
+        every.record(index, b"someone")
+    assert every.known()
+
+
+def test_a_round_timed_out_marks_only_what_is_still_owed_and_ignores_late_replies() -> None:
+    answer = Round(3, b"OK", 2)
+    answer.pending = 2
+    answer.results[2] = None  # no command for node 2
+    answer.record(0, b"OK")
+    answer.time_out()
+    assert answer.results == [b"OK", TIMED_OUT, None]
+    answer.record(1, b"OK")  # late: the round is over
+    assert answer.results == [b"OK", TIMED_OUT, None]
+    assert answer.yes == 1
+    known = Round(3, b"OK", 1)
+    known.pending = 3
+    known.record(0, b"OK")
+    known.time_out()
+    assert known.results == [b"OK", PENDING, PENDING]  # not waited for: not timed out
+
+
+def test_noscript_is_resent_while_the_round_runs_and_only_reloaded_after_unless_when_over():
+    noscript = ReplyError("NOSCRIPT No matching script")
+    acquire = Fallback(lambda: b"EVAL", when_over=False)
+    release = Fallback(lambda: b"EVAL", when_over=True)
+    assert on_reply(b"OK", acquire, False) == RECORD
+    assert on_reply(ReplyError("ERR other"), acquire, False) == RECORD
+    assert on_reply(noscript, None, False) == RECORD  # no fallback: an error like any other
+    assert on_reply(noscript, acquire, False) == RESEND
+    assert on_reply(noscript, acquire, True) == RELOAD  # a late SET would outlive its release
+    assert on_reply(noscript, release, True) == RESEND
+
+
+def test_the_stall_rule_queues_a_release_behind_a_busy_node_up_to_its_room() -> None:
+    rule = StallRule(max_outstanding=4, stall_reset=1.0, stall_age=0.05)
+    assert not rule.judged(3, 0.5)  # below the cap: not judged by age
+    assert not rule.judged(8, 0.01)  # many, but young: busy, not stalled
+    assert rule.judged(8, 0.1)  # many and late: skipped
+    assert rule.refusal(8, 0.1) is not None
+    assert not rule.judged(8, 0.1, queue_behind=True)  # a release queues behind instead
+    assert rule.judged(rule.room_for, 0.1, queue_behind=True)  # past its room it does not
+    assert rule.judged(0, 1.5, queue_behind=True)  # past the stall reset: a new connection
+    assert rule.reset(1.5)
+    assert not rule.reset(0.5)
 
 
 def test_a_round_that_wants_every_answer_ends_when_every_node_answered(cluster3):

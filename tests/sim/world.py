@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.wire import scripts
+from django_redlock.wire import rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from tests.sim.invariants import Checker
 from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
@@ -250,31 +250,15 @@ class SimNode:
 # -- the wire --------------------------------------------------------------------------------
 
 
-@dataclass
-class Exchange:
-    """One round's replies (``wire.rounds.Round``: the same counting)."""
+class Exchange(rounds.Round):
+    """One round's replies, counted by the transports' own tally (``wire.rounds.Round``),
+    and the simulated process waiting for them."""
 
-    results: list[Any]
-    yes_value: object
-    need: int
-    give_up: int
-    yes: int = 0
-    no: int = 0
-    pending: int = 0
-    closed: bool = False
-    waiter: Any = None
+    __slots__ = ("waiter",)
 
-    def record(self, index: int, reply: object) -> None:
-        self.results[index] = reply
-        self.pending -= 1
-        if reply == self.yes_value:
-            self.yes += 1
-        else:
-            self.no += 1
-
-    @property
-    def done(self) -> bool:
-        return self.pending <= 0 or self.yes >= self.need or self.no > self.give_up
+    def __init__(self, size: int, yes_value: object, need: int, give_up: int) -> None:
+        super().__init__(size, yes_value, need, give_up)
+        self.waiter: Any = None
 
 
 class Connection:
@@ -513,16 +497,16 @@ class World:
         size = len(request.commands)
         need = request.need
         give_up = size - need if request.give_up is None else request.give_up
-        exchange = Exchange([None] * size, request.yes_value, need, give_up)
+        exchange = Exchange(size, request.yes_value, need, give_up)
         exchange.waiter = client.process
         self.rounds += 1
         for index, command in enumerate(request.commands):
             if command is None:
+                exchange.results[index] = None
                 continue
-            exchange.results[index] = PENDING
             exchange.pending += 1
             self.send(client, index, command, exchange, request.identify)
-        if exchange.done:
+        if exchange.known():
             self.finish_round(client, exchange)
             return
         deadline = client.clock.when(client.now() + self.config.node_timeout)
@@ -652,7 +636,7 @@ class World:
             if exchange.closed or not client.alive:
                 return
             exchange.record(index, reply)
-            if exchange.done:
+            if exchange.known():
                 self.finish_round(client, exchange)
 
         self.at(arrive, receive)
