@@ -536,12 +536,6 @@ class LoopConnections:
         answer = Round(len(commands), yes_value, need, give_up)
         loop = asyncio.get_running_loop()
         decided: asyncio.Future[None] = loop.create_future()
-
-        def record(index: int, reply: Any) -> None:
-            answer.record(index, reply)
-            if not decided.done() and answer.known():
-                decided.set_result(None)
-
         stall = self.stall
         now = time.monotonic()
         judged = [
@@ -556,9 +550,14 @@ class LoopConnections:
             # while the replies came, and that is no fault of the node.
             await self._take_in(judged)
             now = time.monotonic()
-        for index, command in enumerate(commands):
-            conn = self.connections[index]
-            if command is not None and conn is not None and stall.reset(conn.age(now)):
+        for conn, command in zip(self.connections, commands, strict=True):
+            # Only a node that owes replies can be past the stall reset (its age is 0 else).
+            if (
+                command is not None
+                and conn is not None
+                and conn.pending
+                and stall.reset(conn.age(now))
+            ):
                 # Open, but its oldest owed reply is long overdue (a black hole): replaced.
                 conn._fail("stalled connection reset")
         missing = [
@@ -585,7 +584,7 @@ class LoopConnections:
                     answer.refuse(index, NodeError(reason))
                     continue
             answer.pending += 1
-            self._expect(conn, index, command, answer, record, identify)
+            self._expect(conn, index, command, answer, decided, identify)
         if not answer.known():
             # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
@@ -641,10 +640,9 @@ class LoopConnections:
         # fallback: clean-up commands are built with ``when_over=True``.
         ignored = Round(len(commands), None, 0)
         ignored.closed = True
-        record = ignored.record
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
             if command is not None and conn is not None and conn.ready and conn.broken is None:
-                self._expect(conn, index, fire_and_forget(command), ignored, record)
+                self._expect(conn, index, fire_and_forget(command), ignored)
 
     def open_count(self) -> int:
         """How many sockets this loop holds open now, its pub/sub ones included."""
@@ -657,12 +655,13 @@ class LoopConnections:
         index: int,
         command: Command,
         answer: Round,
-        record: Callable[[int, Any], None],
+        decided: asyncio.Future[None] | None = None,
         identify: bool = False,
     ) -> None:
-        """Send ``command`` on ``conn`` and ``record`` its reply as node ``index``'s answer
-        in ``answer``, re-sent as EVAL once if the node had no copy of the script (see
-        :func:`~django_redlock.wire.rounds.on_reply`)."""
+        """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer in
+        ``answer``, re-sent as EVAL once if the node had no copy of the script (see
+        :func:`~django_redlock.wire.rounds.on_reply`); ``decided`` is resolved once the
+        outcome is known (the waiting task resumes)."""
         fallback = command[1]
 
         def done(reply: Any) -> None:
@@ -673,12 +672,13 @@ class LoopConnections:
                 else:
                     assert fallback is not None  # on_reply resends only a fallback
                     if action == RESEND:
-                        self._expect(
-                            conn, index, (fallback.build(), None), answer, record, fallback.identify
-                        )
+                        again = (fallback.build(), None)
+                        self._expect(conn, index, again, answer, decided, fallback.identify)
                     conn.reload()
                     return
-            record(index, reply)
+            answer.record(index, reply)
+            if decided is not None and not decided.done() and answer.known():
+                decided.set_result(None)
 
         conn._send_raw(command[0], done, identify)
 

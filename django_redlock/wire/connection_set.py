@@ -272,7 +272,8 @@ class ConnectionSet:
                             return
                     continue
                 reply = NodeError(str(reply))
-            answer.record(slot_index, reply)
+            if not answer.closed:  # a late reply is dropped here: no call on the hot path
+                answer.record(slot_index, reply)
         if hung_up:
             self._drop(index, "connection closed by the server")
 
