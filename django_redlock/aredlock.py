@@ -34,7 +34,7 @@ from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.redlock import LockManager
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.scripts import PING
-from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
 
@@ -283,17 +283,16 @@ class AsyncLockManager:
             )
         waiter = subscriber.waiter_id() if queues else ""
         attempt = sync._begin(name, checked, waiter, shape)
-        if waiter:
-            subscriber.register(waiter)  # from now on a release naming us is kept
         listening = False
         try:
             while True:
                 commands = attempt.next_round(sync._quarantine.ms)
                 start = sync._clock()
                 try:
-                    results, granted, _ = await connections.run(
+                    exchange = await connections.run(
                         commands, sync.node_timeout, attempt.decider, attempt.need, identify=True
                     )
+                    results, granted = exchange.results, exchange.yes
                 except BaseException:
                     # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
                     # still land on a slow node. The releases go out now, without awaiting,
@@ -360,14 +359,16 @@ class AsyncLockManager:
             await connections.run([PING] * size, sync.node_timeout, b"PONG", sync.quorum)
         start = sync._clock()
         try:
-            results, _, _ = await connections.run(
-                adoption.commands,
-                sync.node_timeout,
-                flow.NEVER_YES,
-                size,
-                identify=True,
-                give_up=size - 1,
-            )
+            results = (
+                await connections.run(
+                    adoption.commands,
+                    sync.node_timeout,
+                    flow.NEVER_YES,
+                    size,
+                    give_up=size - 1,
+                    identify=True,
+                )
+            ).results
             return sync._adopted(partial(AsyncLease, self), adoption, results, start)
         except BaseException as error:
             connections.post(adoption.undo(error))
@@ -376,13 +377,14 @@ class AsyncLockManager:
     async def _release(self, lease: AsyncLease) -> None:
         sync = self.sync
         expired = lease._expires_at <= sync._clock()
-        results, deleted, _ = await self._connections().run(
+        exchange = await self._connections().run(
             flow.release_round(len(sync.addresses), lease._shape, lease.token, lease._waiter),
             sync.node_timeout,
             lease._shape.release_yes,
             sync.quorum,
-            capped=False,  # queued behind what a node owes, never skipped (LockManager._release)
+            queue_behind=True,  # queued behind what a node owes (LockManager._release)
         )
+        results, deleted = exchange.results, exchange.yes
         lease._settle_release(results, deleted, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
@@ -394,9 +396,9 @@ class AsyncLockManager:
         commands = sync._extend_round(lease)
         start = sync._clock()
         # Never given up early on refusals (LockManager._extend says why).
-        results, _, _ = await self._connections().run(
-            commands, sync.node_timeout, 1, sync.quorum, give_up=size
-        )
+        results = (
+            await self._connections().run(commands, sync.node_timeout, 1, sync.quorum, give_up=size)
+        ).results
         try:
             return lease._settle_extend(start, sync._clock(), results)
         except LockLost:
@@ -409,12 +411,14 @@ class AsyncLockManager:
 
     async def _owned(self, lease: AsyncLease) -> bool:
         sync = self.sync
-        _, owned, _ = await self._connections().run(
-            flow.owns_round(len(sync.addresses), lease._shape, lease.token),
-            sync.node_timeout,
-            1,
-            sync.quorum,
-        )
+        owned = (
+            await self._connections().run(
+                flow.owns_round(len(sync.addresses), lease._shape, lease.token),
+                sync.node_timeout,
+                1,
+                sync.quorum,
+            )
+        ).yes
         return flow.owned(sync._nodes, owned, lease.validity)
 
     async def locked(self, name: str) -> bool:
@@ -434,9 +438,11 @@ class AsyncLockManager:
         """
         sync = self.sync
         size = len(sync.addresses)
-        results, _, _ = await self._connections().run(  # every node's answer is wanted
-            flow.holder_round(size, sync.key(name)), sync.node_timeout, None, size, give_up=size
-        )
+        results = (
+            await self._connections().run(  # every node's answer is wanted
+                flow.holder_round(size, sync.key(name)), sync.node_timeout, None, size, give_up=size
+            )
+        ).results
         return flow.holder_of(results)
 
     def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:

@@ -15,7 +15,7 @@ The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock
 The steps themselves are plain functions over replies (``django_redlock.core.flow``), shared
 with the asyncio manager (``django_redlock.aredlock``); what is logged and told to the
 observer is said in one place (``django_redlock.core.reporting``). This module moves the
-commands to the nodes through the sync transport (``django_redlock.wire.sync``) and waits.
+commands to the nodes through the sync transport (``django_redlock.wire.connection_set``) and waits.
 
 Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
 overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
@@ -74,10 +74,11 @@ from django_redlock.exceptions import (
     QuorumUnreachable,
     RedlockError,
 )
+from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.scripts import HOT_SCRIPTS, NODE_KEY, PING, Command
-from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
-from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
+from django_redlock.wire.setup import Hello
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -218,7 +219,7 @@ class _Quarantine:
     ``max_ttl``, raised to the longest any node reports (``scripts/node_rule.lua``).
 
     Shared with the manager's connections, which report each node's value as they connect
-    (:class:`~django_redlock.wire.sync.Hello`), without holding the manager itself.
+    (:class:`~django_redlock.wire.setup.Hello`), without holding the manager itself.
     """
 
     __slots__ = ("_lock", "heard", "ms")
@@ -469,7 +470,7 @@ class LockManager:
                     # signal handler raising): leave the line now. A place left behind would
                     # get the next release's wake-up, and the waiters behind it would wait
                     # until it lapses (the asyncio manager does the same on cancellation).
-                    connections.clean_up(leave)
+                    connections.post(leave)
                 raise
         finally:
             if waiter:
@@ -498,7 +499,7 @@ class LockManager:
             try:
                 exchange = connections.run(
                     commands,
-                    time.monotonic() + self.node_timeout,
+                    self.node_timeout,
                     attempt.decider,
                     attempt.need,
                     identify=True,
@@ -507,19 +508,19 @@ class LockManager:
             except BaseException:
                 # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
                 # have landed, and nobody else will release them.
-                connections.clean_up(attempt.interrupted())
+                connections.post(attempt.interrupted())
                 raise
             step = attempt.judge(exchange.results, exchange.yes, start, end)
             if isinstance(step, flow.Granted):
                 strays = attempt.strays(exchange.results)
                 if strays is not None:
-                    connections.clean_up(strays)
+                    connections.post(strays)
                 make = partial(Lease, self)
-                free = connections.clean_up
+                free = connections.post
                 return self._grant(make, free, attempt, step, exchange.results, scope, checked)
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
-            connections.clean_up(step.clean_up)
+            connections.post(step.clean_up)
             error = self._failed(step, checked.origin)
             if error is not None:  # the place in line is left by _take
                 raise error
@@ -541,7 +542,7 @@ class LockManager:
                 # wait, of this thread or another): any release since then was published to
                 # us, and kept for us whichever thread read it.
                 listening = True
-                attempt.waited(connections.subscriber.wait(step.delay, waiter))
+                attempt.waited(connections.subscriber.wait(waiter, step.delay))
 
     def _first_contact(self, connections: ConnectionSet) -> None:
         """Hear from the nodes before the first acquire: one round trip (bounded by the node
@@ -554,7 +555,7 @@ class LockManager:
         """
         size = len(self.addresses)
         # Done at a quorum of answers: the rest report as their connections come up.
-        connections.run([PING] * size, time.monotonic() + self.node_timeout, b"PONG", self.quorum)
+        connections.run([PING] * size, self.node_timeout, b"PONG", self.quorum)
 
     # -- what both managers share around the rounds: the asyncio manager calls these too.
 
@@ -713,7 +714,7 @@ class LockManager:
         # lock when it catches up instead of keeping the key for the whole ttl.
         exchange = connections.run(
             flow.release_round(len(self.addresses), lease._shape, lease.token, lease._waiter),
-            time.monotonic() + self.node_timeout,
+            self.node_timeout,
             lease._shape.release_yes,
             self.quorum,
             queue_behind=True,
@@ -734,14 +735,13 @@ class LockManager:
         connections = self._connections.get()
         size = len(self.addresses)
         if lease._expired_before_renewal():
-            connections.clean_up(lease._shape.clean_up(lease.token, None, size))
+            connections.post(lease._shape.clean_up(lease.token, None, size))
             raise lease._lost_error()
         commands = self._extend_round(lease)
         start = self._clock()
         # Never given up early on refusals: a node that never held the lease may answer
         # "set again" (2) without any loss, so only every answer (or the deadline) decides.
-        deadline = time.monotonic() + self.node_timeout
-        exchange = connections.run(commands, deadline, 1, self.quorum, size)
+        exchange = connections.run(commands, self.node_timeout, 1, self.quorum, give_up=size)
         now = self._clock()
         try:
             return lease._settle_extend(start, now, exchange.results)
@@ -749,7 +749,7 @@ class LockManager:
             # The lease has ended: free what keys of ours only keep the next holder waiting
             # (flow.lost_clean_up: all of them, but for a lease found gone only those this
             # round re-created). Never on a mere miss: those keys keep others out meanwhile.
-            connections.clean_up(
+            connections.post(
                 flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, exchange.results)
             )
             raise
@@ -766,7 +766,7 @@ class LockManager:
         """One round trip: does a quorum hold ``lease``'s token (sync ``Lease.owned``)."""
         exchange = self._connections.get().run(
             flow.owns_round(len(self.addresses), lease._shape, lease.token),
-            time.monotonic() + self.node_timeout,
+            self.node_timeout,
             1,
             self.quorum,
         )
@@ -805,16 +805,16 @@ class LockManager:
         try:
             exchange = connections.run(
                 adoption.commands,
-                time.monotonic() + self.node_timeout,
+                self.node_timeout,
                 flow.NEVER_YES,
                 size,
-                size - 1,
+                give_up=size - 1,
                 identify=True,
             )
             return self._adopted(partial(Lease, self), adoption, exchange.results, start)
         except BaseException as error:
             # Refused, unanswered or interrupted: nobody holds the new token.
-            connections.clean_up(adoption.undo(error))
+            connections.post(adoption.undo(error))
             raise
 
     def _adoption(
@@ -905,7 +905,7 @@ class LockManager:
         size = len(self.addresses)
         exchange = self._connections.get().run(  # every node's answer is wanted
             flow.holder_round(size, self.key(name)),
-            time.monotonic() + self.node_timeout,
+            self.node_timeout,
             None,
             size,
             give_up=size,
@@ -1001,7 +1001,7 @@ class LockManager:
         size = len(self.addresses)
         exchange = self._connections.get().run(
             flow.force_release_round(size, self.key(name)),
-            time.monotonic() + self.node_timeout,
+            self.node_timeout,
             1,
             size,
             give_up=size,
