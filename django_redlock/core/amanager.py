@@ -64,7 +64,7 @@ from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.nodes import NodeAddress
-from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
 
@@ -466,8 +466,6 @@ class AsyncLockManager:
         queues = checked.blocking and shape.wake_key is not None
         waiter = subscriber.waiter_id() if queues else ""
         attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
-        if waiter:
-            subscriber.register(waiter)  # from now on a release naming us is kept
         clock = engine.clock
         quarantine = engine.quarantine
         try:
@@ -475,7 +473,7 @@ class AsyncLockManager:
                 commands = attempt.next_round(quarantine.ms)
                 start = clock()
                 try:
-                    results, granted, _ = await connections.run(
+                    exchange = await connections.run(
                         commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
                     )
                 except BaseException:
@@ -485,7 +483,8 @@ class AsyncLockManager:
                     connections.post(attempt.interrupted())
                     raise
                 end = clock()
-                step = attempt.judge(results, granted, start, end)
+                results = exchange.results
+                step = attempt.judge(results, exchange.yes, start, end)
                 if isinstance(step, flow.Granted):
                     strays = attempt.strays(results)
                     if strays is not None:
@@ -552,15 +551,15 @@ class AsyncLockManager:
             await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
         start = engine.clock()
         try:
-            results, _, _ = await connections.run(
+            exchange = await connections.run(
                 adoption.commands,
                 engine.node_timeout,
                 flow.NEVER_YES,
                 size,
-                identify=True,
                 give_up=size - 1,
+                identify=True,
             )
-            return engine.adopted(partial(AsyncLease, self), adoption, results, start)
+            return engine.adopted(partial(AsyncLease, self), adoption, exchange.results, start)
         except BaseException as error:
             connections.post(adoption.undo(error))
             raise
@@ -568,14 +567,14 @@ class AsyncLockManager:
     async def _release(self, lease: AsyncLease) -> None:
         engine = self.engine
         commands, yes, expired = release_round(lease, len(engine.addresses))
-        results, deleted, _ = await self._connections().run(
+        exchange = await self._connections().run(
             commands,
             engine.node_timeout,
             yes,
             engine.quorum,
-            capped=False,  # queued behind what a node owes, never skipped (Engine.release)
+            queue_behind=True,  # queued behind what a node owes, never skipped (Engine.release)
         )
-        settle_release(lease, results, deleted, expired)
+        settle_release(lease, exchange.results, exchange.yes, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
         engine = self.engine
@@ -587,9 +586,11 @@ class AsyncLockManager:
         commands = engine.extend_round(lease)
         start = engine.clock()
         # Never given up early on refusals (Engine.renew says why).
-        results, _, _ = await self._connections().run(
-            commands, engine.node_timeout, 1, engine.quorum, give_up=size
-        )
+        results = (
+            await self._connections().run(
+                commands, engine.node_timeout, 1, engine.quorum, give_up=size
+            )
+        ).results
         try:
             return settle_extend(lease, start, engine.clock(), results)
         except LockLost:
@@ -600,13 +601,13 @@ class AsyncLockManager:
 
     async def _owned(self, lease: AsyncLease) -> bool:
         engine = self.engine
-        _, owned, _ = await self._connections().run(
+        exchange = await self._connections().run(
             owns_round(lease, len(engine.addresses)),
             engine.node_timeout,
             1,
             engine.quorum,
         )
-        return flow.owned(engine.nodes, owned, lease.validity)
+        return flow.owned(engine.nodes, exchange.yes, lease.validity)
 
     async def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see
@@ -626,14 +627,14 @@ class AsyncLockManager:
         """
         engine = self.engine
         size = len(engine.addresses)
-        results, _, _ = await self._connections().run(  # every node's answer is wanted
+        exchange = await self._connections().run(  # every node's answer is wanted
             flow.holder_round(size, engine.key(name)),
             engine.node_timeout,
             None,
             size,
             give_up=size,
         )
-        return flow.holder_of(results)
+        return flow.holder_of(exchange.results)
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]
@@ -718,15 +719,16 @@ class AsyncLockManager:
         """
         engine = self.engine
         size = len(engine.addresses)
-        _, deleted, _ = await self._connections().run(
+        exchange = await self._connections().run(
             flow.force_release_round(size, engine.key(name)),
             engine.node_timeout,
             1,
             size,
             give_up=size,
         )
+        deleted: int = exchange.yes
         engine.reporter.force_released(name, deleted)
-        return int(deleted)
+        return deleted
 
     def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
         """Let the nodes vote at once, with no restart quarantine (see

@@ -11,8 +11,9 @@ code took it.
 
 The engine is also the host of both lease types (:class:`~django_redlock.core.lease.LeaseHost`):
 their clock, reporter and nodes, and the *sync* renewal round that the extender thread runs
-for sync and asyncio leases alike. So it holds the sync transport (``wire.sync``), which the
-sync manager's rounds use too; the asyncio manager keeps its own per-loop connections.
+for sync and asyncio leases alike. So it holds the sync transport
+(``wire.connection_set``), which the sync manager's rounds use too; the asyncio manager keeps
+its own per-loop connections.
 
 It imports no Django and neither manager module.
 """
@@ -65,10 +66,11 @@ from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
+from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.scripts import HOT_SCRIPTS, NODE_KEY, PING, Command
-from django_redlock.wire.setup import MAX_OUTSTANDING, stall_limits
-from django_redlock.wire.sync import ConnectionSet, Hello, ThreadConnections
+from django_redlock.wire.setup import Hello
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -102,7 +104,7 @@ class Quarantine:
     ``max_ttl``, raised to the longest any node reports (``scripts/node_rule.lua``).
 
     Shared with the engine's connections, sync and asyncio, which report each node's value
-    as they connect (:class:`~django_redlock.wire.sync.Hello`), without holding the engine.
+    as they connect (:class:`~django_redlock.wire.setup.Hello`), without holding the engine.
     """
 
     __slots__ = ("_lock", "heard", "ms")
@@ -574,14 +576,13 @@ class Engine:
         size = len(self.addresses)
         expired = expired_before_renewal(lease, size)
         if expired is not None:
-            connections.clean_up(expired)
+            connections.post(expired)
             raise lost_error(lease)
         commands = self.extend_round(lease)
         start = self.clock()
         # Never given up early on refusals: a node that never held the lease may answer
         # "set again" (2) without any loss, so only every answer (or the deadline) decides.
-        deadline = time.monotonic() + self.node_timeout
-        exchange = connections.run(commands, deadline, 1, self.quorum, size)
+        exchange = connections.run(commands, self.node_timeout, 1, self.quorum, give_up=size)
         now = self.clock()
         try:
             return settle_extend(lease, start, now, exchange.results)
@@ -589,7 +590,7 @@ class Engine:
             # The lease has ended: free what keys of ours only keep the next holder waiting
             # (flow.lost_clean_up: all of them, but for a lease found gone only those this
             # round re-created). Never on a mere miss: those keys keep others out meanwhile.
-            connections.clean_up(lost_clean_up(lease, exchange.results))
+            connections.post(lost_clean_up(lease, exchange.results))
             raise
 
     def release(self, lease: BaseLease) -> None:
@@ -603,9 +604,7 @@ class Engine:
         # Queued behind whatever a node still owes, never skipped: a node that owes many
         # replies (it stalled, or was overloaded while this thread waited) then frees the
         # lock when it catches up instead of keeping the key for the whole ttl.
-        exchange = connections.run(
-            commands, time.monotonic() + self.node_timeout, yes, self.quorum, queue_behind=True
-        )
+        exchange = connections.run(commands, self.node_timeout, yes, self.quorum, queue_behind=True)
         settle_release(lease, exchange.results, exchange.yes, expired)
 
     def owned(self, lease: BaseLease) -> bool:
@@ -613,7 +612,7 @@ class Engine:
         ``Lease.owned``)."""
         exchange = self.connections.get().run(
             owns_round(lease, len(self.addresses)),
-            time.monotonic() + self.node_timeout,
+            self.node_timeout,
             1,
             self.quorum,
         )

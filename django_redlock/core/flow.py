@@ -19,8 +19,8 @@ sync subscriber or with ``await``, and reports back (:meth:`Acquire.waited`,
 :meth:`Acquire.subscribed`), so the two loops cannot drift apart.
 
 Replies per node are what both transports report: the reply itself, ``None`` (no command
-sent), a :class:`~django_redlock.wire.sync.NodeError` (``NotSent`` when it never left),
-:data:`~django_redlock.wire.sync.TIMED_OUT` or ``PENDING`` (not waited for).
+sent), a :class:`~django_redlock.wire.errors.NodeError` (``NotSent`` when it never left),
+:data:`~django_redlock.wire.errors.TIMED_OUT` or ``PENDING`` (not waited for).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from typing import Any
 from django_redlock.core.arguments import DRIFT_SECONDS
 from django_redlock.core.shapes import Shape, lock_refusal
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
 from django_redlock.wire.primitives import handback_command, handoff_command
 from django_redlock.wire.scripts import (
     FORCE_RELEASE,
@@ -45,7 +46,6 @@ from django_redlock.wire.scripts import (
     LINE,
     Command,
 )
-from django_redlock.wire.sync import PENDING, TIMED_OUT, NodeError
 
 __all__ = [
     "DRIFT_SECONDS",

@@ -21,7 +21,7 @@ from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
-from django_redlock.wire.sync import persistence_hint, quarantine_of
+from django_redlock.wire.setup import persistence_hint, quarantine_of
 
 __all__ = ["Declaration", "NodeStatus", "Report", "declare_fresh", "status"]
 

@@ -17,7 +17,8 @@ The steps and the decisions between rounds come from ``django_redlock.core.flow`
 both managers share (configuration, quarantine, re-entry registry, reporting, owners, the
 steps around a round) from the engine (``django_redlock.core.engine``), which the asyncio
 manager (``django_redlock.core.amanager``) can hold too. This module only moves the commands
-to the nodes through the sync transport (``django_redlock.wire.sync``, held by the engine)
+to the nodes through the sync transport (``django_redlock.wire.connection_set``, held by
+the engine)
 and waits.
 
 Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
@@ -66,9 +67,10 @@ from django_redlock.core.owner import MAX_OWNER_BYTES, owner_scope
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import NODE_KEY
-from django_redlock.wire.sync import ConnectionSet, Subscriber
+from django_redlock.wire.subscriber import Subscriber
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -429,7 +431,7 @@ class LockManager:
                     # signal handler raising): leave the line now. A place left behind would
                     # get the next release's wake-up, and the waiters behind it would wait
                     # until it lapses (the asyncio manager does the same on cancellation).
-                    connections.clean_up(leave)
+                    connections.post(leave)
                 raise
         finally:
             if waiter:
@@ -459,7 +461,7 @@ class LockManager:
             try:
                 exchange = connections.run(
                     commands,
-                    time.monotonic() + node_timeout,
+                    node_timeout,
                     attempt.decider,
                     attempt.need,
                     identify=True,
@@ -468,19 +470,19 @@ class LockManager:
             except BaseException:
                 # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
                 # have landed, and nobody else will release them.
-                connections.clean_up(attempt.interrupted())
+                connections.post(attempt.interrupted())
                 raise
             step = attempt.judge(exchange.results, exchange.yes, start, end)
             if isinstance(step, flow.Granted):
                 strays = attempt.strays(exchange.results)
                 if strays is not None:
-                    connections.clean_up(strays)
+                    connections.post(strays)
                 make = partial(Lease, self)
-                free = connections.clean_up
+                free = connections.post
                 return engine.grant(make, free, attempt, step, exchange.results, scope, checked)
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
-            connections.clean_up(step.clean_up)
+            connections.post(step.clean_up)
             self._carry_out(
                 engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
             )
@@ -501,9 +503,9 @@ class LockManager:
             fresh = subscriber.subscribe(action.key, self.engine.node_timeout, attempt.waiter)
             wait = attempt.subscribed(fresh, action.delay)
             if wait is not None:
-                attempt.waited(subscriber.wait(wait.delay, attempt.waiter))
+                attempt.waited(subscriber.wait(attempt.waiter, wait.delay))
         elif isinstance(action, flow.Wait):
-            attempt.waited(subscriber.wait(action.delay, attempt.waiter))
+            attempt.waited(subscriber.wait(attempt.waiter, action.delay))
         else:
             raise action.error
 
@@ -511,8 +513,7 @@ class LockManager:
         """Carry out the first contact (:class:`~django_redlock.core.flow.Contact`): one
         round trip, bounded by the node timeout, done at a quorum of answers (the rest
         report as their connections come up)."""
-        deadline = time.monotonic() + self.engine.node_timeout
-        connections.run(contact.commands, deadline, b"PONG", contact.need)
+        connections.run(contact.commands, self.engine.node_timeout, b"PONG", contact.need)
 
     def adopt(
         self,
@@ -549,16 +550,16 @@ class LockManager:
         try:
             exchange = connections.run(
                 adoption.commands,
-                time.monotonic() + engine.node_timeout,
+                engine.node_timeout,
                 flow.NEVER_YES,
                 size,
-                size - 1,
+                give_up=size - 1,
                 identify=True,
             )
             return engine.adopted(partial(Lease, self), adoption, exchange.results, start)
         except BaseException as error:
             # Refused, unanswered or interrupted: nobody holds the new token.
-            connections.clean_up(adoption.undo(error))
+            connections.post(adoption.undo(error))
             raise
 
     def locked(self, name: str) -> bool:
@@ -584,7 +585,7 @@ class LockManager:
         size = len(engine.addresses)
         exchange = engine.connections.get().run(  # every node's answer is wanted
             flow.holder_round(size, engine.key(name)),
-            time.monotonic() + engine.node_timeout,
+            engine.node_timeout,
             None,
             size,
             give_up=size,
@@ -687,7 +688,7 @@ class LockManager:
         size = len(engine.addresses)
         exchange = engine.connections.get().run(
             flow.force_release_round(size, engine.key(name)),
-            time.monotonic() + engine.node_timeout,
+            engine.node_timeout,
             1,
             size,
             give_up=size,

@@ -1,6 +1,9 @@
 """Everything that talks to a node: addresses and URLs (``nodes``), RESP (``resp``), the Lua
-scripts and their commands (``scripts``), the sync and asyncio transports (``sync``, ``aio``)
-and redis-py clients for operator calls (``clients``).
+scripts and their commands (``scripts``), connection set-up (``setup``), and the two
+transports behind one interface (``transport``): sync (``connection_set`` over
+``node_socket``, with ``subscriber`` for pub/sub) and asyncio (``aio``), sharing the round
+tally and NOSCRIPT rule (``rounds``), the stall rule (``stall``) and the wake-up names
+(``waking``); and redis-py clients for operator calls (``clients``).
 
 Imports nothing from ``django_redlock.core`` or the managers, and no Django.
 """

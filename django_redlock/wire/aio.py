@@ -5,7 +5,11 @@ FIFO of reply handlers, called in order as replies are parsed in ``data_received
 can never be handed to the wrong command, and commands of many tasks pipeline on one socket.
 The outcome is known at a quorum of yes votes, or once a quorum is no longer possible; a node
 that owes too many replies is skipped without sending. Waiting tasks are woken by the release
-through per-loop pub/sub streams (:class:`_AsyncSubscriber`).
+through per-loop pub/sub streams (:class:`LoopSubscriber`).
+
+:class:`LoopConnections` is a :class:`~django_redlock.wire.transport.AsyncTransport`, and
+:class:`LoopSubscriber` an :class:`~django_redlock.wire.transport.AsyncWakeSubscriber`: the
+same methods as the sync transport's, written in :mod:`~django_redlock.wire.transport`.
 
 Why not ``redis.asyncio``: five ``evalsha`` calls under ``asyncio.gather`` cost 1.2 ms a pair
 or more on this project's benchmark machine, three times this transport or more, and its
@@ -16,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import select
 import socket
 import time
@@ -25,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
-from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
+from django_redlock.wire.errors import PENDING, NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.resp import (
     BAD_REPLY,
@@ -34,19 +37,20 @@ from django_redlock.wire.resp import (
     encode_command,
     make_reader,
 )
+from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import HOT_SCRIPTS, Command, Commands, fire_and_forget
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
     aresolve,
     login_commands,
-    refusal,
     tls_context,
     warm_tls,
 )
-from django_redlock.wire.sync import new_waiter_id, wake_channel
+from django_redlock.wire.stall import StallRule
+from django_redlock.wire.waking import new_listener_id, new_waiter_id, wake_channel
 
-__all__ = ["LoopConnections"]
+__all__ = ["LoopConnections", "LoopSubscriber"]
 
 
 async def _connect(
@@ -114,10 +118,6 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 _Callback = Callable[[Any], None]
-
-
-def _drop_reply(index: int, reply: Any) -> None:
-    """The per-node recorder of fire-and-forget commands."""
 
 
 # Turns of the event loop given to sockets that hold unread bytes before their nodes are
@@ -252,22 +252,22 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         self._fail("connection closed by the client")
 
 
-class _AsyncSubscriber:
+class LoopSubscriber:
     """Pub/sub streams (one per node) of one event loop, shared by all its waiting tasks.
 
-    The asyncio twin of :class:`~django_redlock.wire.sync.Subscriber`: one listener id per
-    loop, one channel per lock key (key, ``"\\x00w"``, listener), waiter ids
-    ``<listener>.<nonce>``, and a release publishes only to the head of the line
+    The asyncio twin of :class:`~django_redlock.wire.subscriber.Subscriber`: one listener id
+    per loop, one channel per lock key and waiter ids as :mod:`~django_redlock.wire.waking`
+    names them, and a release publishes only to the head of the line
     (``scripts/wake_next.lua``). A reader task per node sets the event of the waiter that a
-    message names; each waiter registers its event before its first try, so a release that
-    comes before the task awaits is kept, not lost.
+    message names; each waiter is registered (its event made) when its id is given, before
+    its first try, so a release that comes before the task awaits is kept, not lost.
     """
 
     KEEP = 16  # channels kept subscribed between waits, as in the sync Subscriber
 
     def __init__(self, addresses: Sequence[NodeAddress]) -> None:
         self.addresses = tuple(addresses)
-        self.listener = secrets.token_hex(6)
+        self.listener = new_listener_id()
         self.writers: list[asyncio.StreamWriter | None] = [None] * len(self.addresses)
         self.tasks: list[asyncio.Task[None] | None] = [None] * len(self.addresses)
         # Per node, the futures of SUBSCRIBE confirmations still owed, in order.
@@ -282,11 +282,12 @@ class _AsyncSubscriber:
         self.listeners: dict[str, int] = {}
 
     def waiter_id(self) -> str:
-        return new_waiter_id(self.listener)
-
-    def register(self, waiter: str) -> None:
-        """Start keeping the wake-ups of ``waiter`` (before its first try)."""
+        """A new id for one blocking acquire, ``<listener>.<nonce>``, registered: from now on
+        a release naming it is kept until :meth:`wait` or :meth:`unregister`. Every id given
+        must be unregistered when its acquire ends."""
+        waiter = new_waiter_id(self.listener)
         self.waiting[waiter.encode()] = asyncio.Event()
+        return waiter
 
     def unregister(self, waiter: str) -> None:
         """Stop keeping ``waiter``'s wake-ups; its channel may be unsubscribed from now on."""
@@ -413,8 +414,8 @@ class _AsyncSubscriber:
         return True
 
     async def wait(self, waiter: str, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a release that names ``waiter`` (registered
-        with :meth:`register`); True if one came since the last wait."""
+        """Wait up to ``timeout`` seconds for a release that names ``waiter`` (an id from
+        :meth:`waiter_id`, not yet unregistered); True if one came since its last wait."""
         event = self.waiting.get(waiter.encode())
         if event is None:
             await asyncio.sleep(timeout)
@@ -426,7 +427,12 @@ class _AsyncSubscriber:
         event.clear()
         return woken
 
+    def open_count(self) -> int:
+        """How many pub/sub streams are open now (at most one per node)."""
+        return sum(1 for writer in self.writers if writer is not None)
+
     def close(self) -> None:
+        """Close the streams (they reopen on the next subscribe)."""
         for task in self.tasks:
             if task is not None:
                 task.cancel()
@@ -449,10 +455,10 @@ class LoopConnections:
     Args:
         addresses: the nodes, in the manager's order.
         hello: what every new connection asks its node after its login.
-        max_outstanding, stall_reset, stall_age: seconds and counts as for the sync
-            :class:`~django_redlock.wire.sync.ConnectionSet`: a node owing ``max_outstanding``
-            replies, the oldest older than ``stall_age``, is skipped; one whose oldest owed
-            reply is older than ``stall_reset`` gets a new connection.
+        max_outstanding, stall_reset, stall_age: counts and seconds that judge a node owing
+            replies (see :class:`~django_redlock.wire.stall.StallRule`): a node owing
+            ``max_outstanding`` replies, the oldest older than ``stall_age``, is skipped; one
+            whose oldest owed reply is older than ``stall_reset`` gets a new connection.
     """
 
     def __init__(
@@ -467,12 +473,15 @@ class LoopConnections:
         self.addresses = tuple(addresses)
         warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.hello = hello
-        self.max_outstanding = max_outstanding
-        self.stall_reset = stall_reset
-        self.stall_age = stall_reset / 20 if stall_age is None else stall_age
+        self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
-        self.subscriber = _AsyncSubscriber(self.addresses)
+        self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
+
+    @property
+    def subscriber(self) -> LoopSubscriber:
+        """The pub/sub streams this loop's waiting acquires listen on."""
+        return self._subscriber
 
     async def close_at_loop_end(self) -> None:
         try:
@@ -507,43 +516,33 @@ class LoopConnections:
         yes_value: object,
         need: int,
         *,
-        capped: bool = True,
-        identify: bool = False,
         give_up: int | None = None,
-    ) -> tuple[list[Any], int, int]:
-        """One round trip: send ``commands[i]`` to node ``i``; results, yes and no counts.
-        With ``identify``, each command is completed with its connection's identity (see
-        ``wire.setup.Hello``). A node owing many replies is skipped (a stalled node costs no
-        more writes) unless ``capped`` is False: a held lease's release is queued behind
-        what the node owes instead, or its keys would stay until they expire.
+        identify: bool = False,
+        queue_behind: bool = False,
+    ) -> Round:
+        """One round trip: send ``commands[i]`` to node ``i`` and wait up to ``timeout``
+        seconds for the outcome. See :meth:`~django_redlock.wire.transport.Transport.run`
+        for the arguments and results (the same as the sync transport's, so both managers
+        log the same node errors).
 
         Commands are written synchronously to every connected node (no task per node: on a
-        small machine a task costs more than the round trip); replies are tallied by future
+        small machine a task costs more than the round trip); replies are tallied by
         callbacks, and the caller resumes once the outcome is known or ``timeout`` passes.
-        Per node, as the sync transport reports it: the reply, ``None`` (no command), a
-        :class:`NodeError`, :data:`TIMED_OUT` (no reply by the deadline) or :data:`PENDING`
-        (not waited for: the outcome was known), so both managers log the same node errors.
+
+        Raises:
+            asyncio.CancelledError: the task was cancelled (the round is closed: replies
+                still owed are read and dropped).
         """
-        size = len(commands)
-        results: list[Any] = [PENDING] * size
-        give_up = size - need if give_up is None else give_up
-        counts = [0, 0]
+        answer = Round(len(commands), yes_value, need, give_up)
         loop = asyncio.get_running_loop()
         decided: asyncio.Future[None] = loop.create_future()
-        over = [False]  # set once this round is decided, timed out or cancelled
-
-        def record(index: int, reply: Any) -> None:
-            results[index] = reply
-            counts[0 if reply == yes_value else 1] += 1
-            if (counts[0] >= need or counts[1] > give_up) and not decided.done():
-                decided.set_result(None)
-
+        stall = self.stall
         now = time.monotonic()
         judged = [
             conn
             for conn, command in zip(self.connections, commands, strict=True)
             if command is not None and conn is not None and conn.pending
-            if self._behind(conn, now, capped)
+            if stall.judged(len(conn.pending), conn.age(now), queue_behind)
         ]
         if judged and _unread(judged):
             # As the sync transport reads a node before it judges it stalled: this loop may
@@ -551,9 +550,14 @@ class LoopConnections:
             # while the replies came, and that is no fault of the node.
             await self._take_in(judged)
             now = time.monotonic()
-        for index, command in enumerate(commands):
-            conn = self.connections[index]
-            if command is not None and conn is not None and conn.age(now) > self.stall_reset:
+        for conn, command in zip(self.connections, commands, strict=True):
+            # Only a node that owes replies can be past the stall reset (its age is 0 else).
+            if (
+                command is not None
+                and conn is not None
+                and conn.pending
+                and stall.reset(conn.age(now))
+            ):
                 # Open, but its oldest owed reply is long overdue (a black hole): replaced.
                 conn._fail("stalled connection reset")
         missing = [
@@ -563,64 +567,54 @@ class LoopConnections:
         ]
         if missing:  # connect the nodes that need it (or wait for their login), all at once
             await asyncio.gather(*(self.connection(index, timeout) for index in missing))
-        pending = 0
+        cap = stall.max_outstanding
         for index, command in enumerate(commands):
             if command is None:
-                results[index] = None
+                answer.results[index] = None
                 continue
             conn = self.connections[index]
             assert conn is not None
             if conn.broken is not None:
-                record(index, NodeError(conn.broken))
+                answer.refuse(index, NodeError(conn.broken))
                 continue
-            if capped and len(conn.pending) >= self.max_outstanding:
-                reason = refusal(
-                    len(conn.pending), conn.age(now), self.max_outstanding, self.stall_age
-                )
+            owed = len(conn.pending)
+            if owed >= cap and not (queue_behind and stall.room(owed, conn.age(now))):
+                reason = stall.refusal(owed, conn.age(now))
                 if reason is not None:
-                    record(index, NodeError(reason))
+                    answer.refuse(index, NodeError(reason))
                     continue
-            pending += 1
-            self._expect(conn, index, command, record, over, identify)
-        if pending and not decided.done():
+            answer.pending += 1
+            self._expect(conn, index, command, answer, decided, identify)
+        if not answer.known():
             # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
             timer = loop.call_later(timeout, _settle, decided)
             try:
                 await decided
+                if not answer.known():
+                    # The deadline passed undecided. A reply that sits in its socket is an
+                    # answer, not a timeout: the loop may have been blocked while the nodes
+                    # answered (the timer can run before the loop reads what came during
+                    # the block), and that pause is the client's. The caller counts the
+                    # validity from before the send, so the lease still loses that time (the
+                    # Redlock spec's step 3).
+                    await self._take_in(
+                        [
+                            conn
+                            for conn, reply in zip(self.connections, answer.results, strict=True)
+                            if conn is not None and reply is PENDING
+                        ],
+                        answer.known,
+                    )
+                    answer.time_out()
             finally:
                 timer.cancel()
-                over[0] = True
-        over[0] = True
-        if counts[0] < need and counts[1] <= give_up:
-            # The deadline passed undecided. A reply that sits in its socket is an answer,
-            # not a timeout: the loop may have been blocked while the nodes answered (the
-            # timer can run before the loop reads what came during the block), and that
-            # pause is the client's. The caller counts the validity from before the send,
-            # so the lease still loses that time (the Redlock spec's step 3).
-            await self._take_in(
-                [
-                    conn
-                    for conn, reply in zip(self.connections, results, strict=True)
-                    if conn is not None and reply is PENDING
-                ],
-                lambda: counts[0] >= need or counts[1] > give_up,
-            )
-        outcome = list(results)
-        if counts[0] < need and counts[1] <= give_up:  # undecided: the deadline passed
-            outcome = [TIMED_OUT if reply is PENDING else reply for reply in outcome]
-        return outcome, counts[0], counts[1]
-
-    def _behind(self, conn: _AsyncConnection, now: float, capped: bool) -> bool:
-        """Whether ``conn``, which owes replies, is about to be judged by them: replaced
-        (its oldest owed reply is older than the stall reset) or, when ``capped``, skipped
-        (see :func:`~django_redlock.wire.setup.refusal`)."""
-        age = conn.age(now)
-        return age > self.stall_reset or (
-            capped
-            and len(conn.pending) >= self.max_outstanding
-            and refusal(len(conn.pending), age, self.max_outstanding, self.stall_age) is not None
-        )
+                # Over, decided or cancelled: late replies are dropped, and a NOSCRIPT
+                # fallback that is not ``when_over`` is no longer sent (an acquire's SET
+                # re-sent now would land after the clean-up release).
+                answer.closed = True
+        answer.closed = True
+        return answer
 
     async def _take_in(
         self, conns: Sequence[_AsyncConnection], settled: Callable[[], bool] | None = None
@@ -635,47 +629,63 @@ class LoopConnections:
 
     def post(self, commands: Commands) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
-        cancelled); the replies are read and dropped. Nodes not connected are skipped."""
+        cancelled), queued behind what each node owes; the replies are read and dropped.
+        Nodes not connected are skipped (opening one would need an await). See
+        :meth:`~django_redlock.wire.transport.Transport.post`.
+
+        Raises:
+            Nothing: a node that cannot be written to is left out (best effort).
+        """
+        # Its replies are dropped (closed), except that a NOSCRIPT still gets the EVAL
+        # fallback: clean-up commands are built with ``when_over=True``.
+        ignored = Round(len(commands), None, 0)
+        ignored.closed = True
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
             if command is not None and conn is not None and conn.ready and conn.broken is None:
-                # Through _expect, so a NOSCRIPT reply still gets the EVAL fallback.
-                self._expect(conn, index, fire_and_forget(command), _drop_reply)
+                self._expect(conn, index, fire_and_forget(command), ignored)
+
+    def open_count(self) -> int:
+        """How many sockets this loop holds open now, its pub/sub ones included."""
+        count = sum(1 for conn in self.connections if conn is not None and conn.broken is None)
+        return count + self._subscriber.open_count()
 
     def _expect(
         self,
         conn: _AsyncConnection,
         index: int,
         command: Command,
-        record: Any,
-        over: list[bool] | None = None,
+        answer: Round,
+        decided: asyncio.Future[None] | None = None,
         identify: bool = False,
     ) -> None:
-        """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer
-        (re-sent as EVAL once if the node had no copy of the script). Once ``over[0]`` is
-        set, a fallback whose ``when_over`` is False is not sent: an acquire's SET re-sent
-        after its attempt was given up (or cancelled) would land after the clean-up release
-        and leave a key nobody releases."""
+        """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer in
+        ``answer``, re-sent as EVAL once if the node had no copy of the script (see
+        :func:`~django_redlock.wire.rounds.on_reply`); ``decided`` is resolved once the
+        outcome is known (the waiting task resumes)."""
+        fallback = command[1]
 
         def done(reply: Any) -> None:
-            fallback = command[1]
-            if (
-                isinstance(reply, ReplyError)
-                and str(reply).startswith("NOSCRIPT")
-                and fallback is not None
-            ):
-                if over is not None and over[0] and not fallback.when_over:
-                    conn.reload()  # too late to run, not to load
+            if type(reply) is ReplyError:
+                action = on_reply(reply, fallback, answer.closed)
+                if action == RECORD:
+                    reply = NodeError(str(reply))
+                else:
+                    assert fallback is not None  # on_reply resends only a fallback
+                    if action == RESEND:
+                        again = (fallback.build(), None)
+                        self._expect(conn, index, again, answer, decided, fallback.identify)
+                    conn.reload()
                     return
-                self._expect(conn, index, (fallback.build(), None), record, over, fallback.identify)
-                conn.reload()
-                return
-            record(index, NodeError(str(reply)) if isinstance(reply, ReplyError) else reply)
+            answer.record(index, reply)
+            if decided is not None and not decided.done() and answer.known():
+                decided.set_result(None)
 
         conn._send_raw(command[0], done, identify)
 
     def close(self) -> None:
+        """Close every socket (they reopen on the next round or subscribe)."""
         for conn in self.connections:
             if conn is not None:
                 conn.close()
         self.connections = [None] * len(self.addresses)
-        self.subscriber.close()
+        self._subscriber.close()

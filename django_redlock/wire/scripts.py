@@ -64,7 +64,7 @@ class Script:
         self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int], trailing: int = 0
     ) -> bytes:
         """EVALSHA of ``keys`` and ``args``; ``trailing`` more arguments are counted in the
-        header but left for the sender to append (see ``ConnectionSet.post(identify=True)``)."""
+        header but left for the sender to append (see ``Transport.run(identify=True)``)."""
         parts = (len(keys), *keys, *args)
         return b"*%d\r\n" % (len(parts) + 2 + trailing) + self._evalsha_head + encode_parts(parts)
 

@@ -6,9 +6,6 @@ in (AUTH with a username, a password or a redis-py ``CredentialProvider``), SELE
 database, load the hot scripts, and ask the hello (see :class:`Hello`). All of it is pipelined
 behind the connect: no round trip of its own. The transports only move these bytes;
 :class:`Handshake` takes in the replies, the same way for both.
-
-The rule that tells a busy node from a stalled one (:func:`refusal`) lives here too: both
-transports judge a node by the age of its oldest unanswered request.
 """
 
 from __future__ import annotations
@@ -45,7 +42,6 @@ __all__ = [
     "login_commands",
     "persistence_hint",
     "quarantine_of",
-    "refusal",
     "resolve",
     "run_id_of",
     "tls_context",
@@ -257,38 +253,6 @@ def login_commands(address: NodeAddress) -> list[bytes]:
     if address.db:
         commands.append(encode_command(b"SELECT", address.db))
     return commands
-
-
-MAX_OUTSTANDING = 32
-"""Replies a node may owe before :func:`refusal` looks at how late they are."""
-
-
-def stall_limits(node_timeout: float) -> dict[str, float]:
-    """The transports' stall settings for a manager whose nodes have ``node_timeout``
-    seconds per command, as keyword arguments of ``ConnectionSet`` and ``LoopConnections``:
-    a reply owed longer than the node timeout is late (``stall_age``), and a node that owes
-    one for ``max(1 s, 20 node timeouts)`` gets a fresh connection (``stall_reset``; the old
-    one is closed, so the count stays bounded and a half-open socket cannot block it forever).
-    """
-    return {"stall_reset": max(1.0, 20 * node_timeout), "stall_age": node_timeout}
-
-
-def refusal(owed: int, age: float, cap: int, stall_age: float) -> str | None:
-    """Why a node that owes ``owed`` replies, the oldest asked ``age`` seconds ago, gets no
-    new command now; None when it may have one.
-
-    A count alone cannot tell a stalled node from a busy one: a node that answers in order
-    but a little behind (a server descheduled for a few milliseconds on a loaded machine)
-    owes many replies while each of them is young. So past ``cap`` owed replies a node is
-    stalled only when its oldest owed reply is older than ``stall_age`` (a node timeout: by
-    then the reply is late by the lock's own measure). At ``4 * cap`` it is skipped whatever
-    the age, a bound on what a client queues for one node.
-    """
-    if owed < cap:
-        return None
-    if owed < 4 * cap and age <= stall_age:
-        return None
-    return f"stalled: {owed} replies outstanding, the oldest for {age * 1000:.0f} ms"
 
 
 class Handshake:

@@ -8,7 +8,7 @@ before the send (the Redlock spec's step 3): a pause longer than the ttl grants 
 the keys that were set are released.
 
 The pause is forced at the one point that matters, between the send and the first look at
-the sockets: a sleep after ``ConnectionSet.post`` (sync), or an event loop whose next look
+the sockets: a sleep after ``ConnectionSet.send_round`` (sync), or an event loop whose next look
 at its sockets finds nothing and comes back only after the pause (asyncio: the timer of the
 deadline then runs before the loop has read what came during the pause).
 """
@@ -25,8 +25,8 @@ import pytest
 from django_redlock import LockManager, QuorumUnreachable
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.scripts import PING
-from django_redlock.wire.sync import ConnectionSet
 from tests.helpers import lock_token, node_client
 
 NODE_TIMEOUT = 0.05
@@ -56,17 +56,17 @@ def released_everywhere(cluster, key: str) -> bool:
 def pause_after_next_send(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[bool]:
     """The next round of any sync manager is sent, then its thread is away for ``seconds``
     before it looks for replies. Returns a flag list: ``[True]`` once the pause happened."""
-    post = ConnectionSet.post
+    send_round = ConnectionSet.send_round
     paused = [False]
 
-    def post_then_pause(self: ConnectionSet, *args: Any, **kwargs: Any) -> Any:
-        exchange = post(self, *args, **kwargs)
+    def send_then_pause(self: ConnectionSet, *args: Any, **kwargs: Any) -> Any:
+        exchange = send_round(self, *args, **kwargs)
         if not paused[0]:
             paused[0] = True
             time.sleep(seconds)
         return exchange
 
-    monkeypatch.setattr(ConnectionSet, "post", post_then_pause)
+    monkeypatch.setattr(ConnectionSet, "send_round", send_then_pause)
     return paused
 
 
@@ -170,7 +170,7 @@ def test_a_node_whose_owed_reply_came_during_a_long_pause_keeps_its_connection_s
     manager.acquire("warm-up", ttl=10.0).release()
     connections = manager.engine.connections.get()
     before = list(connections.connections)
-    connections.clean_up([PING] * 3)  # a reply owed by every node, read later
+    connections.post([PING] * 3)  # a reply owed by every node, read later
     time.sleep(1.1)  # past the stall reset (max(1 s, 20 node timeouts))
     manager.acquire("after", ttl=10.0, timeout=5.0).release()
     assert all(a is b for a, b in zip(connections.connections, before, strict=True))

@@ -14,13 +14,13 @@ import redis
 
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.localnodes import LocalNode
+from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.scripts import (
     ACQUIRE,
     RELEASE,
     acquire_command,
     release_command,
 )
-from django_redlock.wire.sync import ConnectionSet
 from tests.helpers import FakeClock, node_client
 
 LONG_TTL = 60.0
@@ -125,13 +125,13 @@ def test_the_release_of_a_failed_try_follows_its_set_on_the_same_connection(tcp_
     key, token = "redlock:reordered", "a" * 40
     acquire = acquire_command(key, token, 60_000, "{}", 60_000)
     release = release_command(key, token)
-    connections.run([(b"PING\r\n", None)], clock() + 5, None, 1)  # connected, nothing owed
+    connections.run([(b"PING\r\n", None)], 5, None, 1)  # connected, nothing owed
     monitor_client = node_client(tcp_node)
     with monitor_client.monitor() as monitor:
         tcp_node.pause()
-        connections.post([acquire], identify=True)  # as LockManager sends an acquire
+        connections.send_round([acquire], identify=True)  # as LockManager sends an acquire
         clock.advance(2.0)  # past the stall reset, with the SET still owed
-        connections.clean_up([release])
+        connections.post([release])
         tcp_node.resume()
         seen: list[tuple[str, str]] = []  # (script, client port) in the order the node ran them
         while len(seen) < 3:
@@ -163,15 +163,15 @@ def test_a_connection_that_makes_no_progress_is_replaced_after_the_stall_reset(t
         max_outstanding=32,
         stall_reset=1.0,
     )
-    connections.run([(b"PING\r\n", None)], clock() + 5, None, 1)
+    connections.run([(b"PING\r\n", None)], 5, None, 1)
     first = connections.connections[0]
     with tcp_node.paused_while():
-        connections.post([(b"PING\r\n", None)])
+        connections.send_round([(b"PING\r\n", None)])
         clock.advance(0.5)
-        connections.post([(b"PING\r\n", None)])  # reads nothing; within the reset: same one
+        connections.send_round([(b"PING\r\n", None)])  # reads nothing; within the reset: same one
         assert connections.connections[0] is first
         clock.advance(0.7)  # 1.2 s since the first owed reply, none came
-        connections.post([(b"PING\r\n", None)])
+        connections.send_round([(b"PING\r\n", None)])
         assert connections.connections[0] is not first
     connections.close()
 

@@ -7,8 +7,8 @@ import pytest
 
 from django_redlock.core import flow
 from django_redlock.exceptions import LockContended, QuorumUnreachable
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.scripts import GRANTED
-from django_redlock.wire.sync import PENDING, TIMED_OUT, NodeError, NotSent
 
 NODES = flow.Nodes(("n0", "n1", "n2"), 2, 0.05, 0.01, 0.2)
 

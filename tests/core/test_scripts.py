@@ -12,7 +12,7 @@ import pytest
 from django_redlock import redlock
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, ReplyError, encode_command
-from django_redlock.wire.sync import UNIDENTIFIED
+from django_redlock.wire.setup import UNIDENTIFIED
 from tests.helpers import OWNER, lock_token, node_client, owner_arg, owner_record
 
 

@@ -17,8 +17,9 @@ import pytest
 from django_redlock import LockManager, LockNotAcquired, QuorumUnreachable
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
+from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.errors import NotSent
 from django_redlock.wire.scripts import HOT_SCRIPTS
-from django_redlock.wire.sync import ConnectionSet, NotSent
 from tests.core.test_async_cancel import cancelled, chain, step_until
 from tests.helpers import FakeClock, FaultServer, lock_token, node_client
 
@@ -177,13 +178,13 @@ def test_a_node_owing_many_young_replies_is_busy_not_stalled(cluster3):
         stall_reset=10.0,
         stall_age=0.05,
     )
-    connections.run([PING], clock() + 5, b"PONG", 1)  # connected, nothing owed
+    connections.run([PING], 5, b"PONG", 1)  # connected, nothing owed
     with cluster3[0].paused_while():
         for _ in range(8):  # twice the count that used to mark it stalled
-            exchange = connections.post([PING])
+            exchange = connections.send_round([PING])
             assert not isinstance(exchange.results[0], NotSent), exchange.results
         clock.advance(0.1)  # the oldest owed reply is now older than the stall age
-        exchange = connections.post([PING])
+        exchange = connections.send_round([PING])
         assert isinstance(exchange.results[0], NotSent)
         assert "stalled" in str(exchange.results[0])
     connections.close()

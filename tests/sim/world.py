@@ -11,7 +11,7 @@ nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies a
 the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
 ``judge_release``). What the sim writes itself is only the glue the managers add around
 those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), step by step in
-the same order, and the transport's round semantics (``wire/sync.py``: ``_Exchange``).
+the same order, and the transport's round semantics (``wire/rounds.py``: ``Round``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.wire import scripts
+from django_redlock.wire import rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from tests.sim.invariants import Checker
 from tests.sim.lua_node import Keyspace, LuaEngine, Server
@@ -250,31 +250,15 @@ class SimNode:
 # -- the wire --------------------------------------------------------------------------------
 
 
-@dataclass
-class Exchange:
-    """One round's replies (``wire.sync._Exchange``: the same counting)."""
+class Exchange(rounds.Round):
+    """One round's replies, counted by the transports' own tally (``wire.rounds.Round``),
+    and the simulated process waiting for them."""
 
-    results: list[Any]
-    yes_value: object
-    need: int
-    give_up: int
-    yes: int = 0
-    no: int = 0
-    pending: int = 0
-    closed: bool = False
-    waiter: Any = None
+    __slots__ = ("waiter",)
 
-    def record(self, index: int, reply: object) -> None:
-        self.results[index] = reply
-        self.pending -= 1
-        if reply == self.yes_value:
-            self.yes += 1
-        else:
-            self.no += 1
-
-    @property
-    def done(self) -> bool:
-        return self.pending <= 0 or self.yes >= self.need or self.no > self.give_up
+    def __init__(self, size: int, yes_value: object, need: int, give_up: int) -> None:
+        super().__init__(size, yes_value, need, give_up)
+        self.waiter: Any = None
 
 
 class Connection:
@@ -513,16 +497,16 @@ class World:
         size = len(request.commands)
         need = request.need
         give_up = size - need if request.give_up is None else request.give_up
-        exchange = Exchange([None] * size, request.yes_value, need, give_up)
+        exchange = Exchange(size, request.yes_value, need, give_up)
         exchange.waiter = client.process
         self.rounds += 1
         for index, command in enumerate(request.commands):
             if command is None:
+                exchange.results[index] = None
                 continue
-            exchange.results[index] = PENDING
             exchange.pending += 1
             self.send(client, index, command, exchange, request.identify)
-        if exchange.done:
+        if exchange.known():
             self.finish_round(client, exchange)
             return
         deadline = client.clock.when(client.now() + self.config.node_timeout)
@@ -539,7 +523,7 @@ class World:
         if exchange.closed:
             return
         if client.paused_until > self.now:
-            # wire.sync: a reply already in the socket when the client finds its deadline
+            # wire.connection_set: a reply already in the socket when the client finds its deadline
             # passed is an answer (the pause was the client's, not the node's): the client
             # judges lateness only once it runs again, after taking in what arrived.
             self.at(client.paused_until, lambda: self.timeout_round(client, exchange))
@@ -548,7 +532,7 @@ class World:
         self.finish_round(client, exchange)
 
     def clean_up(self, client: SimClient, commands: Sequence[scripts.Command | None]) -> None:
-        """Send without waiting (``ConnectionSet.clean_up``)."""
+        """Send without waiting (``ConnectionSet.post``)."""
         for index, command in enumerate(commands):
             if command is not None:
                 self.send(client, index, command, None, False)
@@ -652,7 +636,7 @@ class World:
             if exchange.closed or not client.alive:
                 return
             exchange.record(index, reply)
-            if exchange.done:
+            if exchange.known():
                 self.finish_round(client, exchange)
 
         self.at(arrive, receive)

@@ -1,0 +1,607 @@
+"""The sync transport: one connection per node for each thread, and the poll loop that runs a
+round trip to every node at once.
+
+Redlock's safety argument assumes the time to reach the nodes is small next to the lease
+(the spec: "the client uses a timeout that is small compared to the auto-release time").
+Asking nodes one after another makes that time grow with N; a thread per node costs more than
+it saves. So each round writes its command to every node's socket, then reads replies with
+one ``poll()`` until the caller has an answer (a quorum reached, or no longer reachable) or the
+per-node timeout ends.
+
+Connections are plain sockets (:class:`~django_redlock.wire.node_socket.NodeSocket`) owned by
+one thread (see :class:`ConnectionSet`; the pub/sub ones, on which waiters hear of releases,
+are shared by a manager's threads: see :class:`~django_redlock.wire.subscriber.Subscriber`).
+Later commands are pipelined behind a reply still owed on the same socket, which keeps the
+order of an acquire and its clean-up release on a node that stalled (a SIGSTOPped server
+applies its queued input on SIGCONT: without that order a late SET would leave a zombie key).
+A node that owes too many replies is skipped without sending until it answers or its
+connection is reset (:mod:`~django_redlock.wire.stall`), so a stalled node costs neither time
+nor new connections.
+
+:class:`ConnectionSet` is a :class:`~django_redlock.wire.transport.Transport`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+
+from django_redlock.wire.errors import NodeError, NotSent
+from django_redlock.wire.node_socket import (
+    HUNG_UP,
+    POLL_ERR,
+    POLL_IN,
+    NodeSocket,
+    Slot,
+    close_all,
+)
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.process import current_pid
+from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
+from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
+from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
+from django_redlock.wire.setup import Hello, warm_tls
+from django_redlock.wire.stall import StallRule
+from django_redlock.wire.subscriber import Subscriber
+
+__all__ = ["ConnectionSet", "ThreadConnections"]
+
+# A connection set unused this long (seconds) looks for closed sockets before sending.
+_IDLE = 0.005
+
+
+class ConnectionSet:
+    """One connection per node for one thread, and the poll loop that uses them.
+
+    Not thread-safe by design: :class:`~django_redlock.redlock.LockManager` keeps one set per
+    thread, so no lock is taken on the hot path. A set notices a fork (the child owns none of
+    the parent's sockets) and starts afresh.
+
+    Args:
+        addresses: the nodes, in the manager's order.
+        clock: monotonic clock in seconds (injected by tests).
+        max_outstanding, stall_reset, stall_age: counts and seconds that judge a node owing
+            replies (see :class:`~django_redlock.wire.stall.StallRule`): one owing
+            ``max_outstanding``, the oldest older than ``stall_age``, is skipped without
+            sending; one whose oldest owed reply is older than ``stall_reset`` gets a new
+            connection.
+        preload: scripts loaded (SCRIPT LOAD) on every new connection.
+        hello: what every new connection asks the node after its login (see :class:`Hello`).
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[NodeAddress],
+        *,
+        clock: Callable[[], float],
+        max_outstanding: int,
+        stall_reset: float,
+        preload: Sequence[Script] = (),
+        hello: Hello | None = None,
+        stall_age: float | None = None,
+    ) -> None:
+        self.addresses = tuple(addresses)
+        warm_tls(self.addresses)  # now, not inside the first command's deadline
+        self.preload = tuple(preload)
+        self.hello = hello
+        self.clock = clock
+        self.stall = StallRule(max_outstanding, stall_reset, stall_age)
+        self.pid = current_pid()
+        self.connections: list[NodeSocket | None] = [None] * len(self.addresses)
+        # One poll object for the set's life: every open socket stays registered, so a wait
+        # costs one poll() call per wake-up and no per-call registration.
+        self.poller = select.poll()
+        self.by_fd: dict[int, int] = {}
+        self.polling: dict[int, int] = {}
+        self.last_post = float("-inf")
+        # Whether a connection opened lately may still hold commands until its hello is
+        # answered (see wait): checked only then, not on every round trip.
+        self.settling = False
+        # The pub/sub sockets: the manager's, shared by all its threads (see ThreadConnections),
+        # or this set's own, opened on first use, when the set stands alone.
+        self._subscriber: Subscriber | None = None
+        self._shared_subscriber = False
+        # Closes the sockets when the set is dropped without close(). A weakref finalizer
+        # runs before the garbage collector finalizes the sockets themselves, even when the
+        # set is freed as part of a reference cycle; it holds the list, not the set.
+        weakref.finalize(self, close_all, self.connections)
+
+    @property
+    def subscriber(self) -> Subscriber:
+        """The pub/sub sockets a waiting acquire listens on: the manager's, shared by all its
+        threads, or (a set standing alone) this set's own, opened on first use."""
+        if self._subscriber is None:
+            self._subscriber = Subscriber(self.addresses)
+        return self._subscriber
+
+    def share(self, subscriber: Subscriber) -> None:
+        """Listen on ``subscriber`` (shared with other sets, which close and count it)."""
+        self._subscriber = subscriber
+        self._shared_subscriber = True
+
+    def open_count(self) -> int:
+        """How many sockets this set holds open now (its own pub/sub ones included, a shared
+        subscriber's not: :class:`ThreadConnections` counts those once)."""
+        count = sum(1 for conn in self.connections if conn is not None)
+        if self._subscriber is not None and not self._shared_subscriber:
+            count += self._subscriber.open_count()
+        return count
+
+    def close(self) -> None:
+        """Close every socket (in the owning process only)."""
+        if self.pid != current_pid():
+            self._forget_all()
+            return
+        for index in range(len(self.connections)):
+            self._drop(index, "connection closed by the client")
+        if self._subscriber is not None and not self._shared_subscriber:
+            self._subscriber.close()
+
+    def _forget_all(self) -> None:
+        # After fork: the sockets are copies of the parent's. Closing our copy does not touch
+        # the parent's connection (no shutdown is sent), and nothing is read or written.
+        close_all(self.connections)
+        if not self._shared_subscriber:  # a shared one starts afresh in its own fork hook
+            if self._subscriber is not None:
+                close_all(self._subscriber.connections)
+            self._subscriber = None
+        self.poller = select.poll()
+        self.by_fd.clear()
+        self.polling.clear()
+        self.pid = current_pid()
+
+    def _drop(self, index: int, reason: str) -> None:
+        conn = self.connections[index]
+        if conn is None:
+            return
+        self.connections[index] = None
+        fd = self.by_fd.pop(index, None)
+        if fd is not None:
+            self.polling.pop(fd, None)
+            self.poller.unregister(fd)
+        conn.close()
+        for answer, index_, _, _ in conn.slots:
+            if answer is not None:
+                answer.record(index_, NodeError(reason))
+
+    def _connection(self, index: int, now: float) -> NodeSocket:
+        """The usable connection to node ``index``, opened if needed.
+
+        Replies still owed from earlier operations do not stop a new command: it is pipelined
+        behind them and they are read (and dropped) as they come. A node is judged by the age
+        of its oldest owed reply, not by a count alone (see
+        :class:`~django_redlock.wire.stall.StallRule`): one that owes many replies, the oldest
+        older than ``stall_age``, is first drained without blocking, then skipped if that
+        did not help; one whose oldest owed reply is older than ``stall_reset`` gets a new
+        connection (a black hole: open, never answering).
+
+        Raises:
+            NodeError: the node cannot be reached, or is stalled.
+        """
+        conn = self.connections[index]
+        if conn is not None and conn.slots:
+            stall = self.stall
+            if stall.judged(len(conn.slots), now - conn.slots[0][3]):
+                self._read(index, conn)
+                conn = self.connections[index]
+                if conn is not None and conn.slots:
+                    age = now - conn.slots[0][3]
+                    if stall.reset(age):
+                        self._drop(index, "stalled connection reset")
+                        conn = None
+                    else:
+                        reason = stall.refusal(len(conn.slots), age)
+                        if reason is not None:
+                            raise NodeError(reason)
+        if conn is None:
+            conn = NodeSocket(self.addresses[index], self.clock, self.preload, self.hello)
+            self.settling = self.hello is not None
+            self.connections[index] = conn
+            self._rearm(index, conn)
+        return conn
+
+    def _rearm(self, index: int, conn: NodeSocket) -> None:
+        """Poll ``conn`` for what it waits on now, under its current file descriptor (a
+        connect that moved on to the node's next address has a new socket)."""
+        fd = conn.fileno()
+        if self.by_fd.get(index) == fd:
+            self.poller.modify(fd, conn.events())
+            return
+        old = self.by_fd.pop(index, None)
+        if old is not None:
+            self.polling.pop(old, None)
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(old)
+        self.by_fd[index] = fd
+        self.polling[fd] = index
+        self.poller.register(fd, conn.events())
+
+    def _read(self, index: int, conn: NodeSocket, hung_up: bool = False) -> None:
+        """Read what node ``index`` sent and hand each reply to the operation waiting for it
+        (a node that fails, or sends bytes that are not RESP, is dropped and its owed replies
+        become errors).
+
+        ``hung_up``: the poll said the node closed the connection. Its last replies and the
+        close often come in one read, which then ends without seeing the close: the
+        connection is dropped here, after those replies, so that the next command (the
+        release right after a node restarted) goes on a new connection instead of failing
+        with "broken pipe" on this one, and the key it should delete staying until its ttl.
+        """
+        try:
+            conn.receive()
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return
+        if conn.connecting:  # may have moved on to the node's next address
+            self._rearm(index, conn)
+            return
+        reader = conn.reader
+        slots = conn.slots
+        while slots:
+            try:
+                reply = reader.gets()
+            except PROTOCOL_ERRORS:
+                self._drop(index, BAD_REPLY)
+                return
+            if reply is False:
+                break
+            answer, slot_index, fallback, _ = slots.popleft()
+            if answer is None:
+                try:
+                    out = conn.learn(slot_index, reply)
+                except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
+                    self._drop(index, str(exc))
+                    return
+                if out and not self._write(index, conn, out):
+                    return
+                continue
+            if type(reply) is ReplyError:
+                action = on_reply(reply, fallback, answer.closed)
+                if action == RESEND:
+                    assert fallback is not None  # on_reply resends only a fallback
+                    if not self._resend(index, conn, fallback, answer, slot_index):
+                        return
+                    continue
+                if action == RELOAD:  # too late to run, not to load
+                    for command, kind in conn.reload_commands():
+                        if not self._write_expecting(index, conn, command, kind):
+                            return
+                    continue
+                reply = NodeError(str(reply))
+            if not answer.closed:  # a late reply is dropped here: no call on the hot path
+                answer.record(slot_index, reply)
+        if hung_up:
+            self._drop(index, "connection closed by the server")
+
+    def _write(self, index: int, conn: NodeSocket, data: bytes) -> bool:
+        """Write ``data`` (no reply expected of its own) on ``conn``; False if that failed
+        (the node was dropped)."""
+        conn.out += data
+        try:
+            conn.flush()
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        self._rearm(index, conn)
+        return True
+
+    def _write_expecting(self, index: int, conn: NodeSocket, command: bytes, kind: int) -> bool:
+        """Send set-up ``command`` (its reply of ``kind`` goes to the handshake); False if
+        the node was dropped."""
+        return self._send_or_drop(index, conn, [(command, (None, kind, None, self.clock()))])
+
+    def _resend(
+        self, index: int, conn: NodeSocket, fallback: Fallback, answer: Round, slot: int
+    ) -> bool:
+        """The node had no copy of a script (NOSCRIPT): send the EVAL fallback for node
+        ``slot`` of ``answer``, and load the scripts again. False if the node was dropped."""
+        now = self.clock()
+        # Completed with the connection's identity when the command it replaces was.
+        try:
+            conn.send(fallback.build(), (answer, slot, None, now), fallback.identify)
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        sends = [(command, (None, kind, None, now)) for command, kind in conn.reload_commands()]
+        return self._send_or_drop(index, conn, sends)
+
+    def _send_or_drop(
+        self, index: int, conn: NodeSocket, sends: Sequence[tuple[bytes, Slot]]
+    ) -> bool:
+        """Send each command with the reply slot it fills; False (and the node dropped) when
+        the connection failed."""
+        try:
+            for command, slot in sends:
+                conn.send(command, slot)
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return False
+        if conn.out:
+            self._rearm(index, conn)
+        return True
+
+    def run(
+        self,
+        commands: Commands,
+        timeout: float,
+        yes_value: object,
+        need: int,
+        *,
+        give_up: int | None = None,
+        identify: bool = False,
+        queue_behind: bool = False,
+    ) -> Round:
+        """One round trip: :meth:`send_round`, then :meth:`wait_round` until ``timeout``
+        seconds from now (by the set's clock). See
+        :meth:`~django_redlock.wire.transport.Transport.run` for the arguments and results.
+
+        Raises:
+            Nothing of its own: a node that fails is recorded as its result.
+        """
+        answer = self.send_round(commands, yes_value, need, give_up, identify, queue_behind)
+        return self.wait_round(answer, self.clock() + timeout)
+
+    def send_round(
+        self,
+        commands: Commands,
+        yes_value: object = None,
+        need: int = 0,
+        give_up: int | None = None,
+        identify: bool = False,
+        queue_behind: bool = False,
+    ) -> Round:
+        """Send ``commands[i]`` (command, EVAL fallback) to node ``i``, without waiting; the
+        first half of :meth:`run` (arguments as there). ``None`` skips a node.
+
+        Returns the round whose results fill in as replies are read (by :meth:`wait_round`,
+        or by later rounds).
+        """
+        answer = Round(len(commands), yes_value, need, give_up)
+        now = self.clock()
+        if self.pid != current_pid():
+            self._forget_all()
+        if now - self.last_post > _IDLE:
+            # After a pause, first take in what arrived meanwhile: a node that restarted has
+            # closed our socket, and learning that now (instead of from a failed send) lets
+            # this very operation reconnect to it.
+            self._poll_once(0)
+        self.last_post = now
+        connections = self.connections
+        stall = self.stall
+        for index, command in enumerate(commands):
+            if command is None:
+                answer.results[index] = None
+                continue
+            conn = connections[index]
+            if (conn is None or conn.slots) and not (
+                queue_behind
+                and conn is not None
+                and stall.room(len(conn.slots), now - conn.slots[0][3])
+            ):
+                try:
+                    conn = self._connection(index, now)
+                except NodeError as exc:
+                    # Stored without its traceback: frames hold this set, and a cycle through
+                    # them would leave the sockets to the garbage collector.
+                    answer.refuse(index, NotSent(str(exc)))
+                    continue
+            answer.pending += 1
+            try:
+                conn.send(command[0], (answer, index, command[1], now), identify)
+            except NodeError as exc:
+                # Records the error for this slot (and any other still owed) on this node.
+                self._drop(index, str(exc))
+                continue
+            if conn.out:  # includes a connect or TLS handshake still under way
+                self._rearm(index, conn)
+        return answer
+
+    def post(self, commands: Commands) -> None:
+        """Send ``commands[i]`` to node ``i`` and read their replies later, unused (``None``
+        skips a node): the release of a failed attempt, or leaving a wait line. See
+        :meth:`~django_redlock.wire.transport.Transport.post`.
+
+        A clean-up undoes a command sent before it that a stalled node may not have run yet
+        (a SIGSTOPped server runs its queued input when it wakes), so it must reach the node
+        *after* that command: it goes on the same connection whatever that connection owes,
+        up to :data:`~django_redlock.wire.stall.ROOM` times ``max_outstanding`` (a memory
+        bound that never bites a release that matters: an acquire is only sent below the cap,
+        and its clean-up follows at once), and a stall reset does not move it elsewhere. A
+        connection past ``stall_reset`` may be half-open instead of stalled, so there the
+        clean-up goes once more on a new connection; clean-ups are idempotent.
+
+        Raises:
+            Nothing: a node that cannot be reached is left out (best effort).
+        """
+        if self.pid != current_pid():
+            self._forget_all()
+        now = self.clock()
+        # Its replies are read and dropped (closed), except that a NOSCRIPT still gets the
+        # EVAL fallback: clean-up commands are built with ``when_over=True``.
+        ignored = Round(len(commands), None, 0)
+        ignored.closed = True
+        stall = self.stall
+        for index, given in enumerate(commands):
+            if given is None:
+                continue
+            command = fire_and_forget(given)
+            conn = self.connections[index]
+            if conn is not None and conn.slots:
+                if len(conn.slots) < stall.room_for:
+                    self._send_to(index, conn, command, ignored, now)
+                if not conn.slots or not stall.reset(now - conn.slots[0][3]):
+                    continue
+                self._drop(index, "stalled connection reset")
+            try:
+                conn = self._connection(index, now)
+            except NodeError:
+                continue  # best effort: nothing more can be done for this node now
+            self._send_to(index, conn, command, ignored, now)
+
+    def _send_to(
+        self, index: int, conn: NodeSocket, command: Command, answer: Round, now: float
+    ) -> None:
+        try:
+            conn.send(command[0], (answer, index, command[1], now))
+        except NodeError as exc:
+            self._drop(index, str(exc))
+            return
+        if conn.out:
+            self._rearm(index, conn)
+
+    def wait_round(self, answer: Round, deadline: float) -> Round:
+        """Read replies until the outcome of ``answer`` is known (see
+        :meth:`~django_redlock.wire.rounds.Round.known`) or ``deadline`` (the set's clock,
+        seconds); the round is closed then and returned. Late replies are read and dropped
+        by later rounds.
+
+        A reply that already sits in its socket when the deadline is found passed counts as
+        an answer, never as :data:`~django_redlock.wire.errors.TIMED_OUT`: this thread may
+        have been away (a garbage collection, a slow thread holding the GIL, SIGSTOP) while
+        the nodes answered, and that pause is the client's, not the nodes'. It costs nothing
+        to the lease's safety: the caller counts the validity from before the commands were
+        sent (the Redlock spec's step 3), so the time the client was away is still taken off
+        the lease.
+        """
+        try:
+            drained = False
+            while not answer.known():
+                remaining = deadline - self.clock()
+                if remaining <= 0:
+                    if not drained:
+                        # Before judging any node late, take in what arrived meanwhile: one
+                        # look without waiting at every socket (each is read to its end).
+                        drained = True
+                        self._poll_once(0)
+                        continue
+                    answer.time_out()
+                    break
+                self._poll_once(remaining)
+        finally:
+            answer.closed = True
+        if self.settling:
+            # Until every new connection's hello is answered (held is None): one whose hello
+            # is still out may hold the commands of this round or of a later one.
+            if any(conn is not None and conn.held is not None for conn in self.connections):
+                # Take in what has arrived (held commands then go out identified), then send
+                # what is still held.
+                self._poll_once(0)
+                self._send_held()
+            else:
+                self.settling = False
+        return answer
+
+    def _send_held(self) -> None:
+        """Send, unidentified, what new connections still hold behind an unanswered hello.
+
+        The round is over, so the vote that the identity speeds up no longer matters; held
+        to this thread's next operation, which may never come, a command could reach its
+        node at any later time or never: a lease's SET that misses the last node of a
+        quorum leaves the lease one failure from lost, and a late one takes a key after the
+        lease is over. Left as it is: a connection still connecting or in its TLS handshake
+        keeps these bytes buffered until this thread's next poll (waiting for it here would
+        add a connect to the round that already has its answer).
+        """
+        for index, conn in enumerate(self.connections):
+            if conn is None or not conn.held:
+                continue
+            try:
+                conn.send_held()
+            except NodeError as exc:
+                self._drop(index, str(exc))
+                continue
+            if conn.out:
+                self._rearm(index, conn)
+
+    def _poll_once(self, timeout: float) -> None:
+        # poll() takes whole milliseconds; round up so a short timeout is not a busy loop
+        # (a timeout of exactly 0 only looks).
+        wait = 0 if timeout == 0 else max(1, int(timeout * 1000 + 0.999))
+        for fd, event in self.poller.poll(wait):
+            index = self.polling.get(fd)
+            if index is None:
+                continue
+            conn = self.connections[index]
+            if conn is None:  # pragma: no cover - dropped earlier in this same loop
+                continue
+            if event & select.POLLOUT:
+                try:
+                    conn.flush()
+                except NodeError as exc:
+                    self._drop(index, str(exc))
+                    continue
+                self._rearm(index, conn)
+            if event & (POLL_IN | POLL_ERR):
+                self._read(index, conn, hung_up=bool(event & HUNG_UP))
+
+
+class ThreadConnections:
+    """Hands each thread its own :class:`ConnectionSet`, and closes them all on demand.
+
+    Every set listens on one :class:`Subscriber` shared by all the threads, so threads that
+    wait for locks add no connections: per node, one command connection per thread that used
+    the manager, plus one pub/sub connection.
+
+    After ``fork()`` the child's sets start afresh before any use (:meth:`get`), so a child
+    never reads or writes a socket it shares with its parent, pub/sub ones included.
+    """
+
+    def __init__(self, factory: Callable[[], ConnectionSet]) -> None:
+        self._factory = factory
+        self._local = threading.local()
+        self._all: weakref.WeakSet[ConnectionSet] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._subscriber: Subscriber | None = None
+        _EVERY_THREAD_CONNECTIONS.add(self)
+
+    def get(self) -> ConnectionSet:
+        sets: ConnectionSet | None = getattr(self._local, "sets", None)
+        if sets is None:
+            sets = self._factory()
+            self._local.sets = sets
+            with self._lock:
+                if self._subscriber is None:
+                    self._subscriber = Subscriber(sets.addresses)
+                sets.share(self._subscriber)
+                self._all.add(sets)
+        elif sets.pid != current_pid():
+            sets._forget_all()  # forked: our copies of the parent's sockets are closed unused
+        return sets
+
+    def _after_fork_in_child(self) -> None:
+        # Another thread of the parent may have held the lock at the instant of the fork;
+        # that thread does not exist here, so the child's copy would stay locked forever.
+        self._lock = threading.Lock()
+
+    def open_count(self) -> int:
+        """How many node sockets are open now, in every thread (the shared pub/sub ones
+        counted once)."""
+        with self._lock:
+            count = sum(sets.open_count() for sets in list(self._all))
+            if self._subscriber is not None:
+                count += self._subscriber.open_count()
+            return count
+
+    def close(self) -> None:
+        with self._lock:
+            every = list(self._all)
+            subscriber = self._subscriber
+        for sets in every:
+            sets.close()
+        if subscriber is not None:
+            subscriber.close()
+
+
+_EVERY_THREAD_CONNECTIONS: weakref.WeakSet[ThreadConnections] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for connections in list(_EVERY_THREAD_CONNECTIONS):
+        connections._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
