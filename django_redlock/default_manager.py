@@ -82,7 +82,7 @@ def get_async_manager() -> AsyncLockManager:
     """
     global _async_manager
     manager = get_manager()
-    if _async_manager is None or _async_manager.sync is not manager:
+    if _async_manager is None or _async_manager.engine is not manager.engine:
         from django_redlock.aredlock import AsyncLockManager  # its import costs asyncio
 
         _async_manager = AsyncLockManager.sharing(manager)

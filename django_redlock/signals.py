@@ -57,11 +57,12 @@ def _send(signal: Signal, sender: object, **kwargs: object) -> None:
             logger.error("signal receiver %r raised %r", receiver, result)
 
 
-def _send_for(signal: Signal, lease: BaseLease, **kwargs: object) -> None:
-    """Send ``signal`` about ``lease``: from its manager, with its name and origin."""
+def _send_for(signal: Signal, sender: object, lease: BaseLease, **kwargs: object) -> None:
+    """Send ``signal`` about ``lease`` from ``sender`` (the manager), with its name and
+    origin."""
     _send(
         signal,
-        lease._manager,
+        sender,
         lease=lease,
         name=lease.name,
         origin=lease.origin,
@@ -75,8 +76,10 @@ class SignalObserver:
     signals and records the metrics.
 
     Args:
-        manager: the manager observed, the sender of ``lock_busy`` (leases name their own);
-            may be set after the manager is built, which needs its observer first.
+        manager: the manager observed, the sender of every signal (of a lease's signals,
+            whether a sync or asyncio manager sharing its engine took it; when not set, the
+            lease's engine); may be set after the manager is built, which needs its
+            observer first.
         label_mode: the ``lock`` label of the metrics, ``REDLOCK["METRICS_LABEL"]``.
     """
 
@@ -84,23 +87,33 @@ class SignalObserver:
         self.manager = manager
         self.label_mode = label_mode
 
+    def _sender(self, lease: BaseLease) -> object:
+        return lease.host if self.manager is None else self.manager
+
     def _label(self, name: str) -> str:
         return metrics.label_for(name, self.label_mode)
 
     def acquired(self, lease: BaseLease, waited: float) -> None:
         metrics.record("acquired", self._label(lease.name), seconds=waited)
-        _send_for(lock_acquired, lease, waited=waited)
+        _send_for(lock_acquired, self._sender(lease), lease, waited=waited)
 
     def released(self, lease: BaseLease, held: float) -> None:
         metrics.record("released", self._label(lease.name), seconds=held)
-        _send_for(lock_released, lease, held=held)
+        _send_for(lock_released, self._sender(lease), lease, held=held)
 
     def extended(self, lease: BaseLease, validity: float) -> None:
         metrics.record("extended", self._label(lease.name))
 
     def lost(self, lease: BaseLease, reason: str) -> None:
         metrics.record("lost", self._label(lease.name))
-        _send_for(lock_lost, lease, reason=reason, cause=lease.lost_cause, at=lease.lost_at)
+        _send_for(
+            lock_lost,
+            self._sender(lease),
+            lease,
+            reason=reason,
+            cause=lease.lost_cause,
+            at=lease.lost_at,
+        )
 
     def gave_up(self, error: LockNotAcquired, waited: float) -> None:
         outcome = "quorum_unreachable" if isinstance(error, QuorumUnreachable) else "contended"

@@ -12,6 +12,12 @@ follow the Redis "Distributed Locks with Redis" page (the Redlock section):
 4. otherwise unlock every node the SET may have reached and retry after a random delay, or
    give up (:meth:`Acquire.judge`).
 
+After a failed round the flow also says what to do next, as an action (:class:`GiveUp`,
+:class:`Sleep`, :class:`Subscribe`, :class:`Wait`; before the first acquire,
+:class:`Contact`): each manager's loop only carries it out, with ``time.sleep`` and the
+sync subscriber or with ``await``, and reports back (:meth:`Acquire.waited`,
+:meth:`Acquire.subscribed`), so the two loops cannot drift apart.
+
 Replies per node are what both transports report: the reply itself, ``None`` (no command
 sent), a :class:`~django_redlock.wire.errors.NodeError` (``NotSent`` when it never left),
 :data:`~django_redlock.wire.errors.TIMED_OUT` or ``PENDING`` (not waited for).
@@ -48,13 +54,19 @@ __all__ = [
     "NEVER_YES",
     "TAKEN",
     "Acquire",
+    "Action",
+    "Contact",
     "ExtendTally",
     "Failed",
+    "GiveUp",
     "Granted",
     "Lost",
     "Missed",
     "Nodes",
     "ReleaseVerdict",
+    "Sleep",
+    "Subscribe",
+    "Wait",
     "error_text",
     "extend_round",
     "extend_tally",
@@ -189,6 +201,73 @@ class Failed:
     waited: float
 
 
+# -- what a manager does next: actions (its loop only carries them out) -------------------
+
+
+class Contact:
+    """Hear from the nodes before a manager's first acquire (or adopt): send ``commands``
+    (a PING per node) and wait, at most the node timeout, until ``need`` (a quorum) answered
+    ``PONG``. Each new connection first learns its node's server and the longest restart
+    quarantine it has seen (``wire.sync.Hello``), which must be known before an acquire
+    reaches a node that restarted (``scripts/node_rule.lua``).
+
+    Carried out *before* the acquire begins (:class:`Acquire` ``started``), by both
+    managers: it never counts against the acquire's ``timeout``."""
+
+    __slots__ = ("commands", "need")
+
+    def __init__(self, commands: list[Command], need: int) -> None:
+        self.commands = commands
+        self.need = need
+
+
+class GiveUp:
+    """Stop trying: raise ``error`` (reported already; the manager leaves the line, as on
+    any exit that is not a grant)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: LockNotAcquired) -> None:
+        self.error = error
+
+
+class Sleep:
+    """Poll: sleep ``delay`` seconds, then call :meth:`Acquire.waited` with False, and try
+    again. For a try that never queues (nothing wakes it), a shape without a line, and a
+    manager given a ``sleep`` function (a test's fake clock), which hears no releases."""
+
+    __slots__ = ("delay",)
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+
+class Subscribe:
+    """Subscribe to the release channel of the wake key ``key`` (the manager's subscriber,
+    bounded by the node timeout), then tell :meth:`Acquire.subscribed` whether it had to
+    subscribe; it says whether to try at once or :class:`Wait` ``delay`` seconds."""
+
+    __slots__ = ("delay", "key")
+
+    def __init__(self, key: str, delay: float) -> None:
+        self.key = key
+        self.delay = delay
+
+
+class Wait:
+    """Wait up to ``delay`` seconds for the release that wakes this waiter (pub/sub), then
+    call :meth:`Acquire.waited` with whether it came, and try again."""
+
+    __slots__ = ("delay",)
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+
+Action = GiveUp | Sleep | Subscribe | Wait
+"""What to do after a failed round (:meth:`Acquire.after`)."""
+
+
 @dataclass
 class Acquire:
     """One acquire of lock ``name``, from its first round to its outcome.
@@ -199,7 +278,9 @@ class Acquire:
     its place (the same number on every node) and ``lifetime_ms`` how long a place lasts
     without a new try.
 
-    ``shape``: what the lease is on the nodes (default: a lock on ``key``).
+    ``shape``: what the lease is on the nodes (default: a lock on ``key``). ``listens``:
+    whether the manager can hear releases (False when it was given a ``sleep`` function:
+    then every wait is a poll).
     """
 
     nodes: Nodes
@@ -220,6 +301,8 @@ class Acquire:
     shape: Shape | None = None
     decider: object = field(default=None, repr=False)
     votes: int = 0  # the yes votes of the last round judged
+    listens: bool = True
+    listening: bool = False  # subscribed to the wake channel (see after)
 
     def __post_init__(self) -> None:
         if self.shape is None:
@@ -284,6 +367,29 @@ class Acquire:
             return Failed(error, clean_up, False, quarantined, end - self.started)
         delay = retry_delay(nodes.retry_delay, end, self.deadline, self.polls, self.uniform)
         return Failed(error, clean_up, False, delay, end - self.started)
+
+    def after(self, step: Failed) -> Action:
+        """What to do after the failed round ``step`` (see :meth:`judge`): give up, poll,
+        subscribe to the releases, or wait for one. Every wait ends in :meth:`waited`."""
+        if step.give_up:
+            return GiveUp(step.error)
+        wake_key = self.kind.wake_key
+        if not self.listens or not self.waiter or wake_key is None:
+            return Sleep(step.delay)
+        if not self.listening:
+            self.listening = True
+            return Subscribe(wake_key, step.delay)
+        # Listening since before the last try (the channel was kept from an earlier wait,
+        # of this manager's thread or task or another): any release since then was
+        # published, and kept for this waiter.
+        return Wait(step.delay)
+
+    def subscribed(self, fresh: bool, delay: float) -> Wait | None:
+        """A :class:`Subscribe` was carried out: ``fresh`` when the subscriber had to
+        subscribe (the nodes confirmed just now). Then try at once (None): the try right
+        after subscribing covers a release that came between the last try and the
+        subscription. Otherwise the channel was heard all along: :class:`Wait` ``delay``."""
+        return None if fresh else Wait(delay)
 
     def waited(self, woken: bool) -> None:
         """A wait between rounds ended, ``woken`` by a release or not (a poll, which makes

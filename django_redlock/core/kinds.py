@@ -24,13 +24,15 @@ _R = TypeVar("_R", covariant=True)
 
 class Taker(Protocol[_R]):
     """What a handle needs of its manager: acquire a lease of a shape, with the arguments
-    of ``acquire`` (see ``LockManager._take_shape``)."""
+    of ``acquire`` (``LockManager.acquire_shape``, ``AsyncLockManager.acquire_shape``)."""
 
-    key_prefix: str
-    quorum: int
-    addresses: tuple[Any, ...]
+    @property
+    def key_prefix(self) -> str: ...
 
-    def _take_shape(self, name: str, shape: Shape, options: dict[str, Any]) -> _R: ...
+    @property
+    def addresses(self) -> tuple[Any, ...]: ...
+
+    def acquire_shape(self, name: str, shape: Shape, **options: Unpack[AcquireOptions]) -> _R: ...
 
 
 class Semaphore(Generic[_R]):
@@ -63,7 +65,7 @@ class Semaphore(Generic[_R]):
         """
         manager = self._manager
         shape = Slots(manager.key_prefix + self.name, self.limit, len(manager.addresses))
-        return manager._take_shape(self.name, shape, dict(options))
+        return manager.acquire_shape(self.name, shape, **options)
 
 
 class RWLock(Generic[_R]):
@@ -96,7 +98,7 @@ class RWLock(Generic[_R]):
         """Take the write (exclusive) lease; the arguments and errors of ``acquire``."""
         return self._take("w", options)
 
-    def _take(self, kind: Kind, options: Any) -> _R:
+    def _take(self, kind: Kind, options: AcquireOptions) -> _R:
         manager = self._manager
         shape = ReadWrite(manager.key_prefix + self.name, kind)
-        return manager._take_shape(self.name, shape, dict(options))
+        return manager.acquire_shape(self.name, shape, **options)

@@ -14,17 +14,44 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard, TypeVar
 
-from django_redlock.core import flow
+from django_redlock.core import extender, flow
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
-from django_redlock.core.reporting import Reporter
 from django_redlock.core.shapes import Shape
-from django_redlock.exceptions import LeaseInherited, LeaseNotExtended, LeaseReleased, LockLost
+from django_redlock.exceptions import (
+    LeaseInherited,
+    LeaseNotExtended,
+    LeaseReleased,
+    LockLost,
+)
 from django_redlock.wire.process import current_pid
+from django_redlock.wire.scripts import Command
 
-__all__ = ["BaseLease", "LeaseHost", "held_on", "release_quietly"]
+__all__ = [
+    "BaseLease",
+    "Holder",
+    "LeaseEvents",
+    "LeaseHost",
+    "expired_before_renewal",
+    "forget_scope",
+    "held_on",
+    "let_go",
+    "lost_clean_up",
+    "lost_error",
+    "owns_round",
+    "reenter",
+    "release_quietly",
+    "release_round",
+    "renewal_round",
+    "settle_extend",
+    "settle_grant",
+    "settle_release",
+    "take_over",
+]
+
+_K = TypeVar("_K", bound="BaseLease")
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -44,18 +71,62 @@ def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
     return held
 
 
+class LeaseEvents(Protocol):
+    """What a lease tells its host's reporter (:class:`~django_redlock.core.reporting.Reporter`
+    is one; declared here so this module need not import it)."""
+
+    def lost(self, lease: BaseLease, reason: str) -> None: ...
+
+    def released(self, lease: BaseLease, held: float) -> None: ...
+
+    def released_cleanly(self, lease: BaseLease, deleted: int, partial: str | None) -> None: ...
+
+    def extended(self, lease: BaseLease, validity: float, votes: int) -> None: ...
+
+    def handed_off(self, lease: BaseLease, held: float) -> None: ...
+
+    def renewal_failed(self, lease: BaseLease, error: Exception) -> None: ...
+
+    def renewal_missed(self, lease: BaseLease, error: LeaseNotExtended) -> None: ...
+
+    def renewal_stopped(self, lease: BaseLease) -> None: ...
+
+    def left_inherited(self, lease: BaseLease, child: int, owner: int) -> None: ...
+
+    def release_failed_after_error(self, lease: BaseLease, error: Exception) -> None: ...
+
+
 class LeaseHost(Protocol):
-    """What a lease needs from the (sync) manager that took it: its clock, its reporter and
-    nodes, its re-entry registry, and a sync renewal round (the extender thread's, for
-    asyncio leases too). :class:`~django_redlock.redlock.LockManager` is one."""
+    """What a lease needs from its host, the engine both managers hold
+    (:class:`~django_redlock.core.engine.Engine`), for sync and asyncio leases alike.
 
-    _clock: Callable[[], float]
-    _reporter: Reporter
-    _nodes: flow.Nodes
+    Attributes:
+        clock: the monotonic clock (seconds) of the lease's validity.
+        reporter: told of what happens to the lease (loss, release, renewal, hand-off).
+        nodes: the nodes, quorum and timing rules its rounds are judged by.
+    """
 
-    def _forget_owner(self, lease: BaseLease) -> None: ...
+    clock: Callable[[], float]
 
-    def _extend(self, lease: BaseLease) -> float: ...
+    @property
+    def reporter(self) -> LeaseEvents: ...
+
+    @property
+    def nodes(self) -> flow.Nodes: ...
+
+    def forget(self, lease: BaseLease) -> None:
+        """Drop ``lease`` from the re-entry registry (released or handed off)."""
+
+    def renew(self, lease: BaseLease) -> float:
+        """One sync renewal round (the extender thread's, for asyncio leases too); the new
+        validity in seconds. Raises what ``Lease.extend`` raises."""
+
+
+class Holder(Protocol):
+    """What a lease is made with: a manager, sync or asyncio, whose engine hosts it."""
+
+    @property
+    def engine(self) -> LeaseHost: ...
 
 
 class BaseLease:
@@ -84,10 +155,10 @@ class BaseLease:
         "_fixed",
         "_guard",
         "_held",
+        "_host",
         "_lost_at",
         "_lost_cause",
         "_lost_reason",
-        "_manager",
         "_missed",
         "_names",
         "_pid",
@@ -101,7 +172,7 @@ class BaseLease:
 
     def __init__(
         self,
-        manager: LeaseHost,
+        manager: Holder,
         *,
         name: str,
         key: str,
@@ -112,7 +183,9 @@ class BaseLease:
         origin: str | None = None,
         shape: Shape | None = None,
     ) -> None:
-        self._manager = manager
+        # The manager's engine, not the manager: one host for the leases of every manager
+        # sharing it, and the attribute read here costs less than a subclass __init__ would.
+        self._host = manager.engine
         # What the lease is on the nodes (see core/shapes.py and _shape): None for a lock
         # on ``key``, the common case, whose shape is made again for each round.
         self._special_shape = (
@@ -153,6 +226,17 @@ class BaseLease:
         # The process that took the lease owns it; a forked child has a copy of this object
         # but not the lease (see _refuse_inherited).
         self._pid = current_pid()
+
+    @property
+    def host(self) -> LeaseHost:
+        """The engine that hosts the lease (its clock, reporter and nodes; see
+        :class:`LeaseHost`), shared by the managers that hold that engine."""
+        return self._host
+
+    @property
+    def _manager(self) -> Any:
+        # For contrib/otel.py until it reads lease.host (issue 24): remove then.
+        return self._host
 
     @property
     def name(self) -> str:
@@ -235,7 +319,7 @@ class BaseLease:
         left."""
         if self._lost_reason is not None:
             return 0.0
-        return max(0.0, self._expires_at - self._manager._clock())
+        return max(0.0, self._expires_at - self._host.clock())
 
     def remaining(self) -> float:
         """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
@@ -249,7 +333,7 @@ class BaseLease:
         failed to reach a quorum does not make it lost. A released lease is not lost."""
         if self._released:
             return False
-        return self._lost_reason is not None or self._expires_at <= self._manager._clock()
+        return self._lost_reason is not None or self._expires_at <= self._host.clock()
 
     @property
     def lost_cause(self) -> str | None:
@@ -259,7 +343,7 @@ class BaseLease:
         release that found it lost."""
         if self._lost_reason is not None:
             return self._lost_cause or flow.EXPIRED
-        if not self._released and self._expires_at <= self._manager._clock():
+        if not self._released and self._expires_at <= self._host.clock():
             return flow.EXPIRED
         return None
 
@@ -304,7 +388,7 @@ class BaseLease:
         self._refuse_inherited()
         if self._released:
             raise LeaseReleased(self.name)
-        if self._lost_reason is None and self._expires_at <= self._manager._clock():
+        if self._lost_reason is None and self._expires_at <= self._host.clock():
             self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
         if self._lost_reason is not None:
             raise self._lost_error()
@@ -339,8 +423,8 @@ class BaseLease:
         # No guard: a renewal in flight may still extend the old token's keys, which only
         # gives the adopter more time; the extender starts no renewal of a released lease.
         self._released = True
-        self._manager._forget_owner(self)
-        self._manager._reporter.handed_off(self, self._manager._clock() - self.acquired_at)
+        self._host.forget(self)
+        self._host.reporter.handed_off(self, self._host.clock() - self.acquired_at)
         return handle
 
     def renew_once(self) -> float | None:
@@ -359,12 +443,12 @@ class BaseLease:
         with guard:
             if self._released or self._lost_reason is not None:
                 return None
-            reporter = self._manager._reporter
+            reporter = self._host.reporter
             if self._renew_until is not None and time.monotonic() >= self._renew_until:
                 reporter.renewal_stopped(self)
                 return None
             try:
-                self._manager._extend(self)
+                self._host.renew(self)
             except (LockLost, LeaseReleased) as error:
                 reporter.renewal_failed(self, error)
                 return None
@@ -397,7 +481,7 @@ class BaseLease:
         which must leave the parent's keys alone (sync and asyncio alike)."""
         if self._pid == current_pid():
             return False
-        self._manager._reporter.left_inherited(self, current_pid(), self._pid)
+        self._host.reporter.left_inherited(self, current_pid(), self._pid)
         return True
 
     def _mark_lost(self, reason: str, cause: str, at: float | None = None) -> None:
@@ -406,8 +490,8 @@ class BaseLease:
         if self._lost_reason is None:
             self._lost_reason = reason
             self._lost_cause = cause
-            self._lost_at = self._manager._clock() if at is None else at
-            self._manager._reporter.lost(self, reason)
+            self._lost_at = self._host.clock() if at is None else at
+            self._host.reporter.lost(self, reason)
 
     def _lost_error(self) -> LockLost:
         """The :class:`LockLost` of this lease's end (also after its release noticed it)."""
@@ -438,7 +522,7 @@ class BaseLease:
         # Released from now on, whatever happens to the round: the extender starts no more
         # renewals of it, and a second release raises.
         self._released = True
-        self._manager._forget_owner(self)
+        self._host.forget(self)
         return True
 
     def _settle_release(self, results: Sequence[Any], deleted: int, expired: bool) -> None:
@@ -448,20 +532,20 @@ class BaseLease:
         Raises:
             LockLost: the lease had expired, or too many nodes no longer held it.
         """
-        manager = self._manager
-        verdict = flow.judge_release(manager._nodes, results, deleted, expired)
-        manager._reporter.released(self, manager._clock() - self.acquired_at)
+        host = self._host
+        verdict = flow.judge_release(host.nodes, results, deleted, expired)
+        host.reporter.released(self, host.clock() - self.acquired_at)
         if verdict.lost is not None:
             cause = flow.EXPIRED if expired else flow.GONE
             self._mark_lost(verdict.lost, cause, self._expires_at if expired else None)
             raise self._lost_error()
-        manager._reporter.released_cleanly(self, deleted, verdict.partial)
+        host.reporter.released_cleanly(self, deleted, verdict.partial)
 
     def _expired_before_renewal(self) -> bool:
         """True (the lease now marked lost) when its validity ran out before a renewal round
         could start: no round is sent then. A renewal re-creates keys a node lost; sent for
         a lease already ended it would only set keys that the clean-up must delete again."""
-        if self._expires_at > self._manager._clock():
+        if self._expires_at > self._host.clock():
             return False
         self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
         return True
@@ -477,9 +561,9 @@ class BaseLease:
             LeaseNotExtended: no quorum either way: nothing changed, the lease keeps its
                 validity and its keys (the caller frees nothing).
         """
-        manager = self._manager
+        host = self._host
         outcome = flow.judge_extend(
-            manager._nodes, self.ttl, self._expires_at, start, now, results, self._held
+            host.nodes, self.ttl, self._expires_at, start, now, results, self._held
         )
         if isinstance(outcome, flow.Lost):
             at = self._expires_at if outcome.cause == flow.EXPIRED else now
@@ -494,7 +578,7 @@ class BaseLease:
             raise LeaseNotExtended(
                 self.name,
                 outcome.renewed,
-                manager._nodes.quorum,
+                host.nodes.quorum,
                 outcome.node_errors,
                 max(0.0, self._expires_at - now),
                 outcome.refused,
@@ -508,7 +592,7 @@ class BaseLease:
             for i, reply in enumerate(results)
         )
         tally = flow.extend_tally(results)
-        manager._reporter.extended(self, outcome, tally.renewed + tally.recreated)
+        host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
 
     def _block_ended(
@@ -528,10 +612,110 @@ class BaseLease:
         if release_error is not None:
             if exc is None:
                 raise release_error
-            self._manager._reporter.release_failed_after_error(self, release_error)
+            self._host.reporter.release_failed_after_error(self, release_error)
             return
         if exc is None and lost is not None:
             raise self._lost_error()
+
+
+# -- what the engine and the managers do to a lease -------------------------------------
+# Functions, not lease methods: they are the lease's side of its host's steps and rounds
+# (core/engine.py, core/manager.py, core/amanager.py), not part of what users call on a
+# lease; they live here, with the state they change.
+
+
+def reenter(lease: BaseLease, kind: type[_K]) -> TypeGuard[_K]:
+    """Count one more hold of ``lease`` by its owner (re-entry) when it is a ``kind`` that
+    is still held (not released, not lost); False, changing nothing, otherwise."""
+    if isinstance(lease, kind) and not lease._released and not lease.lost:
+        lease._depth += 1
+        return True
+    return False
+
+
+def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: str = "") -> None:
+    """Record what the round that granted (or handed over) ``lease`` left: its owner record
+    ("" when not known yet: made at its first renewal), which nodes hold it, and the waiter
+    id whose place in line its release drops."""
+    lease._owner = owner
+    lease._held = held
+    lease._waiter = waiter
+
+
+def take_over(
+    lease: BaseLease, scope: tuple[object, ...], auto_extend: bool, hold: float | None
+) -> bool:
+    """Make ``lease`` the property of ``scope`` (pid, thread, task), renewed in the
+    background when ``auto_extend`` (until ``hold`` seconds from now, when given). Returns
+    whether the lease is re-entrant (then its host registers it for re-entry)."""
+    if auto_extend:
+        lease._guard = threading.Lock()
+        if hold is not None:
+            lease._renew_until = time.monotonic() + hold
+        extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+    lease._scope = scope
+    return lease._shape.reentrant
+
+
+def let_go(lease: BaseLease) -> None:
+    """The owner never gets ``lease`` (its acquire failed after the grant): it counts as
+    released, so the extender renews it no more."""
+    lease._released = True
+
+
+def forget_scope(lease: BaseLease) -> tuple[object, ...] | None:
+    """The scope ``lease`` is registered under for re-entry, or None (never owned)."""
+    return lease._scope
+
+
+def renewal_round(
+    lease: BaseLease, size: int, record: Callable[[str | None], str]
+) -> list[Command]:
+    """The commands of a renewal round of ``lease`` on ``size`` nodes: renew, or re-create
+    where a node lost the key, with the lease's owner record (made by ``record`` from its
+    origin when it has none yet: an adopted lease)."""
+    if not lease._owner:
+        lease._owner = record(lease.origin)
+    return flow.extend_round(size, lease._shape, lease.token, lease.ttl, lease._owner)
+
+
+def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] | None:
+    """None while ``lease`` is valid. Once its validity ran out before a renewal could start
+    (no round is sent then): the lease is marked lost, and this returns the releases of its
+    keys to send before raising :func:`lost_error`."""
+    if not lease._expired_before_renewal():
+        return None
+    return lease._shape.clean_up(lease.token, None, size)
+
+
+def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
+    """After :func:`settle_extend` raised ``LockLost``: the releases its round's ``results``
+    call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
+    return flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
+
+
+def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool]:
+    """The release round of ``lease`` on ``size`` nodes: its commands, the reply that counts
+    as released, and whether the lease had run out before it (for :func:`settle_release`)."""
+    shape = lease._shape
+    expired = lease._expires_at <= lease._host.clock()
+    return flow.release_round(size, shape, lease.token, lease._waiter), shape.release_yes, expired
+
+
+def owns_round(lease: BaseLease, size: int) -> list[Command]:
+    """The commands that ask ``size`` nodes whether they hold ``lease``'s token."""
+    return flow.owns_round(size, lease._shape, lease.token)
+
+
+lost_error = BaseLease._lost_error
+"""``lost_error(lease)``: the :class:`LockLost` of the lease's end."""
+settle_release = BaseLease._settle_release
+"""``settle_release(lease, results, deleted, expired)``: judge and report a release round
+(raises ``LockLost``: see ``BaseLease._settle_release``)."""
+settle_extend = BaseLease._settle_extend
+"""``settle_extend(lease, start, now, results)``: judge and report an extend round; the new
+validity in seconds (raises ``LockLost``, ``LeaseNotExtended``: see
+``BaseLease._settle_extend``)."""
 
 
 class _Releasable(Protocol):

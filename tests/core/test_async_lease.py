@@ -90,7 +90,7 @@ def test_a_sync_acquire_in_the_same_task_does_not_reenter_an_async_lease(cluster
         async with await manager.acquire("form:e", ttl=10.0) as lease:
             assert await manager.acquire("form:e") is lease
             with pytest.raises(LockContended):
-                manager.sync.acquire("form:e", blocking=False)
+                LockManager.sharing(manager).acquire("form:e", blocking=False)
             await lease.release()
         assert lease.released
         LockManager(cluster3.urls).acquire("form:e", blocking=False).release()

@@ -135,7 +135,7 @@ def run_path(
             asyncio.run(scenario(manager, holder, cluster))
         else:
             amanager = AsyncLockManager(cluster.urls, **options)
-            observer.manager = amanager.sync
+            observer.manager = LockManager.sharing(amanager)
             asyncio.run(scenario(amanager, holder, cluster))
     after = metrics.summary()
     holder.close()

@@ -168,7 +168,7 @@ def test_a_node_whose_owed_reply_came_during_a_long_pause_keeps_its_connection_s
     reset that reply sits in the socket, so the connection is read, not replaced."""
     manager = LockManager(cluster3.urls, node_timeout=NODE_TIMEOUT)
     manager.acquire("warm-up", ttl=10.0).release()
-    connections = manager._connections.get()
+    connections = manager.engine.connections.get()
     before = list(connections.connections)
     connections.post([PING] * 3)  # a reply owed by every node, read later
     time.sleep(1.1)  # past the stall reset (max(1 s, 20 node timeouts))

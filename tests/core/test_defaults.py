@@ -51,12 +51,15 @@ def test_a_release_that_finds_the_key_replaced_by_another_type_is_a_lost_lease(c
 def test_retry_after_is_when_a_quorum_of_the_holders_keys_run_out(cluster3):
     manager = LockManager(cluster3.urls)
     # Held on all three nodes for 12, 5 and 4 s: a quorum (2) is free after 5 s, not 12.
-    error = failure(manager._nodes, "report", [12_000, 5_000, 4_000], 0, 0.001, 1)
+    error = failure(manager.engine.nodes, "report", [12_000, 5_000, 4_000], 0, 0.001, 1)
     assert error.retry_after == 5.0
     # One node granted this attempt: one more must free up, the shortest.
-    assert failure(manager._nodes, "report", [b"OK", 9_000, 3_000], 1, 0.001, 1).retry_after == 3.0
+    assert (
+        failure(manager.engine.nodes, "report", [b"OK", 9_000, 3_000], 1, 0.001, 1).retry_after
+        == 3.0
+    )
     # A key without expiry on the node that would be needed: unknown.
-    assert failure(manager._nodes, "report", [-1, -1, 3_000], 0, 0.001, 1).retry_after is None
+    assert failure(manager.engine.nodes, "report", [-1, -1, 3_000], 0, 0.001, 1).retry_after is None
 
 
 def test_retry_after_is_read_from_the_nodes(cluster3):

@@ -362,7 +362,7 @@ def test_asyncio_a_renewal_without_a_quorum_keeps_the_lease_until_its_validity_r
             with pytest.raises(LeaseNotExtended):
                 await lease.extend()  # by hand, as the extender's renewals do
             assert not lease.lost
-            assert holds(cluster5, 1, a.sync, names, lease.token)
+            assert holds(cluster5, 1, LockManager.sharing(a), names, lease.token)
             assert await asyncio.to_thread(events.lost.wait, WAIT)
             assert lease.lost_cause == "expired"
             assert lease.lost_at == pytest.approx(lease._expires_at)

@@ -175,7 +175,7 @@ def test_async_locked_and_holder_are_coroutines_on_the_loops_connections(cluster
         assert owner is not None
         assert owner["origin"] == "here"
         assert await manager.locked("async-introspection") is True
-        assert manager.sync.open_connections() == 0  # no sync round was run in the loop
+        assert manager.open_connections() == 0  # no sync round was run in the loop
         await lease.release()
         assert await manager.holder("async-introspection") is None
 

@@ -233,7 +233,7 @@ def test_a_new_thread_in_the_child_gets_connections_even_if_forked_mid_setup(clu
     held, done = threading.Event(), threading.Event()
 
     def opening() -> None:  # another thread registering its connections at the fork
-        with manager._connections._lock:
+        with manager.engine.connections._lock:
             held.set()
             done.wait()
 
@@ -302,7 +302,7 @@ def test_lease_inherited_crosses_process_boundaries_intact():
 
 def listener_of(manager: LockManager) -> str:
     """The listener id of ``manager``'s shared pub/sub sockets (see wake_next.lua)."""
-    subscriber = manager._connections._subscriber
+    subscriber = manager.engine.connections._subscriber
     assert subscriber is not None
     return subscriber.listener
 

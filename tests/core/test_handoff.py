@@ -195,7 +195,7 @@ def test_an_adopt_in_progress_shows_no_token(cluster3):
     # Its repr is what a traceback's locals or an error tracker's frame capture would show.
     manager = LockManager(cluster3.urls)
     handle = manager.acquire("secret", ttl=10.0).handle()
-    adoption = manager._adoption(handle, False, None, None)
+    adoption = manager.engine.adoption(handle, False, None, None)
     assert handle.token not in repr(adoption)
     assert adoption.token not in repr(adoption)
     manager.adopt(handle).release()

@@ -239,7 +239,7 @@ def test_a_lost_slot_is_reported_at_release(cluster3):
 def test_a_semaphore_lease_is_auto_extended(cluster3):
     manager = LockManager(cluster3.urls)
     lease = manager.semaphore("api", 1).acquire(ttl=0.6, auto_extend=True)
-    wait_for(lambda: lease.acquired_at + 1.2 < manager._clock())  # two ttls later
+    wait_for(lambda: lease.acquired_at + 1.2 < manager.engine.clock())  # two ttls later
     assert lease.owned()
     assert not lease.lost
     lease.release()

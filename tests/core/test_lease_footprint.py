@@ -53,9 +53,9 @@ def test_a_held_lease_has_no_dict_and_refers_to_nothing_tracked_of_its_own(clust
     gc.collect()
     assert not hasattr(lease, "__dict__")
     assert not hasattr(lease._shape, "__dict__")
-    # Only the manager, shared by every lease it made (and the class, as for any object).
-    assert own_tracked(lease) == [manager]
-    assert own_tracked(other) == [manager]
+    # Only the engine, shared by every lease its managers made (and the class, as for any object).
+    assert own_tracked(lease) == [manager.engine]
+    assert own_tracked(other) == [manager.engine]
     # A lock's shape is made for each round, not kept (a semaphore's or a read-write lease's,
     # which hold state, are kept).
     assert lease._special_shape is None
@@ -97,4 +97,4 @@ def test_a_dropped_lease_is_freed_at_once_by_reference_counting(cluster3, no_aut
     gone = weakref.ref(lease)
     del lease
     assert gone() is None
-    assert len(manager._held) == 0
+    assert len(manager.engine.held) == 0

@@ -1,0 +1,750 @@
+"""The asyncio manager: :class:`AsyncLockManager` hands out :class:`AsyncLease` objects
+(public import path ``django_redlock.aredlock``).
+
+It holds the same engine as :class:`~django_redlock.redlock.LockManager`
+(``django_redlock.core.engine``: configuration, re-entry registry, observer, the steps
+around a round; ``AsyncLockManager.sharing(sync)`` shares one), runs the same flow
+(``django_redlock.core.flow``, whose actions say what to do between rounds), and reports the
+same way; only the transport differs: the asyncio one (``django_redlock.wire.aio``), per
+event loop, with no thread hop per call. It imports nothing of the sync manager's module.
+
+Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
+as a sync round on the engine's sync transport. The operator calls that read every node
+through their own clients (``locks``, ``declare_fresh``) stay plain functions, as do the
+ones that do no I/O; ``locked``, ``holder`` and ``force_release`` are coroutines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from functools import partial
+from types import TracebackType
+from typing import Any, NoReturn, Unpack
+
+from django_redlock.core import flow
+from django_redlock.core.arguments import validate_name, validate_names
+from django_redlock.core.engine import (
+    DEFAULT_DRIFT_FACTOR,
+    DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TTL,
+    Engine,
+    Sharing,
+)
+from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.kinds import RWLock, Semaphore
+from django_redlock.core.lease import (
+    BaseLease,
+    expired_before_renewal,
+    lost_clean_up,
+    lost_error,
+    owns_round,
+    release_round,
+    settle_extend,
+    settle_release,
+)
+from django_redlock.core.listing import LockListing, list_locks
+from django_redlock.core.options import (
+    MANAGER_DEFAULT,
+    AcquireOptions,
+    Checked,
+    ManagerDefault,
+    acquire_options,
+)
+from django_redlock.core.owner import owner_scope
+from django_redlock.core.reporting import LockObserver
+from django_redlock.core.shapes import Many, Shape
+from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
+
+__all__ = ["AsyncLease", "AsyncLockManager"]
+
+logger = logging.getLogger("django_redlock")
+
+
+async def _take(guard: threading.Lock) -> None:
+    """Take ``guard`` (an auto-extended lease's, shared with the extender thread) without
+    blocking the event loop, and so that a cancelled task never ends up owning it.
+
+    It is polled, never waited for in a worker thread: such a thread goes on waiting after
+    its task is cancelled, takes the guard, and no one gives it back; the extender thread,
+    which renews every auto-extended lease of the process, then blocks on it for good and
+    all those leases expire. The extender holds the guard for one renewal round trip at most
+    (bounded by the node timeout), so the polls are few and short.
+    """
+    delay = 0.0005
+    while not guard.acquire(blocking=False):
+        await asyncio.sleep(delay)
+        delay = min(2 * delay, 0.02)
+
+
+def _retrieve(task: asyncio.Future[None]) -> None:
+    """Done-callback of a release that outlived its cancelled caller: read its outcome so
+    asyncio does not report it as never retrieved (a LockLost is already logged and told
+    to the observer by the release itself)."""
+    if not task.cancelled() and task.exception() is not None:
+        logger.debug("release finished after its caller was cancelled: %s", task.exception())
+
+
+class AsyncLease(BaseLease):
+    """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
+    ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
+    ``fencing_token`` and ``check()`` as for :class:`~django_redlock.Lease` (see
+    :class:`~django_redlock.core.lease.BaseLease`).
+
+    Its own type, not a :class:`~django_redlock.Lease`: its ``extend``/``release`` are
+    coroutines, so it is never where code expects a lease that a plain ``with`` releases.
+    A plain ``with`` raises ``TypeError``.
+
+    Cancellation: a task cancelled in ``release()`` still releases (the release is shielded
+    and finishes in the background); one cancelled in ``extend()`` leaves the lease as it
+    was, held until its current validity runs out (or renewed by auto-extension).
+    """
+
+    __slots__ = ("_async_manager", "_closing")
+    # The release a plain ``with`` started (see __enter__): set only then, never read.
+    _closing: asyncio.Task[None]
+
+    def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
+        # Hosted by the engine, as a sync lease (clock, reporter, and the extender's
+        # renewals, which are sync rounds); its own rounds are the asyncio manager's.
+        super().__init__(manager, **fields)
+        self._async_manager = manager
+
+    async def owned(self) -> bool:
+        """Ask the nodes (one round trip) whether a quorum still holds this lease (see
+        :meth:`Lease.owned <django_redlock.Lease.owned>`).
+
+        Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
+        """
+        self._refuse_inherited()
+        if self._released or self.validity <= 0:
+            return False
+        return await self._async_manager._owned(self)
+
+    async def extend(self) -> float:
+        """Renew the lease to its full ttl on a quorum; the new validity in seconds (see
+        :meth:`Lease.extend <django_redlock.Lease.extend>`).
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease had ended (its validity ran out, or a quorum of nodes no
+                longer holds it); it is now lost and its keys are freed (for a lease found
+                gone, only those this renewal set again: see ``core/flow.lost_clean_up``).
+            LeaseNotExtended: no quorum either way: the lease keeps its validity and keys.
+            LeaseInherited: called in a forked child; nothing is sent to the nodes.
+        """
+        # Before the guard, as Lease.extend: a child forked while the extender renewed the
+        # lease has a copy of the guard that nobody will ever give back.
+        self._refuse_inherited()
+        guard = self._guard
+        if guard is None:
+            self.check()
+            return await self._async_manager._extend(self)
+        await _take(guard)  # one renewal at a time, the extender's or ours
+        try:
+            self.check()
+            return await self._async_manager._extend(self)
+        finally:
+            guard.release()
+
+    async def release(self) -> None:
+        """Delete the lock on every node where it still holds this lease's token (see
+        :meth:`Lease.release <django_redlock.Lease.release>`). Shielded from cancellation:
+        once called, the release is carried out even if the calling task is cancelled.
+
+        Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
+            LeaseReleased: called twice.
+            LockLost: the lease had expired, or a quorum no longer held it.
+        """
+        self._refuse_inherited()
+        if not self._end_hold():
+            return
+        finishing = asyncio.ensure_future(self._finish_release())
+        try:
+            await asyncio.shield(finishing)
+        except asyncio.CancelledError:
+            finishing.add_done_callback(_retrieve)
+            raise
+
+    async def _finish_release(self) -> None:
+        guard = self._guard
+        if guard is not None:
+            # Wait out a renewal in flight, so it does not find the keys gone and call the
+            # lease lost; none starts after it (the lease is marked released).
+            await _take(guard)
+            guard.release()
+        await self._async_manager._release(self)
+
+    async def __aenter__(self) -> AsyncLease:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Release the lease (see :meth:`release`); in a forked child, do nothing (as
+        :meth:`Lease.__exit__ <django_redlock.Lease.__exit__>`)."""
+        if self._left_inherited() or self._released:
+            return
+        lost = self._lost_reason
+        release_error = None
+        try:
+            await self.release()
+        except (LockLost, LeaseReleased) as error:
+            release_error = error
+        self._block_ended(exc, lost, release_error)
+
+    def __enter__(self) -> NoReturn:
+        # A plain `with` would never release (nothing can await the release there): refuse
+        # it, and give the lock back in the background rather than hold it until exit.
+        if not self._released:
+            with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
+                loop = asyncio.get_running_loop()
+                self._closing = loop.create_task(self._release_quietly())
+        raise TypeError(
+            "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
+            "not with a plain 'with'"
+        )
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never reached (``__enter__`` raises); defined so ``with`` gets that far."""
+
+    async def _release_quietly(self) -> None:
+        with contextlib.suppress(LockLost, LeaseReleased):
+            await self.release()
+
+
+class AsyncLockManager:
+    """Redlock for asyncio code: ``await manager.acquire(...)``, ``async with manager.lock()``.
+
+    Takes the arguments of :class:`~django_redlock.LockManager` and raises the same errors;
+    its configuration is the engine's (:attr:`engine`), shared with a sync manager when made
+    with :meth:`sharing`.
+
+    Args:
+        sleep: how a blocking acquire waits between attempts. ``None`` (the default): until
+            the release that hands it the lock is published to it, or the retry delay
+            passes. A coroutine function of seconds (a test's fake clock,
+            ``asyncio.sleep``) sleeps the retry delay instead, and hears no releases.
+        nodes, ttl, node_timeout, retry_delay, default_timeout, drift_factor, key_prefix,
+            max_ttl, clock, observer: as for :class:`~django_redlock.LockManager`.
+
+    Raises:
+        TypeError, ValueError: a bad argument; the message names it.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        *,
+        ttl: float = DEFAULT_TTL,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        default_timeout: float | None = DEFAULT_TIMEOUT,
+        drift_factor: float = DEFAULT_DRIFT_FACTOR,
+        key_prefix: str = "redlock:",
+        max_ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] | None = None,
+        observer: LockObserver | None = None,
+    ) -> None:
+        self._share(
+            Engine(
+                nodes,
+                ttl=ttl,
+                node_timeout=node_timeout,
+                retry_delay=retry_delay,
+                default_timeout=default_timeout,
+                drift_factor=drift_factor,
+                key_prefix=key_prefix,
+                max_ttl=max_ttl,
+                clock=clock,
+                observer=observer,
+            ),
+            sleep,
+        )
+
+    @classmethod
+    def sharing(
+        cls, manager: Sharing, *, sleep: Callable[[float], Awaitable[None]] | None = None
+    ) -> AsyncLockManager:
+        """An asyncio manager on ``manager``'s engine (a sync or asyncio manager): the same
+        nodes, configuration, observer and re-entry registry (one set of owners for both),
+        and its own per-loop connections. ``sleep`` as for the constructor."""
+        shared = cls.__new__(cls)
+        shared._share(manager.engine, sleep)
+        return shared
+
+    def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:
+        self.engine = engine
+        """The engine this manager holds: configuration, re-entry registry, observer."""
+        self._sleep = sleep
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopConnections] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+
+    # -- configuration (the engine's) ------------------------------------------------------
+
+    @property
+    def addresses(self) -> tuple[NodeAddress, ...]:
+        """The nodes, parsed (URL parts, TLS, credentials)."""
+        return self.engine.addresses
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes' labels (URLs without passwords)."""
+        return self.engine.nodes.labels
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: ``N // 2 + 1``."""
+        return self.engine.quorum
+
+    @property
+    def ttl(self) -> float:
+        """Default lease length in seconds."""
+        return self.engine.ttl
+
+    @property
+    def max_ttl(self) -> float:
+        """The longest lease an acquire may ask for, in seconds (and the restart quarantine)."""
+        return self.engine.max_ttl
+
+    @property
+    def node_timeout(self) -> float:
+        """Seconds each node has per command."""
+        return self.engine.node_timeout
+
+    @property
+    def retry_delay(self) -> float:
+        """Mean seconds between attempts of a blocking acquire (±50% jitter)."""
+        return self.engine.retry_delay
+
+    @property
+    def default_timeout(self) -> float | None:
+        """Seconds a blocking acquire waits when not told (None: forever)."""
+        return self.engine.default_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        """Share of the ttl set aside for clock drift."""
+        return self.engine.drift_factor
+
+    @property
+    def key_prefix(self) -> str:
+        """Prepended to every lock name to form the Redis key."""
+        return self.engine.key_prefix
+
+    @property
+    def observer(self) -> LockObserver | None:
+        """Told of every acquire, release, renewal, loss and give-up (or None)."""
+        return self.engine.observer
+
+    @property
+    def quarantine_ms(self) -> int:
+        """The restart quarantine sent with every acquire, in milliseconds (see
+        :attr:`LockManager.quarantine_ms <django_redlock.LockManager.quarantine_ms>`)."""
+        return self.engine.quarantine.ms
+
+    def __repr__(self) -> str:
+        engine = self.engine
+        return (
+            f"<AsyncLockManager quorum {engine.quorum} of {len(engine.addresses)}: "
+            f"{engine.describe()}>"
+        )
+
+    def open_connections(self) -> int:
+        """How many node sockets the engine's sync transport holds open, across all threads
+        (the extender's renewals, and a sync manager sharing the engine): a plain function,
+        it counts without I/O. This manager's per-loop connections are not counted."""
+        return self.engine.connections.open_count()
+
+    def close(self) -> None:
+        """Close the engine's sync connections (the extender's renewals; they reopen on
+        demand). A plain function, no I/O to await; :meth:`aclose` closes this loop's."""
+        self.engine.close()
+
+    async def aclose(self) -> None:
+        """Close this loop's connections."""
+        self._connections().close()
+
+    async def __aenter__(self) -> AsyncLockManager:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def key(self, name: str) -> str:
+        """The Redis key of lock ``name``.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return self.engine.key(name)
+
+    def _connections(self) -> LoopConnections:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            connections = self._loops.get(loop)
+            if connections is None:
+                engine = self.engine
+                connections = LoopConnections(
+                    engine.addresses,
+                    engine.hello,
+                    max_outstanding=MAX_OUTSTANDING,
+                    **stall_limits(engine.node_timeout),
+                )
+                self._loops[loop] = connections
+                # Closes the connections when the loop's tasks are cancelled at its end
+                # (asyncio.run does that): protocols have no reader task that would.
+                connections.guard = loop.create_task(connections.close_at_loop_end())
+        return connections
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    async def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> AsyncLease:
+        """Take lock ``name`` (see :meth:`LockManager.acquire <django_redlock.LockManager.acquire>`
+        for the arguments).
+
+        Cancellation: a task cancelled here owns nothing afterwards. A round in flight is
+        released on every node it may have reached (the releases are queued behind its SETs),
+        and a waiter leaves the line, so the next release wakes a live waiter.
+
+        Raises:
+            LockContended: another holder has it.
+            QuorumUnreachable: too many nodes failed or timed out.
+            TypeError, ValueError: a bad argument.
+        """
+        engine = self.engine
+        name = validate_name(name)
+        # Checked before re-entry too, so a bad argument is refused the same way every time.
+        checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
+        scope = owner_scope()
+        held = engine.reenter(scope, name, AsyncLease)
+        if held is not None:
+            return held
+        return await self._take(name, Shape(engine.key_prefix + name), scope, checked)
+
+    async def _take(
+        self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked
+    ) -> AsyncLease:
+        """Acquire a lease of ``shape``, its arguments checked (the sync manager's rounds,
+        with ``await``: the same flow and the same actions between rounds)."""
+        engine = self.engine
+        connections = self._connections()
+        subscriber = connections.subscriber
+        contact = engine.contact()
+        if contact is not None:
+            # Before the acquire begins, as in the sync manager: never counted against its
+            # timeout (see flow.Contact). The PONGs come after each connection's hello.
+            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
+        queues = checked.blocking and shape.wake_key is not None
+        waiter = subscriber.waiter_id() if queues else ""
+        attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
+        clock = engine.clock
+        quarantine = engine.quarantine
+        try:
+            while True:
+                commands = attempt.next_round(quarantine.ms)
+                start = clock()
+                try:
+                    exchange = await connections.run(
+                        commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
+                    )
+                except BaseException:
+                    # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
+                    # still land on a slow node. The releases go out now, without awaiting,
+                    # queued behind the SETs on each connection.
+                    connections.post(attempt.interrupted())
+                    raise
+                end = clock()
+                results = exchange.results
+                step = attempt.judge(results, exchange.yes, start, end)
+                if isinstance(step, flow.Granted):
+                    strays = attempt.strays(results)
+                    if strays is not None:
+                        connections.post(strays)
+                    make = partial(AsyncLease, self)
+                    free = connections.post
+                    return engine.grant(make, free, attempt, step, results, scope, checked)
+                # Written now, no await, so a cancellation cannot skip it.
+                connections.post(step.clean_up)
+                action = engine.failed(attempt, step, checked.origin)
+                # What the flow said, awaited here (not in a helper coroutine), as the sync
+                # manager's _carry_out does it.
+                if isinstance(action, flow.Sleep):
+                    sleep = self._sleep
+                    await (asyncio.sleep if sleep is None else sleep)(action.delay)
+                    attempt.waited(False)
+                elif isinstance(action, flow.Subscribe):
+                    fresh = await subscriber.subscribe(action.key, engine.node_timeout, waiter)
+                    wait = attempt.subscribed(fresh, action.delay)
+                    if wait is not None:
+                        attempt.waited(await subscriber.wait(waiter, wait.delay))
+                elif isinstance(action, flow.Wait):
+                    attempt.waited(await subscriber.wait(waiter, action.delay))
+                else:  # the place in line is left below
+                    raise action.error
+        except BaseException:
+            leave = attempt.left_line()
+            if leave is not None:
+                # Gave up, cancelled or interrupted: leave the line now (no await). A place
+                # left behind would get the next release's wake-up, and the waiters behind it
+                # would wait until it lapses.
+                connections.post(leave)
+            raise
+        finally:
+            if waiter:
+                subscriber.unregister(waiter)
+
+    async def adopt(
+        self,
+        handle: LeaseHandle | str,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> AsyncLease:
+        """Take over a lease another process gave away (see
+        :meth:`LockManager.adopt <django_redlock.LockManager.adopt>`).
+
+        Cancellation: a task cancelled here owns nothing; the keys the new token may have
+        taken are released (written at once, without awaiting).
+
+        Raises:
+            LockLost: the lease ran out, was released or adopted elsewhere.
+            QuorumUnreachable: too few nodes answered to take it over (the keys are handed
+                back).
+            TypeError, ValueError: not a handle, or one for another key prefix.
+        """
+        engine = self.engine
+        adoption = engine.adoption(handle, auto_extend, max_hold, origin)
+        connections = self._connections()
+        size = len(engine.addresses)
+        contact = engine.contact()
+        if contact is not None:
+            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
+        start = engine.clock()
+        try:
+            exchange = await connections.run(
+                adoption.commands,
+                engine.node_timeout,
+                flow.NEVER_YES,
+                size,
+                give_up=size - 1,
+                identify=True,
+            )
+            return engine.adopted(partial(AsyncLease, self), adoption, exchange.results, start)
+        except BaseException as error:
+            connections.post(adoption.undo(error))
+            raise
+
+    async def _release(self, lease: AsyncLease) -> None:
+        engine = self.engine
+        commands, yes, expired = release_round(lease, len(engine.addresses))
+        exchange = await self._connections().run(
+            commands,
+            engine.node_timeout,
+            yes,
+            engine.quorum,
+            queue_behind=True,  # queued behind what a node owes, never skipped (Engine.release)
+        )
+        settle_release(lease, exchange.results, exchange.yes, expired)
+
+    async def _extend(self, lease: AsyncLease) -> float:
+        engine = self.engine
+        size = len(engine.addresses)
+        expired = expired_before_renewal(lease, size)
+        if expired is not None:
+            self._connections().post(expired)
+            raise lost_error(lease)
+        commands = engine.extend_round(lease)
+        start = engine.clock()
+        # Never given up early on refusals (Engine.renew says why).
+        results = (
+            await self._connections().run(
+                commands, engine.node_timeout, 1, engine.quorum, give_up=size
+            )
+        ).results
+        try:
+            return settle_extend(lease, start, engine.clock(), results)
+        except LockLost:
+            # The lease has ended (never on a mere miss, Engine.renew): best effort, no
+            # await, free the keys flow.lost_clean_up says to.
+            self._connections().post(lost_clean_up(lease, results))
+            raise
+
+    async def _owned(self, lease: AsyncLease) -> bool:
+        engine = self.engine
+        exchange = await self._connections().run(
+            owns_round(lease, len(engine.addresses)),
+            engine.node_timeout,
+            1,
+            engine.quorum,
+        )
+        return flow.owned(engine.nodes, exchange.yes, lease.validity)
+
+    async def locked(self, name: str) -> bool:
+        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see
+        :meth:`LockManager.locked <django_redlock.LockManager.locked>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return flow.is_locked(self.engine.nodes, await self.holder(name))
+
+    async def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds lock ``name``, or None (one round trip; see
+        :meth:`LockManager.holder <django_redlock.LockManager.holder>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        engine = self.engine
+        size = len(engine.addresses)
+        exchange = await self._connections().run(  # every node's answer is wanted
+            flow.holder_round(size, engine.key(name)),
+            engine.node_timeout,
+            None,
+            size,
+            give_up=size,
+        )
+        return flow.holder_of(exchange.results)
+
+    def lock(
+        self, name: str, **options: Unpack[AcquireOptions]
+    ) -> contextlib.AbstractAsyncContextManager[AsyncLease]:
+        """``async with manager.lock(name, ...) as lease``: acquire on enter, release on exit
+        (the arguments of :meth:`acquire`)."""
+        acquire_options(options)  # an unknown argument is refused here, not at enter
+        return self._block(name, options)
+
+    @contextlib.asynccontextmanager
+    async def _block(self, name: str, options: AcquireOptions) -> AsyncIterator[AsyncLease]:
+        async with await self.acquire(name, **options) as lease:
+            yield lease
+
+    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
+
+    def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:
+        """The semaphore ``name`` of ``limit`` slots; ``await sem.acquire(...)`` (see
+        :meth:`LockManager.semaphore <django_redlock.LockManager.semaphore>`).
+
+        Raises:
+            TypeError, ValueError: a bad name or limit (1 … 1024).
+        """
+        return Semaphore(self, validate_name(name), limit)
+
+    def rwlock(self, name: str) -> RWLock[Coroutine[Any, Any, AsyncLease]]:
+        """The read-write lock ``name``; ``await rw.read(...)`` / ``await rw.write(...)``
+        (see :meth:`LockManager.rwlock <django_redlock.LockManager.rwlock>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return RWLock(self, validate_name(name))
+
+    async def lock_many(
+        self, names: Iterable[str], **options: Unpack[AcquireOptions]
+    ) -> AsyncLease:
+        """Take several locks as one lease, all or nothing (see
+        :meth:`LockManager.lock_many <django_redlock.LockManager.lock_many>`).
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
+        """
+        checked = validate_names(names)
+        shape = Many([self.engine.key_prefix + name for name in checked])
+        lease = await self.acquire_shape(" + ".join(checked), shape, **options)
+        lease.names = tuple(checked)
+        return lease
+
+    async def acquire_shape(
+        self, name: str, shape: Shape, **options: Unpack[AcquireOptions]
+    ) -> AsyncLease:
+        """Acquire a lease of ``shape`` named ``name`` (see
+        :meth:`LockManager.acquire_shape <django_redlock.LockManager.acquire_shape>`).
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad argument.
+        """
+        checked = self.engine.check_arguments(*acquire_options(dict(options)))
+        return await self._take(name, shape, owner_scope(), checked)
+
+    # -- operators -------------------------------------------------------------------------
+
+    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
+        """The active locks whose names start with ``prefix`` (see
+        :meth:`LockManager.locks <django_redlock.LockManager.locks>`). A plain function:
+        blocking reads through clients of its own, for operators, on no hot path.
+
+        Raises:
+            TypeError, ValueError: a bad ``prefix`` or ``limit``.
+        """
+        return list_locks(self, prefix, limit=limit)
+
+    async def force_release(self, name: str) -> int:
+        """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
+        it (see :meth:`LockManager.force_release <django_redlock.LockManager.force_release>`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        engine = self.engine
+        size = len(engine.addresses)
+        exchange = await self._connections().run(
+            flow.force_release_round(size, engine.key(name)),
+            engine.node_timeout,
+            1,
+            size,
+            give_up=size,
+        )
+        deleted: int = exchange.yes
+        engine.reporter.force_released(name, deleted)
+        return deleted
+
+    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
+        """Let the nodes vote at once, with no restart quarantine (see
+        :meth:`LockManager.declare_fresh <django_redlock.LockManager.declare_fresh>`). A
+        plain function: blocking I/O through clients of its own, for operators.
+
+        Raises:
+            ValueError: ``nodes`` names a node this manager does not have.
+            RedlockError: a node could not be declared (unreachable, refused).
+        """
+        return self.engine.declare_fresh(nodes)
+
+    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
+        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
+
+        Raises:
+            ValueError: a name matches none of them.
+        """
+        return self.engine.addresses_of(nodes)

@@ -1,0 +1,733 @@
+"""The sync Redlock manager: :class:`LockManager` hands out :class:`Lease` objects (public
+import path ``django_redlock.redlock``).
+
+This module imports no Django (a test proves it), so it can be used from any Python process.
+
+The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock section):
+
+1. take the current time on a monotonic clock;
+2. try to set the key with a random token on all N nodes, each with a timeout far below the
+   lease, here all at once (one round trip whatever N);
+3. the lock is acquired when a quorum ``N // 2 + 1`` granted it and the validity
+   ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` is still positive;
+4. otherwise unlock every node (the failed ones too: a timed-out SET may still have landed)
+   and retry after a random delay.
+
+The steps and the decisions between rounds come from ``django_redlock.core.flow``, and what
+both managers share (configuration, quarantine, re-entry registry, reporting, owners, the
+steps around a round) from the engine (``django_redlock.core.engine``), which the asyncio
+manager (``django_redlock.core.amanager``) can hold too. This module only moves the commands
+to the nodes through the sync transport (``django_redlock.wire.connection_set``, held by
+the engine)
+and waits.
+
+Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
+overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
+token checked by the storage; see ``django_redlock.models.FencedModel``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
+from types import TracebackType
+from typing import Any, Unpack
+
+from django_redlock.core import flow
+from django_redlock.core.arguments import (
+    MAX_NAME_BYTES,
+    MAX_ORIGIN_BYTES,
+    MAX_TTL,
+    validate_name,
+    validate_names,
+)
+from django_redlock.core.engine import (
+    DEFAULT_DRIFT_FACTOR,
+    DEFAULT_NODE_TIMEOUT,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_TIMEOUT,
+    DEFAULT_TTL,
+    Engine,
+    Sharing,
+)
+from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.kinds import RWLock, Semaphore
+from django_redlock.core.lease import BaseLease
+from django_redlock.core.listing import LockListing, list_locks
+from django_redlock.core.options import (
+    MANAGER_DEFAULT,
+    AcquireOptions,
+    Checked,
+    ManagerDefault,
+    acquire_options,
+)
+from django_redlock.core.owner import MAX_OWNER_BYTES, owner_scope
+from django_redlock.core.reporting import LockObserver
+from django_redlock.core.shapes import Many, Shape
+from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.scripts import NODE_KEY
+from django_redlock.wire.subscriber import Subscriber
+
+__all__ = [
+    "DEFAULT_DRIFT_FACTOR",
+    "DEFAULT_NODE_TIMEOUT",
+    "DEFAULT_RETRY_DELAY",
+    "DEFAULT_TIMEOUT",
+    "DEFAULT_TTL",
+    "MANAGER_DEFAULT",
+    "MAX_NAME_BYTES",
+    "MAX_ORIGIN_BYTES",
+    "MAX_OWNER_BYTES",
+    "MAX_TTL",
+    "NODE_KEY",
+    "AcquireOptions",
+    "BaseLease",
+    "Lease",
+    "LockManager",
+    "LockObserver",
+]
+
+
+class Lease(BaseLease):
+    """A held lock: returned by :meth:`LockManager.acquire`, released by :meth:`release`,
+    or by leaving its ``with`` block (see :class:`~django_redlock.core.lease.BaseLease` for
+    the attributes)."""
+
+    __slots__ = ()
+    # Hosted by the engine its manager holds (clock, reporter, renewal): the sync rounds of
+    # a lease (extend, release, owned) run on the engine's sync transport.
+    _host: Engine
+
+    def extend(self) -> float:
+        """Renew the lease to its full ttl on a quorum; returns the new validity in seconds.
+
+        Keys that hold this lease's token are renewed; a key a node lost (a restart without
+        data) is set again there, unless another holder has the name on that node, and counts
+        only while the nodes that held the lease can still make a quorum
+        (``scripts/extend.lua`` and ``core/flow.judge_extend`` give the rule and why it is
+        safe). A key held by anyone else is never touched.
+
+        Raises:
+            LeaseReleased: the lease was released.
+            LockLost: the lease had ended: its validity ran out (also when the renewal
+                finished after it), or a quorum of nodes answered that they no longer hold
+                it. It stays lost, and its keys are freed (best effort): everywhere, but for
+                a lease found gone only the keys this renewal set again (the others expire by
+                themselves; see ``core/flow.lost_clean_up``).
+            LeaseNotExtended: neither a quorum renewed it nor a quorum refused it (nodes
+                did not answer): nothing changed, the lease keeps the validity it had and
+                its keys; try again before ``validity`` runs out.
+            LeaseInherited: called in a forked child; nothing is sent to the nodes.
+        """
+        self._refuse_inherited()
+        guard = self._guard
+        if guard is None:
+            self.check()
+            return self._host.renew(self)
+        with guard:  # one renewal at a time, the extender's or ours
+            self.check()
+            return self._host.renew(self)
+
+    def release(self) -> None:
+        """Delete the lock on every node, where it still holds this lease's token.
+
+        Raises:
+            LeaseReleased: called twice.
+            LockLost: the lease had expired before the release, or a quorum of nodes said it
+                was no longer held: work done under it may have overlapped another holder.
+                (Nodes that fail to answer while the lease is still valid are logged, not
+                raised: their keys expire by themselves.)
+            LeaseInherited: called in a forked child; the parent's keys are left alone.
+        """
+        self._refuse_inherited()
+        guard = self._guard
+        if guard is None:
+            if self._end_hold():
+                self._host.release(self)
+            return
+        with guard:  # a renewal in flight ends first, and none starts after this
+            if self._end_hold():
+                self._host.release(self)
+
+    def owned(self) -> bool:
+        """Ask the nodes (one round trip): True while a quorum still holds this lease's token
+        and its validity has not run out. Unlike :attr:`lost` (what this process noticed),
+        this sees what happened elsewhere: an operator's force release, keys evicted or
+        expired on the nodes.
+
+        Raises:
+            LeaseInherited: called in a process forked from the lease's owner.
+        """
+        self._refuse_inherited()
+        if self._released or self.validity <= 0:
+            return False
+        return self._host.owned(self)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Release the lease (see :meth:`release`); in a forked child, do nothing.
+
+        A child leaves its parent's ``with`` block on its way out (``sys.exit`` unwinding the
+        inherited stack): the lease is the parent's, so the keys stay and nothing is raised,
+        which would only turn the child's unrelated exit into a crash. A warning is logged.
+        """
+        if self._left_inherited() or self._released:
+            return
+        lost = self._lost_reason
+        try:
+            self.release()
+        except (LockLost, LeaseReleased) as error:
+            self._block_ended(exc, lost, error)
+        else:
+            self._block_ended(exc, lost, None)
+
+
+class LockManager:
+    """Redlock over N independent Redis/Valkey masters.
+
+    Args:
+        nodes: node URLs (``redis://``, ``rediss://``, ``unix://``) or redis-py clients.
+            Use an odd number of independent masters (no replicas): 3 or 5.
+        ttl: default lease length in seconds.
+        node_timeout: seconds each node has per command (connect included); a node slower
+            than this is a failed vote. Must be well below the ttl.
+        retry_delay: mean seconds between attempts of a blocking acquire (±50% jitter).
+        default_timeout: seconds a blocking acquire waits when its ``timeout`` is not given
+            (``None``: forever, discouraged).
+        drift_factor: share of the ttl set aside for clock drift, 0 ≤ f < 0.5.
+        key_prefix: prepended to every lock name to form the Redis key.
+        max_ttl: the longest lease any acquire may ask for (default ``max(ttl, 60)``), and
+            so the restart quarantine: a node that lost its data votes again only this many
+            seconds after it came back, when every lease it may have granted has run out.
+        clock: monotonic clock in seconds for lease validity and retry budgets (tests
+            inject a fake one; per-node network timeouts always use real time).
+        sleep: how a blocking acquire waits between attempts. ``None`` (the default): until
+            the release that hands it the lock is published to it, or the retry delay
+            passes. A function of seconds (a test's fake clock, ``time.sleep``) sleeps the
+            retry delay instead, and hears no releases.
+        observer: told of every acquire, release, loss and give-up (see :class:`LockObserver`).
+
+    The configuration is the engine's (:attr:`engine`, shared with an
+    :class:`~django_redlock.aredlock.AsyncLockManager` made with ``sharing``); the
+    attributes below read it.
+
+    Raises:
+        TypeError, ValueError: a bad argument; the message names it.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[object],
+        *,
+        ttl: float = DEFAULT_TTL,
+        node_timeout: float = DEFAULT_NODE_TIMEOUT,
+        retry_delay: float = DEFAULT_RETRY_DELAY,
+        default_timeout: float | None = DEFAULT_TIMEOUT,
+        drift_factor: float = DEFAULT_DRIFT_FACTOR,
+        key_prefix: str = "redlock:",
+        max_ttl: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] | None = None,
+        observer: LockObserver | None = None,
+    ) -> None:
+        self.engine = Engine(
+            nodes,
+            ttl=ttl,
+            node_timeout=node_timeout,
+            retry_delay=retry_delay,
+            default_timeout=default_timeout,
+            drift_factor=drift_factor,
+            key_prefix=key_prefix,
+            max_ttl=max_ttl,
+            clock=clock,
+            observer=observer,
+        )
+        """The engine this manager holds: configuration, re-entry registry, observer."""
+        self._sleep = sleep
+
+    @classmethod
+    def sharing(
+        cls, manager: Sharing, *, sleep: Callable[[float], None] | None = None
+    ) -> LockManager:
+        """A sync manager on ``manager``'s engine (an asyncio or sync manager): the same
+        nodes, configuration, observer and re-entry registry (one set of owners for both).
+        ``sleep`` as for the constructor."""
+        shared = cls.__new__(cls)
+        shared.engine = manager.engine
+        shared._sleep = sleep
+        return shared
+
+    # -- configuration (the engine's) ------------------------------------------------------
+
+    @property
+    def addresses(self) -> tuple[NodeAddress, ...]:
+        """The nodes, parsed (URL parts, TLS, credentials)."""
+        return self.engine.addresses
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The nodes' labels (URLs without passwords)."""
+        return self.engine.nodes.labels
+
+    @property
+    def quorum(self) -> int:
+        """How many nodes must agree: ``N // 2 + 1``."""
+        return self.engine.quorum
+
+    @property
+    def ttl(self) -> float:
+        """Default lease length in seconds."""
+        return self.engine.ttl
+
+    @property
+    def max_ttl(self) -> float:
+        """The longest lease an acquire may ask for, in seconds (and the restart quarantine)."""
+        return self.engine.max_ttl
+
+    @property
+    def node_timeout(self) -> float:
+        """Seconds each node has per command."""
+        return self.engine.node_timeout
+
+    @property
+    def retry_delay(self) -> float:
+        """Mean seconds between attempts of a blocking acquire (±50% jitter)."""
+        return self.engine.retry_delay
+
+    @property
+    def default_timeout(self) -> float | None:
+        """Seconds a blocking acquire waits when not told (None: forever)."""
+        return self.engine.default_timeout
+
+    @property
+    def drift_factor(self) -> float:
+        """Share of the ttl set aside for clock drift."""
+        return self.engine.drift_factor
+
+    @property
+    def key_prefix(self) -> str:
+        """Prepended to every lock name to form the Redis key."""
+        return self.engine.key_prefix
+
+    @property
+    def observer(self) -> LockObserver | None:
+        """Told of every acquire, release, renewal, loss and give-up (or None)."""
+        return self.engine.observer
+
+    @property
+    def quarantine_ms(self) -> int:
+        """The restart quarantine sent with every acquire, in milliseconds: ``max_ttl``,
+        raised to the longest any node reports (``scripts/node_rule.lua``)."""
+        return self.engine.quarantine.ms
+
+    def __repr__(self) -> str:
+        engine = self.engine
+        return (
+            f"<LockManager quorum {engine.quorum} of {len(engine.addresses)}: {engine.describe()}>"
+        )
+
+    def open_connections(self) -> int:
+        """How many node sockets this manager holds open, across all threads."""
+        return self.engine.connections.open_count()
+
+    def close(self) -> None:
+        """Close every node connection this manager opened (they reopen on demand)."""
+        self.engine.close()
+
+    def __enter__(self) -> LockManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def key(self, name: str) -> str:
+        """The Redis key of lock ``name``.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return self.engine.key(name)
+
+    # -- acquire ---------------------------------------------------------------------------
+
+    def acquire(
+        self,
+        name: str,
+        *,
+        ttl: float | None = None,
+        blocking: bool = True,
+        timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> Lease:
+        """Take the lock ``name``; return its :class:`Lease`.
+
+        Args:
+            name: the lock name (text, at most :data:`MAX_NAME_BYTES` UTF-8 bytes).
+            ttl: lease length in seconds (default: the manager's).
+            blocking: retry until ``timeout`` (True) or make exactly one attempt (False).
+            timeout: seconds to keep trying when blocking (default: the manager's
+                ``default_timeout``, 10 s unless configured); ``None`` waits forever
+                (discouraged). The attempt in flight is bounded too: acquire returns or raises
+                within ``timeout + node_timeout`` plus scheduling noise.
+            auto_extend: renew the lease in the background every ``ttl / 3`` while it is
+                held; a failed renewal marks it lost (``lease.lost``, ``lease.check()``).
+            max_hold: with ``auto_extend``, seconds after which renewal stops, so a stuck
+                holder cannot keep the lock forever (the lease then runs out within a ttl).
+            origin: free text stored with the lock to tell operators where it was taken
+                (a view or command name); cut to :data:`MAX_ORIGIN_BYTES` UTF-8 bytes.
+
+        Raises:
+            LockContended: another holder has it.
+            QuorumUnreachable: too many nodes failed or timed out.
+            TypeError, ValueError: a bad argument.
+        """
+        name = validate_name(name)
+        # Checked first, so a re-entry refuses bad arguments as a first acquire does.
+        engine = self.engine
+        checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
+        scope = owner_scope()
+        held = engine.reenter(scope, name, Lease)
+        if held is not None:
+            return held
+        return self._take(name, Shape(engine.key_prefix + name), scope, checked)
+
+    def _take(self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked) -> Lease:
+        """Acquire a lease of ``shape`` (a lock, a semaphore slot, a read or write lease,
+        several locks), its arguments checked: the Redlock rounds of :meth:`acquire`."""
+        engine = self.engine
+        connections = engine.connections.get()
+        contact = engine.contact()
+        if contact is not None:
+            # Before the acquire begins, as in the asyncio manager: never counted against
+            # its timeout (see flow.Contact).
+            self._contact(connections, contact)
+        # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
+        # a single try never queues, nor does a shape without a line (it polls).
+        queues = checked.blocking and shape.wake_key is not None
+        # Registered from now on: a release naming it is kept even if it comes while
+        # another thread reads the shared pub/sub sockets and this one is not waiting yet.
+        waiter = connections.subscriber.waiter_id() if queues else ""
+        try:
+            attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
+            try:
+                return self._rounds(connections, attempt, scope, checked)
+            except BaseException:
+                leave = attempt.left_line()
+                if leave is not None:
+                    # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
+                    # signal handler raising): leave the line now. A place left behind would
+                    # get the next release's wake-up, and the waiters behind it would wait
+                    # until it lapses (the asyncio manager does the same on cancellation).
+                    connections.post(leave)
+                raise
+        finally:
+            if waiter:
+                # Its channel may now be unsubscribed by another thread, once nobody
+                # listens on it (the subscriber counts the listeners of each channel).
+                connections.subscriber.unregister(waiter)
+
+    def _rounds(
+        self,
+        connections: ConnectionSet,
+        attempt: flow.Acquire,
+        scope: tuple[object, ...],
+        checked: Checked,
+    ) -> Lease:
+        """The tries of :meth:`_take` until one is granted or the acquire gives up.
+
+        Raises:
+            LockNotAcquired: gave up (the caller leaves the line).
+        """
+        engine = self.engine
+        clock = engine.clock
+        node_timeout = engine.node_timeout
+        quarantine = engine.quarantine
+        while True:
+            commands = attempt.next_round(quarantine.ms)
+            start = clock()
+            try:
+                exchange = connections.run(
+                    commands,
+                    node_timeout,
+                    attempt.decider,
+                    attempt.need,
+                    identify=True,
+                )
+                end = clock()
+            except BaseException:
+                # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
+                # have landed, and nobody else will release them.
+                connections.post(attempt.interrupted())
+                raise
+            step = attempt.judge(exchange.results, exchange.yes, start, end)
+            if isinstance(step, flow.Granted):
+                strays = attempt.strays(exchange.results)
+                if strays is not None:
+                    connections.post(strays)
+                make = partial(Lease, self)
+                free = connections.post
+                return engine.grant(make, free, attempt, step, exchange.results, scope, checked)
+            # Unlock wherever our SET may have landed; pipelined on the same connections as
+            # the SETs, so a stalled node applies it after the SET when it wakes up.
+            connections.post(step.clean_up)
+            self._carry_out(
+                engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
+            )
+
+    def _carry_out(
+        self, action: flow.Action, attempt: flow.Acquire, subscriber: Subscriber
+    ) -> None:
+        """Do what the flow said after a failed round, and tell it how the wait ended.
+
+        Raises:
+            LockNotAcquired: the flow gave up.
+        """
+        if isinstance(action, flow.Sleep):
+            sleep = self._sleep
+            (time.sleep if sleep is None else sleep)(action.delay)
+            attempt.waited(False)
+        elif isinstance(action, flow.Subscribe):
+            fresh = subscriber.subscribe(action.key, self.engine.node_timeout, attempt.waiter)
+            wait = attempt.subscribed(fresh, action.delay)
+            if wait is not None:
+                attempt.waited(subscriber.wait(attempt.waiter, wait.delay))
+        elif isinstance(action, flow.Wait):
+            attempt.waited(subscriber.wait(attempt.waiter, action.delay))
+        else:
+            raise action.error
+
+    def _contact(self, connections: ConnectionSet, contact: flow.Contact) -> None:
+        """Carry out the first contact (:class:`~django_redlock.core.flow.Contact`): one
+        round trip, bounded by the node timeout, done at a quorum of answers (the rest
+        report as their connections come up)."""
+        connections.run(contact.commands, self.engine.node_timeout, b"PONG", contact.need)
+
+    def adopt(
+        self,
+        handle: LeaseHandle | str,
+        *,
+        auto_extend: bool = False,
+        max_hold: float | None = None,
+        origin: str | None = None,
+    ) -> Lease:
+        """Take over a lease another process gave away with ``lease.handle()`` (one round
+        trip): the keys move to a new token on a quorum, keeping their expiry, and the
+        returned :class:`Lease` extends (to the handle's ttl) and releases like any other.
+        The first process's token is refused from then on.
+
+        Args:
+            handle: a :class:`~django_redlock.core.handle.LeaseHandle` or its ``dumps()`` text.
+            auto_extend, max_hold, origin: as for :meth:`acquire`.
+
+        Raises:
+            LockLost: the lease ran out, was released or adopted elsewhere: there is nothing
+                to take over.
+            QuorumUnreachable: too few nodes answered to take it over; the keys are handed
+                back, so the same handle can be adopted again while its lease lasts.
+            TypeError, ValueError: not a handle, or one for another key prefix.
+        """
+        engine = self.engine
+        adoption = engine.adoption(handle, auto_extend, max_hold, origin)
+        connections = engine.connections.get()
+        contact = engine.contact()
+        if contact is not None:
+            self._contact(connections, contact)
+        size = len(engine.addresses)
+        start = engine.clock()
+        try:
+            exchange = connections.run(
+                adoption.commands,
+                engine.node_timeout,
+                flow.NEVER_YES,
+                size,
+                give_up=size - 1,
+                identify=True,
+            )
+            return engine.adopted(partial(Lease, self), adoption, exchange.results, start)
+        except BaseException as error:
+            # Refused, unanswered or interrupted: nobody holds the new token.
+            connections.post(adoption.undo(error))
+            raise
+
+    def locked(self, name: str) -> bool:
+        """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by
+        anyone; see :meth:`holder` for who).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return flow.is_locked(self.engine.nodes, self.holder(name))
+
+    def holder(self, name: str) -> dict[str, Any] | None:
+        """Who holds lock ``name``, from the owner metadata stored with it, or None.
+
+        Returns the owner dict (host, pid, thread, task, origin, acquired_at as epoch
+        seconds) as found on most nodes that answered, plus ``nodes`` (how many hold it) and
+        ``ttl`` (the longest remaining seconds among them). Never the token.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        engine = self.engine
+        size = len(engine.addresses)
+        exchange = engine.connections.get().run(  # every node's answer is wanted
+            flow.holder_round(size, engine.key(name)),
+            engine.node_timeout,
+            None,
+            size,
+            give_up=size,
+        )
+        return flow.holder_of(exchange.results)
+
+    def lock(
+        self, name: str, **options: Unpack[AcquireOptions]
+    ) -> contextlib.AbstractContextManager[Lease]:
+        """A context manager: acquire on enter (yielding the :class:`Lease`), release on exit.
+
+        Takes the same arguments as :meth:`acquire` and raises what it raises; leaving the
+        block raises :class:`LockLost` if the lease was lost, unless the block itself raised.
+        """
+        acquire_options(options)  # an unknown argument is refused here, not at enter
+        return self._block(name, options)
+
+    @contextlib.contextmanager
+    def _block(self, name: str, options: AcquireOptions) -> Iterator[Lease]:
+        with self.acquire(name, **options) as lease:
+            yield lease
+
+    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
+
+    def semaphore(self, name: str, limit: int) -> Semaphore[Lease]:
+        """The semaphore ``name`` of ``limit`` slots: ``.acquire(...)`` returns a lease of one
+        slot; at most ``limit`` such leases are valid at any moment, cluster-wide (see
+        :class:`~django_redlock.core.kinds.Semaphore`). Every user of one semaphore must give
+        the same ``limit``.
+
+        Raises:
+            TypeError, ValueError: a bad name or limit (1 … 1024).
+        """
+        return Semaphore(self, validate_name(name), limit)
+
+    def rwlock(self, name: str) -> RWLock[Lease]:
+        """The read-write lock ``name``: ``.read(...)`` and ``.write(...)`` return leases
+        (see :class:`~django_redlock.core.kinds.RWLock`).
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        return RWLock(self, validate_name(name))
+
+    def lock_many(self, names: Iterable[str], **options: Unpack[AcquireOptions]) -> Lease:
+        """Take the locks of every name in ``names`` as one lease, all or nothing, in one
+        round trip per try; released (and extended) together. The locks are the very locks
+        of ``acquire(name)``. Deadlock-free: a try takes every lock or none on each node and
+        holds nothing while it waits; a blocking call polls (jittered ``retry_delay``) and
+        never queues, so it may wait longer than single locks' fair line would.
+
+        Takes the arguments of :meth:`acquire`; the lease's ``name`` is the names, sorted,
+        joined by ``" + "``; ``lease.names`` lists them.
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
+        """
+        checked = validate_names(names)
+        shape = Many([self.key_prefix + name for name in checked])
+        lease = self.acquire_shape(" + ".join(checked), shape, **options)
+        lease.names = tuple(checked)
+        return lease
+
+    def acquire_shape(self, name: str, shape: Shape, **options: Unpack[AcquireOptions]) -> Lease:
+        """Acquire a lease of ``shape`` (``core/shapes.py``: a semaphore slot, a read or
+        write lease, several locks) named ``name``, with ``acquire``'s keyword ``options``;
+        never re-entrant. What the handles of ``core/kinds.py`` call.
+
+        Raises:
+            LockContended, QuorumUnreachable: as :meth:`acquire`.
+            TypeError, ValueError: a bad argument.
+        """
+        checked = self.engine.check_arguments(*acquire_options(dict(options)))
+        return self._take(name, shape, owner_scope(), checked)
+
+    # -- operators -------------------------------------------------------------------------
+
+    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
+        """The active locks whose names start with ``prefix``, merged across the nodes: a
+        :class:`~django_redlock.core.listing.LockListing` of the first ``limit`` by name
+        (None: all of them), with how many it did not show (never the tokens). The cap only
+        chooses which locks are shown; each shown lock's node count is read on every node.
+
+        Raises:
+            TypeError, ValueError: a bad ``prefix`` or ``limit`` (an int of 1 or more, or
+                None).
+        """
+        return list_locks(self, prefix, limit=limit)
+
+    def force_release(self, name: str) -> int:
+        """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
+        it. For operators: the evicted holder is not told, so pair it with a fencing token
+        bump (the admin page does) wherever writes must be refused.
+
+        Raises:
+            TypeError, ValueError: a bad name.
+        """
+        engine = self.engine
+        size = len(engine.addresses)
+        exchange = engine.connections.get().run(
+            flow.force_release_round(size, engine.key(name)),
+            engine.node_timeout,
+            1,
+            size,
+            give_up=size,
+        )
+        deleted: int = exchange.yes
+        engine.reporter.force_released(name, deleted)
+        return deleted
+
+    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
+        """Let the current server process of every node (or of ``nodes``, given by label or
+        URL) vote at once, with no restart quarantine, until it restarts.
+
+        Only for brand-new nodes, or nodes shut down cleanly with their data: on a node that
+        lost locks whose leases still run, it allows a double grant. The declaration names the
+        node's run_id, so a later restart (empty, from a snapshot) is quarantined again.
+
+        Returns one :class:`~django_redlock.core.health.Declaration` per node (what was done).
+
+        Raises:
+            ValueError: ``nodes`` names a node this manager does not have.
+            RedlockError: a node could not be declared (unreachable, refused).
+        """
+        return self.engine.declare_fresh(nodes)
+
+    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
+        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
+
+        Raises:
+            ValueError: a name matches none of them.
+        """
+        return self.engine.addresses_of(nodes)
+
+    # -- for contrib/ until it moves to the public names (issue 24): remove then -----------
+    # contrib/celery.py reads these private names; it is another branch's to change, and
+    # these keep it working meanwhile. New code uses engine.clock and engine.forget.
+
+    @property
+    def _clock(self) -> Callable[[], float]:
+        return self.engine.clock
+
+    def _forget_owner(self, lease: BaseLease) -> None:
+        self.engine.forget(lease)
