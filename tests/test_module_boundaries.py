@@ -34,13 +34,8 @@ ALLOWED_ANYWHERE: dict[str, str] = {
     "fast form of get_running_loop that returns None instead of raising)",
 }
 
-#: (module, attribute) pairs allowed in one module only, each with its reason. The engine
-#: change gave leases a public ``lease.host`` (the engine: ``host.nodes``); otel still reads
-#: the old names through a shim (``BaseLease._manager``, ``Engine._nodes``) until it moves.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("django_redlock.contrib.otel", "_manager"): "the span names the lease's manager's nodes",
-    ("django_redlock.contrib.otel", "_nodes"): "the span names the nodes and the quorum",
-}
+#: (module, attribute) pairs allowed in one module only, each with its reason.
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -87,7 +87,7 @@ class OtelObserver:
         }
         if lease.origin:
             attributes["redlock.origin"] = lease.origin
-        nodes = lease._manager._nodes
+        nodes = lease.host.nodes
         attributes["redlock.nodes"] = list(nodes.labels)
         attributes["redlock.quorum"] = nodes.quorum
         # The votes of the winning attempt, once leases carry them (see the module notes).

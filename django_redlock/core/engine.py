@@ -250,12 +250,6 @@ class Engine:
         """Close the sync connections (they reopen on demand)."""
         self.connections.close()
 
-    @property
-    def _nodes(self) -> flow.Nodes:
-        # For contrib/otel.py (lease._manager._nodes) until it reads lease.host.nodes
-        # (issue 24): remove then.
-        return self.nodes
-
     # -- operators (both managers' ``declare_fresh`` and ``addresses_of``) -------------------
 
     def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:

@@ -234,11 +234,6 @@ class BaseLease:
         return self._host
 
     @property
-    def _manager(self) -> Any:
-        # For contrib/otel.py until it reads lease.host (issue 24): remove then.
-        return self._host
-
-    @property
     def name(self) -> str:
         """The lock name (of ``lock_many``: its names, sorted, joined by ``" + "``)."""
         return self._fixed[0]

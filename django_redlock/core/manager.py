@@ -720,14 +720,3 @@ class LockManager:
             ValueError: a name matches none of them.
         """
         return self.engine.addresses_of(nodes)
-
-    # -- for contrib/ until it moves to the public names (issue 24): remove then -----------
-    # contrib/celery.py reads these private names; it is another branch's to change, and
-    # these keep it working meanwhile. New code uses engine.clock and engine.forget.
-
-    @property
-    def _clock(self) -> Callable[[], float]:
-        return self.engine.clock
-
-    def _forget_owner(self, lease: BaseLease) -> None:
-        self.engine.forget(lease)
