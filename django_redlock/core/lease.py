@@ -647,7 +647,10 @@ def take_over(
         lease._guard = threading.Lock()
         if hold is not None:
             lease._renew_until = time.monotonic() + hold
-        extender.schedule(lease, time.monotonic() + lease.ttl / 3)
+        # A third of what the lease has left, not of its ttl: an adopted lease keeps only the
+        # validity its giver had, which may be less than ttl / 3 (it would run out before its
+        # first renewal). For a new lease the two are all but equal.
+        extender.schedule(lease, time.monotonic() + min(lease.ttl, lease.validity) / 3)
     lease._scope = scope
     return lease._shape.reentrant
 

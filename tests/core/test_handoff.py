@@ -268,3 +268,25 @@ def test_a_view_acquires_and_another_process_finishes_the_work(cluster3):
     assert result.stdout.split() == ["adopted", "True", "free", "True"]
     with pytest.raises(LeaseReleased):
         lease.release()
+
+
+def test_an_adopted_lease_with_little_left_is_renewed_before_it_runs_out(cluster3, monkeypatch):
+    # The adopter keeps only the validity the giver had. Its first background renewal must
+    # come within that, not a third of the ttl later (found by the Celery once lease: a copy
+    # that waited most of once_ttl in the queue lost its lease before the first renewal).
+    from django_redlock.core import extender
+
+    due: list[float] = []
+    monkeypatch.setattr(extender, "schedule", lambda lease, at: due.append(at))
+    giver, adopter = LockManager(cluster3.urls), LockManager(cluster3.urls)
+    lease = giver.acquire("report:9", ttl=30.0)
+    for node in cluster3:
+        with node_client(node) as client:
+            client.pexpire(lease.key, 3000)  # as if the lease had waited 27 s in a queue
+    adopted = adopter.adopt(lease.handle(), auto_extend=True)
+    try:
+        assert adopted.validity < 3.0
+        assert len(due) == 1
+        assert due[0] - time.monotonic() < adopted.validity
+    finally:
+        adopted.release()
