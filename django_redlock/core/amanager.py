@@ -29,6 +29,7 @@ from typing import Any, NoReturn, Unpack
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import validate_name, validate_names
+from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,
@@ -228,7 +229,7 @@ class AsyncLease(BaseLease):
             await self.release()
 
 
-class AsyncLockManager:
+class AsyncLockManager(EngineConfigured):
     """Redlock for asyncio code: ``await manager.acquire(...)``, ``async with manager.lock()``.
 
     Takes the arguments of :class:`~django_redlock.LockManager` and raises the same errors;
@@ -298,76 +299,6 @@ class AsyncLockManager:
         )
         self._lock = threading.Lock()
 
-    # -- configuration (the engine's) ------------------------------------------------------
-
-    @property
-    def addresses(self) -> tuple[NodeAddress, ...]:
-        """The nodes, parsed (URL parts, TLS, credentials)."""
-        return self.engine.addresses
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        """The nodes' labels (URLs without passwords)."""
-        return self.engine.nodes.labels
-
-    @property
-    def quorum(self) -> int:
-        """How many nodes must agree: ``N // 2 + 1``."""
-        return self.engine.quorum
-
-    @property
-    def ttl(self) -> float:
-        """Default lease length in seconds."""
-        return self.engine.ttl
-
-    @property
-    def max_ttl(self) -> float:
-        """The longest lease an acquire may ask for, in seconds (and the restart quarantine)."""
-        return self.engine.max_ttl
-
-    @property
-    def node_timeout(self) -> float:
-        """Seconds each node has per command."""
-        return self.engine.node_timeout
-
-    @property
-    def retry_delay(self) -> float:
-        """Mean seconds between attempts of a blocking acquire (±50% jitter)."""
-        return self.engine.retry_delay
-
-    @property
-    def default_timeout(self) -> float | None:
-        """Seconds a blocking acquire waits when not told (None: forever)."""
-        return self.engine.default_timeout
-
-    @property
-    def drift_factor(self) -> float:
-        """Share of the ttl set aside for clock drift."""
-        return self.engine.drift_factor
-
-    @property
-    def key_prefix(self) -> str:
-        """Prepended to every lock name to form the Redis key."""
-        return self.engine.key_prefix
-
-    @property
-    def observer(self) -> LockObserver | None:
-        """Told of every acquire, release, renewal, loss and give-up (or None)."""
-        return self.engine.observer
-
-    @property
-    def quarantine_ms(self) -> int:
-        """The restart quarantine sent with every acquire, in milliseconds (see
-        :attr:`LockManager.quarantine_ms <django_redlock.LockManager.quarantine_ms>`)."""
-        return self.engine.quarantine.ms
-
-    def __repr__(self) -> str:
-        engine = self.engine
-        return (
-            f"<AsyncLockManager quorum {engine.quorum} of {len(engine.addresses)}: "
-            f"{engine.describe()}>"
-        )
-
     def open_connections(self) -> int:
         """How many node sockets the engine's sync transport holds open, across all threads
         (the extender's renewals, and a sync manager sharing the engine): a plain function,
@@ -388,14 +319,6 @@ class AsyncLockManager:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    def key(self, name: str) -> str:
-        """The Redis key of lock ``name``.
-
-        Raises:
-            TypeError, ValueError: a bad name.
-        """
-        return self.engine.key(name)
 
     def _connections(self) -> LoopConnections:
         loop = asyncio.get_running_loop()
