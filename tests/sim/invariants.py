@@ -18,6 +18,17 @@
 * **No leak**: every node a failed try's SET may have reached (it granted, or its answer was
   not heard) has been sent the try's release by the time the try is judged: checked against
   the nodes' keyspaces right then and again once late messages had time to land.
+* **No stale write** (the fenced table, ``tests/sim/fence.py``): a write the table accepts
+  carries the highest fencing token minted for its row so far. A *defect* whatever happened
+  before: it is checked, and never excused, after faults outside the model too (there the
+  history goes on past the exclusion it broke, to see whether the fence holds).
+* **Fair line** (a lock's wait line, on each node): a lock goes to the live head of its line
+  or, with nobody in line, to anyone (``acquire.lua``); and a script that leaves the lock free
+  with a live waiter at the head it did not head before (a release, a force release, a waiter
+  ahead leaving) wakes that head (``wake_next.lua``'s PUBLISH): a waiter is never skipped,
+  nor left to its poll delay while the lock stands free.
+* **Hand-off** (``adopt``): once a hand-off round moved a lease to the adopter's token, a
+  script run with the giver's token never changes a key the adopter holds.
 """
 
 from __future__ import annotations
@@ -49,7 +60,12 @@ class Checker:
         self.world = world
         self.leases: dict[str, list[LeaseRecord]] = {}
         self.violations: list[str] = []
+        self.defects: list[str] = []  # violations no fault excuses (a stale write)
         self.expected: set[str] = set()  # fault classes outside the model that happened
+        self.fence: dict[str, int] = {}  # lock name -> highest fencing token minted
+        self.handed: dict[bytes, bytes] = {}  # the giver's token -> the adopter's
+        self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
+        self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
         self.stop = False
         self.released: set[tuple[str, int]] = set()  # (token, node) a release was sent to
         self.crashed: set[int] = set()
@@ -58,10 +74,17 @@ class Checker:
         self.max_ttl_ms = math.ceil(world.config.max_ttl * 1000)
         self.line_ms = math.ceil(max(1.0, 4 * world.config.retry_delay) * 1000)
 
-    def violate(self, text: str) -> None:
-        self.world.log("!!", "VIOLATION: " + text)
-        self.violations.append(text)
-        self.stop = True
+    def violate(self, text: str, *, defect: bool = False) -> None:
+        """Record a broken invariant and stop the history; but after a fault outside the
+        model (``expected``), an excused violation lets it go on, so that the invariants no
+        fault excuses (``defect``: the fenced table's) are still checked."""
+        if len(self.violations) < 20:
+            self.world.log("!!", "VIOLATION: " + text)
+            self.violations.append(text)
+        if defect:
+            self.defects.append(text)
+        if defect or not self.expected:
+            self.stop = True
 
     def expect_violations(self, reason: str) -> None:
         self.expected.add(reason)
@@ -75,11 +98,20 @@ class Checker:
         token: str,
         end: float,
         claims: tuple[tuple[str, str], ...],
+        began: float,
     ) -> LeaseRecord:
+        """A lease granted by a round sent at virtual time ``began``, valid until ``end``."""
         from tests.sim.world import LeaseRecord
 
         record = LeaseRecord(client.index, name, token, self.world.now, end, claims)
         self.grants += 1
+        for resource, mode in claims:
+            if mode == "x" and (
+                self.forcing.get(resource) or began <= self.forced.get(resource, -1.0)
+            ):
+                # Its keys were set before a force release landed (or one is on its way):
+                # evicted too, whoever holds them by then.
+                record.revoked = self.world.now
         for resource, _ in claims:
             held = self.leases.setdefault(resource, [])
             now = self.world.now
@@ -97,6 +129,13 @@ class Checker:
 
     def lost(self, record: LeaseRecord, cause: str) -> None:
         pass  # strict: the window still runs to the end of the validity
+
+    def force_released(self, name: str) -> None:
+        """An operator force-released lock ``name``: the exclusive leases on it end now."""
+        now = self.world.now
+        for record in self.leases.get(name, ()):
+            if dict(record.claims).get(name) == "x" and record.revoked is None:
+                record.revoked = now
 
     def _exclusion(self, record: LeaseRecord) -> None:
         """The leases live now beside ``record`` (every window holds ``now``: a grant starts
@@ -217,6 +256,87 @@ class Checker:
                         )
                         return
 
+    # -- the fenced table --------------------------------------------------------------------
+
+    def minted(self, name: str, token: int) -> None:
+        self.fence[name] = max(self.fence.get(name, 0), token)
+
+    def written(self, who: str, name: str, token: int, accepted: bool) -> None:
+        """The table took (``accepted``) or refused a write of ``name``'s row under
+        ``token``."""
+        high = self.fence.get(name, 0)
+        if accepted and token < high:
+            self.violate(
+                f"{name}: the table accepted {who}'s write under fencing token {token} after "
+                f"token {high} was minted",
+                defect=True,
+            )
+
+    # -- the fair line -----------------------------------------------------------------------
+
+    def line_state(self, space: Any, key: bytes, now_ms: int) -> tuple[bool, bytes | None]:
+        """(whether lock ``key`` is held on this keyspace at ``now_ms``, the live head of its
+        wait line or None), read without changing anything (as the scripts would find it)."""
+        when = space.expires.get(key)
+        held = key in space.data and (when is None or now_ms <= when)
+        line = _live(space, key + b"\0q", now_ms)
+        lapse = _live(space, key + b"\0e", now_ms)
+        head = None
+        if type(line) is ZSet and type(lapse) is Hash:
+            for member, _ in line.ordered():
+                if int(lapse.get(member, b"0")) > now_ms:
+                    head = member
+                    break
+        return held, head
+
+    def granted_on_node(
+        self, node: SimNode, key: bytes, head: bytes | None, waiter: bytes, token: bytes
+    ) -> None:
+        """An acquire script gave ``key`` to ``token`` (waiter id ``waiter``, b"" for a
+        single try) on ``node``, the live head of the line being ``head`` before it ran."""
+        if head is not None and head != waiter:
+            self.violate(
+                f"{node.label}: {key!r} went to {token[:8]!r} (waiter {waiter!r}) past the "
+                f"live head of its line {head!r}"
+            )
+
+    def freed_on_node(
+        self,
+        node: SimNode,
+        key: bytes,
+        before: tuple[bool, bytes | None],
+        after: tuple[bool, bytes | None],
+        published: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """A release, force release or leave ran on ``node``: ``before`` and ``after`` are
+        :meth:`line_state` around it, ``published`` its PUBLISHes."""
+        held, head = after
+        if held or head is None or (not before[0] and before[1] == head):
+            return  # held, nobody waits, or the free lock's head did not change
+        waiter = head.split(b"|", 1)[1] if head[:2] in (b"r|", b"w|") else head
+        if not any(message == waiter for _, message in published):
+            self.violate(
+                f"{node.label}: {key!r} left free with {waiter!r} at the head of its line, "
+                "not woken"
+            )
+
+    # -- hand-off ----------------------------------------------------------------------------
+
+    def handed_off(self, old: str, new: str) -> None:
+        self.handed[old.encode()] = new.encode()
+
+    def giver_ran(
+        self, node: SimNode, key: bytes, old: bytes, before: object, after: object
+    ) -> None:
+        """A script carrying the giver's token ``old`` ran on ``node``: the adopter's key
+        ``key`` (its value ``before`` and ``after``, with expiry) must not have changed."""
+        new = self.handed[old]
+        if before is not None and before[0].get(b"t") == new and before != after:  # type: ignore[index]
+            self.violate(
+                f"{node.label}: the giver's token {old[:8]!r} changed {key!r}, which the "
+                f"adopter's {new[:8]!r} held"
+            )
+
     def client_crashed(self, client: SimClient) -> None:
         self.crashed.add(client.index)
 
@@ -225,4 +345,10 @@ class Checker:
 
 
 def _end(record: LeaseRecord) -> float:
-    return record.end if record.released is None else min(record.end, record.released)
+    end = record.end if record.released is None else min(record.end, record.released)
+    return end if record.revoked is None else min(end, record.revoked)
+
+
+def _live(space: Any, key: bytes, now_ms: int) -> Any:
+    when = space.expires.get(key)
+    return space.data.get(key) if when is None or now_ms <= when else None

@@ -25,10 +25,17 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.wire import scripts
+from django_redlock.wire import primitives, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
+from tests.sim.fence import Table
 from tests.sim.invariants import Checker
 from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
+
+# The scripts the fair-line invariant watches (a lock's line: acquire.lua grants to its head;
+# these free the lock or move the head, and must wake the new head: wake_next.lua).
+_ACQUIRE = scripts.ACQUIRE.sha
+_WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
+_HANDOFF = primitives.HANDOFF.sha
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -68,6 +75,10 @@ class Config:
     limit: int = 2  # the semaphore's slots
     listen: float = 0.5  # chance a client hears wake-ups (pub/sub) instead of sleeping
     clock_edges: bool = False  # clocks at the edges of the drift bound, not within it
+    fenced: float = 0.5  # chance a lock's holder writes to its fenced row (tests/sim/fence.py)
+    writes: float = 0.2  # mean seconds between a fenced holder's writes, as a share of ttl
+    handoffs: float = 0.15  # chance a lock's holder hands it off (lease.handle()) to adopt
+    force_releases: float = 0.0  # operator force releases (admin) per simulated second
 
     @property
     def quorum(self) -> int:
@@ -104,6 +115,7 @@ def draw_config(
         auto_extend=rng.choice((0.0, 0.5, 1.0)),
         limit=rng.choice((1, 2, 3)),
         clock_edges=rng.random() < 0.3,
+        force_releases=rng.choice((0.0, 0.0, 0.2)),
     )
     if profile == "storm":
         config.kinds = ("lock",)
@@ -128,6 +140,11 @@ def draw_config(
         config.limit = rng.choice((2, 3))
         config.clients = rng.randint(config.limit + 1, 6)
         config.node_faults = rng.choice((1.0, 2.0))
+    elif profile == "fence":
+        config.kinds = ("lock",)
+        config.fenced = 1.0
+        config.client_faults = rng.choice((0.5, 1.0))
+        config.force_releases = rng.choice((0.0, 0.3))
     elif profile != "mix":
         raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
@@ -139,6 +156,7 @@ PROFILES = {
     "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
     "restarts": "plain locks, never renewed, nodes that lose data when they crash",
     "slots": "semaphores only, more clients than slots, many node faults",
+    "fence": "plain locks, every holder writing to its fenced row, many client pauses",
 }
 
 
@@ -226,8 +244,33 @@ class SimNode:
     def run(self, sha: bytes, keys: Sequence[bytes], args: Sequence[bytes]) -> object:
         world = self.world
         now_us = self.now_us()
-        reply = world.engine.run(sha, keys, args, self.space, self.server, now_us)
-        world.checker.after_script(self, now_us // 1000)
+        checker = world.checker
+        space = self.space
+        # The fair line and the hand-off are judged on what a script changed: read before.
+        before: Any = None
+        held_before = None
+        if sha == _ACQUIRE:
+            before = checker.line_state(space, keys[0], now_us // 1000)
+            held_before = (space.data.get(keys[0]) or {}).get(b"t")
+        elif sha in _WAKERS:
+            before = checker.line_state(space, keys[0], now_us // 1000)
+        giver = None
+        if checker.handed:
+            giver = next((arg for arg in args if arg in checker.handed), None)
+            if giver is not None:
+                key = keys[1] if sha == _HANDOFF else keys[0]
+                before = _state(space, key, now_us // 1000)
+        reply = world.engine.run(sha, keys, args, space, self.server, now_us)
+        checker.after_script(self, now_us // 1000)
+        if giver is not None:
+            checker.giver_ran(self, key, giver, before, _state(space, key, now_us // 1000))
+        elif sha == _ACQUIRE:
+            value = space.data.get(keys[0])
+            if type(value) is Hash and value.get(b"t") == args[0] != held_before:
+                checker.granted_on_node(self, keys[0], before[1], args[4], args[0])
+        elif sha in _WAKERS:
+            after = checker.line_state(space, keys[0], now_us // 1000)
+            checker.freed_on_node(self, keys[0], before, after, world.engine.published)
         for _, waiter in world.engine.published:
             world.publish(waiter.decode())
         if world.now - self.last_snapshot >= 0.25:
@@ -245,6 +288,15 @@ class SimNode:
         lost = rng.uniform(0.0, 1.0) if mode == "everysec" else rng.uniform(1.0, 6.0)
         older = [space for at, space in self.snapshots if at <= self.world.now - lost]
         return older[-1].copy() if older else Keyspace()
+
+
+def _state(space: Keyspace, key: bytes, now_ms: int) -> object:
+    """A key's value and expiry at ``now_ms``, copied (None when absent or expired)."""
+    value = space.data.get(key)
+    when = space.expires.get(key)
+    if value is None or (when is not None and now_ms > when):
+        return None
+    return (dict(value) if type(value) is Hash else value, when)
 
 
 # -- the wire --------------------------------------------------------------------------------
@@ -346,6 +398,17 @@ class Wait:
 
 
 @dataclass
+class Db:
+    """A statement on the fenced table (``tests/sim/fence.py``): ``mint`` the row of ``name``
+    (the process is sent its new token), or ``write`` it under ``token`` (sent True when the
+    table took it). One message delay each way."""
+
+    op: str
+    name: str
+    token: int = 0
+
+
+@dataclass
 class LeaseRecord:
     """A lease a client held: its lock, token, and the interval of virtual time it held it
     within its validity (``end`` grows with each renewal, shrinks to the release)."""
@@ -357,6 +420,7 @@ class LeaseRecord:
     end: float
     claims: tuple[tuple[str, str], ...] = ()  # (resource, "x" exclusive | "r" read | "s" slot)
     released: float | None = None
+    revoked: float | None = None  # when an operator force-released it (the holder is not told)
 
 
 @dataclass
@@ -375,6 +439,8 @@ class SimClient:
     listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
     woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
     waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+    db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
+    db_out: float = 0.0
 
     def now(self) -> float:
         return self.clock.at(self.world.now)
@@ -404,6 +470,8 @@ class World:
         self.trace: list[tuple[float, str, str]] = []
         self.engine = LuaEngine(overrides)
         self.checker = Checker(self)
+        self.table = Table()
+        self.handles: list[Any] = []  # leases handed off (lease.handle()), not yet adopted
         self.rounds = 0
         config = self.config
         self.nodes = [
@@ -419,6 +487,10 @@ class World:
             client = SimClient(self, i, clock, self.flow_nodes, [None] * config.nodes)
             client.listens = self.rng.random() < config.listen
             self.clients.append(client)
+        # The operator's admin page (force release): a client of its own, with no process.
+        self.operator = SimClient(
+            self, config.clients, Clock(0.0, 0.0), self.flow_nodes, [None] * config.nodes
+        )
 
     # -- the event queue -------------------------------------------------------------------
 
@@ -481,8 +553,35 @@ class World:
             self.at(wake, lambda: self.end_wait(client, marker, False, process))
         elif isinstance(request, Round):
             self.send_round(client, request)
+        elif isinstance(request, Db):
+            self.database(client, request, process)
         else:  # pragma: no cover
             raise TypeError(request)
+
+    def database(self, client: SimClient, request: Db, process: object) -> None:
+        """Run ``request`` on the fenced table when it arrives; the reply resumes the process
+        one delay later (a crashed client's statement in flight still lands)."""
+        who = f"c{client.index}"
+        client.db_in = arrive = max(client.db_in, self.now + self.delay())
+
+        def run() -> None:
+            reply: int | bool
+            if request.op == "mint":
+                reply = self.table.mint(request.name)
+                self.checker.minted(request.name, reply)
+                self.log(who, f"minted fencing token {reply} for {request.name}")
+            else:
+                reply = self.table.write(request.name, request.token)
+                self.log(
+                    who,
+                    f"write to {request.name} under fencing token {request.token}: "
+                    + ("accepted" if reply else "refused (stale)"),
+                )
+                self.checker.written(who, request.name, request.token, bool(reply))
+            client.db_out = back = max(client.db_out, self.now + self.delay())
+            self.at(back, lambda: self.step(client, reply, process))
+
+        self.at(arrive, run)
 
     def end_wait(
         self, client: SimClient, marker: tuple[str, object], woken: bool, process: object
@@ -575,11 +674,15 @@ class World:
             if node.state == "down":
                 if exchange is not None:
                     exchange.record(index, NotSent("connection refused"))
+                elif client is self.operator:
+                    self.landed(command[0])
                 return
             conn = client.connections[index] = Connection(node)
         data = command[0]
         if self.config.loss and self.rng.random() < self.config.loss:
             self.log(f"c{client.index}", f"message to {node.label} lost")
+            if client is self.operator:
+                self.landed(data)
             return  # never arrives: the round times out, a clean-up is lost
         arrive = max(conn.last_in, self.now + self.delay())
         conn.last_in = arrive
@@ -594,6 +697,8 @@ class World:
         index: int,
     ) -> None:
         node = conn.node
+        if client is self.operator and node.state != "paused":
+            self.landed(data)
         if node.incarnation != conn.incarnation or node.state == "down":
             self.reply(
                 client,
@@ -743,6 +848,27 @@ class World:
             self.step(client, None)
 
         self.at(self.now + seconds, restart)
+
+    def force_release(self, name: str) -> None:
+        """The admin's force release of lock ``name`` (``admin.py``): bump the fenced row's
+        token first, then delete the lock on every node, whoever holds it. The evicted holder
+        is not told: its window ends here (exclusion is no longer owed to it), and only the
+        fence refuses its later writes."""
+        token = self.table.mint(name)
+        self.checker.minted(name, token)
+        self.checker.forcing[name] = self.checker.forcing.get(name, 0) + len(self.nodes)
+        self.checker.force_released(name)
+        self.log("op", f"force release of {name} (fencing token bumped to {token})")
+        key = "redlock:" + name
+        self.clean_up(self.operator, flow.force_release_round(len(self.nodes), key))
+
+    def landed(self, data: bytes) -> None:
+        """One node's force release reached it (or never will): a lease granted until the
+        last one lands may be evicted too, whoever holds it by then."""
+        name = parse_command(data)[1][3].decode().removeprefix("redlock:")
+        self.checker.forcing[name] -= 1
+        if not self.checker.forcing[name]:
+            self.checker.forced[name] = self.now
 
     def jump_clock(self, node: SimNode, seconds: float) -> None:
         node.clock.jumped += seconds
