@@ -66,6 +66,7 @@ class Checker:
         self.handed: dict[bytes, bytes] = {}  # the giver's token -> the adopter's
         self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
         self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
+        self.fenced_off = 0  # stale writes refused after exclusion broke (outside the model)
         self.stop = False
         self.released: set[tuple[str, int]] = set()  # (token, node) a release was sent to
         self.crashed: set[int] = set()
@@ -265,6 +266,8 @@ class Checker:
         """The table took (``accepted``) or refused a write of ``name``'s row under
         ``token``."""
         high = self.fence.get(name, 0)
+        if not accepted and self.violations:
+            self.fenced_off += 1
         if accepted and token < high:
             self.violate(
                 f"{name}: the table accepted {who}'s write under fencing token {token} after "
