@@ -20,7 +20,7 @@ from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease, held_on
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.exceptions import QuorumUnreachable
-from django_redlock.wire.scripts import GRANTED
+from django_redlock.wire.scripts import GRANTED, PING
 from tests.sim.world import Db, LeaseRecord, Round, SimClient, Sleep, Wait
 
 Process = Generator[Any, Any, None]
@@ -30,20 +30,29 @@ def client_process(client: SimClient) -> Process:
     world = client.world
     config = world.config
     rng = world.rng
-    quarantine_ms = math.ceil(config.max_ttl * 1000)
+    # A new process: its own max_ttl, raised as its connections hear the nodes' (redlock.py
+    # _Quarantine), the first of them before its first acquire (_first_contact).
+    max_ttl = config.client_max_ttl(client.index)
+    client.quarantine_ms = math.ceil(max_ttl * 1000)
+    client.heard = set()
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
     owner = f'{{"host":"sim","pid":{client.index}}}'
     while world.now < config.seconds and client.alive:
+        if len(client.heard) < world.flow_nodes.quorum:
+            yield Round([PING] * world.flow_nodes.size, b"PONG", world.flow_nodes.quorum)
+            if len(client.heard) < world.flow_nodes.quorum:
+                yield Sleep(config.retry_delay)  # too few nodes up: try again later
+            continue
         if world.handles and rng.random() < 0.5:  # a handle left by lease.handle()
             handle = world.handles.pop(rng.randrange(len(world.handles)))
-            yield from adopt(client, handle, owner, quarantine_ms)
+            yield from adopt(client, handle, owner)
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
         name, shape, claims = choose(client)
         key = shape.key
         blocking = rng.random() < 0.7
         wait = rng.choice((0.0, 0.1, 0.5, 2.0)) if blocking else None
-        ttl = config.ttl if rng.random() < 0.7 else config.max_ttl
+        ttl = max_ttl if rng.random() < config.longest else config.ttl
         client.waiters += 1
         # A blocking acquire queues, except for a shape that never does (it polls).
         queues = blocking and shape.wake_key is not None
@@ -70,7 +79,7 @@ def client_process(client: SimClient) -> Process:
         results: Sequence[Any] = ()
         listening = False
         while True:
-            commands = attempt.next_round(quarantine_ms)
+            commands = attempt.next_round(client.quarantine_ms)
             began = world.now
             start = client.now()
             exchange = yield Round(commands, attempt.decider, attempt.need, identify=True)
@@ -260,7 +269,7 @@ def hand_off(client: SimClient, lease: Held, owner: str) -> None:
         )
 
 
-def adopt(client: SimClient, handle: LeaseHandle, owner: str, quarantine_ms: int) -> Process:
+def adopt(client: SimClient, handle: LeaseHandle, owner: str) -> Process:
     """``LockManager.adopt``: one hand-off round that must hear every node, judged by
     ``flow.judge_adopt``; a failed adopt frees the new token (the lease is gone) or hands the
     keys back (too few answers), as ``_Adoption.undo`` does. Then the lease is held."""
@@ -268,6 +277,7 @@ def adopt(client: SimClient, handle: LeaseHandle, owner: str, quarantine_ms: int
     nodes = world.flow_nodes
     size = nodes.size
     token = vars(flow)["secrets"].token_hex(20)
+    quarantine_ms = client.quarantine_ms
     shape = Shape(handle.key)
     client.log(f"adopts {handle.name} from token {handle.token[:8]}")
     began = world.now

@@ -72,7 +72,7 @@ class Checker:
         self.crashed: set[int] = set()
         self.grants = 0
         self.failures = 0
-        self.max_ttl_ms = math.ceil(world.config.max_ttl * 1000)
+        self.max_ttl_ms = math.ceil(world.config.longest_ttl * 1000)
         self.line_ms = math.ceil(max(1.0, 4 * world.config.retry_delay) * 1000)
 
     def violate(self, text: str, *, defect: bool = False) -> None:

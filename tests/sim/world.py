@@ -36,6 +36,7 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 _ACQUIRE = scripts.ACQUIRE.sha
 _WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
 _HANDOFF = primitives.HANDOFF.sha
+_NODE_KEY = scripts.NODE_KEY.encode()
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -79,10 +80,20 @@ class Config:
     writes: float = 0.2  # mean seconds between a fenced holder's writes, as a share of ttl
     handoffs: float = 0.15  # chance a lock's holder hands it off (lease.handle()) to adopt
     force_releases: float = 0.0  # operator force releases (admin) per simulated second
+    long_max_ttl: float = 0.0  # >0: the odd clients' max_ttl (a larger quarantine than the rest)
+    longest: float = 0.3  # chance an acquire takes its client's max_ttl rather than the ttl
 
     @property
     def quorum(self) -> int:
         return self.nodes // 2 + 1
+
+    def client_max_ttl(self, index: int) -> float:
+        """Client ``index``'s ``max_ttl``: its longest lease, and its own quarantine."""
+        return self.long_max_ttl if self.long_max_ttl and index % 2 else self.max_ttl
+
+    @property
+    def longest_ttl(self) -> float:
+        return max(self.max_ttl, self.long_max_ttl)
 
 
 def draw_config(
@@ -145,6 +156,15 @@ def draw_config(
         config.fenced = 1.0
         config.client_faults = rng.choice((0.5, 1.0))
         config.force_releases = rng.choice((0.0, 0.3))
+    elif profile == "quarantines":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.persistence = ("empty",)
+        config.node_faults = rng.choice((2.0, 4.0))
+        config.client_faults = 0.0
+        config.max_ttl = config.ttl
+        config.long_max_ttl = config.ttl * rng.choice((3, 4))
+        config.longest = 0.8
     elif profile != "mix":
         raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
@@ -157,6 +177,7 @@ PROFILES = {
     "restarts": "plain locks, never renewed, nodes that lose data when they crash",
     "slots": "semaphores only, more clients than slots, many node faults",
     "fence": "plain locks, every holder writing to its fenced row, many client pauses",
+    "quarantines": "plain locks, half the clients with a longer max_ttl, nodes restarting empty",
 }
 
 
@@ -212,7 +233,7 @@ class SimNode:
         self.start_process()
         # A node in service from the start: up longer than any quarantine (its marker is set
         # by its first acquire, as on a node that has been running for a while).
-        self.server.started_ms -= int(world.config.max_ttl * 1000) + 2000
+        self.server.started_ms -= int(world.config.longest_ttl * 1000) + 2000
 
     def now_us(self) -> int:
         return int(self.clock.at(self.world.now) * 1_000_000)
@@ -332,10 +353,11 @@ class Exchange:
 class Connection:
     """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
 
-    __slots__ = ("incarnation", "last_in", "last_out", "node", "owed")
+    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed")
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
+        self.greeted = False  # its hello (wire.setup.Hello) has run on the node
         self.incarnation = node.incarnation
         self.last_in = 0.0  # when its last command reaches the node
         self.last_out = 0.0  # when its last reply reaches the client
@@ -439,6 +461,8 @@ class SimClient:
     listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
     woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
     waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+    quarantine_ms: int = 0  # what its acquires send: its max_ttl, raised by what nodes report
+    heard: set[int] = field(default_factory=set)  # nodes whose hello reported their quarantine
     db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
     db_out: float = 0.0
 
@@ -514,7 +538,7 @@ class World:
         end = self.config.seconds
         while self.queue and not self.checker.stop:
             when, _, action = heapq.heappop(self.queue)
-            if when > end + 3 * self.config.max_ttl:
+            if when > end + 3 * self.config.longest_ttl:
                 break
             self.now = when
             action()
@@ -712,8 +736,28 @@ class World:
         if node.state == "paused":
             node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index))
             return
+        if not conn.greeted:
+            self.hello(client, conn, index)
         reply = self.execute(node, conn, data)
         self.reply(client, conn, exchange, index, reply)
+
+    def hello(self, client: SimClient, conn: Connection, index: int) -> None:
+        """A new connection's hello, pipelined ahead of its first command: the node's longest
+        quarantine (``HGET <marker> q``) raises the client's (``redlock._Quarantine.report``)
+        when the reply arrives, ahead of the command's."""
+        conn.greeted = True
+        node = conn.node
+        marker = node.space.data.get(_NODE_KEY)
+        q = int(marker.get(b"q", b"0")) if type(marker) is Hash else 0
+        arrive = conn.last_out = max(conn.last_out, self.now + self.delay())
+        incarnation = client.incarnation
+
+        def report() -> None:
+            if client.alive and client.incarnation == incarnation:
+                client.heard.add(index)
+                client.quarantine_ms = max(client.quarantine_ms, q)
+
+        self.at(arrive, report)
 
     def execute(self, node: SimNode, conn: Connection, data: bytes) -> object:
         count, parts = parse_command(data)
@@ -839,6 +883,7 @@ class World:
             from tests.sim import clients
 
             client.alive = True
+            client.incarnation += 1
             client.paused_until = 0.0
             client.waiting = None
             client.woken = set()
