@@ -211,13 +211,14 @@ class Checker:
                 return
 
     def sent(self, client: SimClient, index: int, data: bytes) -> None:
-        head = data[:120]
-        if any(sha in head for sha in _RELEASES):
-            from tests.sim.world import parse_command
-
-            _, parts = parse_command(data)
-            for arg in parts[3 + int(parts[2]) :]:  # the token is one of its ARGV
-                self.released.add((arg.decode(), index))
+        # A round sends the same bytes to every node: what a command releases is found once.
+        tokens = _SENT.get(data)
+        if tokens is None:
+            if len(_SENT) > 256:
+                _SENT.clear()
+            tokens = _SENT[data] = _released_tokens(data)
+        for token in tokens:
+            self.released.add((token, index))
 
     def failed_try(
         self,
@@ -345,6 +346,20 @@ class Checker:
 
     def finish(self) -> None:
         pass
+
+
+_SENT: dict[bytes, tuple[str, ...]] = {}
+
+
+def _released_tokens(data: bytes) -> tuple[str, ...]:
+    """The ARGV of a release command (its token is one of them); () for any other."""
+    head = data[:120]
+    if not any(sha in head for sha in _RELEASES):
+        return ()
+    from tests.sim.world import parse_command
+
+    _, parts = parse_command(data)
+    return tuple(arg.decode() for arg in parts[3 + int(parts[2]) :])
 
 
 def _end(record: LeaseRecord) -> float:
