@@ -37,6 +37,9 @@ _ACQUIRE = scripts.ACQUIRE.sha
 _WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
 _HANDOFF = primitives.HANDOFF.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
+# What a new connection loads with SCRIPT LOAD before anything else (wire.setup).
+_PRELOADED = frozenset(script.sha for script in scripts.HOT_SCRIPTS)
+_NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -248,6 +251,7 @@ class SimNode:
         )
         self.server.started_ms = self.now_us() // 1000
         self.server.aof_enabled = self.persistence in ("always", "everysec")
+        self.loaded: set[bytes] = set()  # the process's script cache: empty when it starts
 
     @property
     def hint(self) -> bytes:
@@ -353,11 +357,12 @@ class Exchange:
 class Connection:
     """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
 
-    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed")
+    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed", "reload")
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
         self.greeted = False  # its hello (wire.setup.Hello) has run on the node
+        self.reload = False  # SCRIPT LOADs owed behind a NOSCRIPT fallback
         self.incarnation = node.incarnation
         self.last_in = 0.0  # when its last command reaches the node
         self.last_out = 0.0  # when its last reply reaches the client
@@ -671,10 +676,11 @@ class World:
         self.finish_round(client, exchange)
 
     def clean_up(self, client: SimClient, commands: Sequence[scripts.Command | None]) -> None:
-        """Send without waiting (``ConnectionSet.clean_up``)."""
+        """Send without waiting (``ConnectionSet.clean_up``: as ``fire_and_forget`` makes
+        each command, the EVAL at once for a script no connection preloads)."""
         for index, command in enumerate(commands):
             if command is not None:
-                self.send(client, index, command, None, False)
+                self.send(client, index, scripts.fire_and_forget(command), None, False)
 
     def delay(self) -> float:
         config = self.config
@@ -710,7 +716,8 @@ class World:
             return  # never arrives: the round times out, a clean-up is lost
         arrive = max(conn.last_in, self.now + self.delay())
         conn.last_in = arrive
-        self.at(arrive, lambda: self.deliver(client, conn, data, exchange, index))
+        fallback = command[1]
+        self.at(arrive, lambda: self.deliver(client, conn, data, exchange, index, fallback))
 
     def deliver(
         self,
@@ -719,9 +726,12 @@ class World:
         data: bytes,
         exchange: Exchange | None,
         index: int,
+        fallback: scripts.Fallback | None = None,
     ) -> None:
         node = conn.node
-        if client is self.operator and node.state != "paused":
+        if client is self.operator and (
+            node.incarnation != conn.incarnation or node.state == "down"
+        ):
             self.landed(data)
         if node.incarnation != conn.incarnation or node.state == "down":
             self.reply(
@@ -734,12 +744,17 @@ class World:
             )
             return
         if node.state == "paused":
-            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index))
+            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index, fallback))
             return
         if not conn.greeted:
             self.hello(client, conn, index)
         reply = self.execute(node, conn, data)
-        self.reply(client, conn, exchange, index, reply)
+        if client is self.operator and not (type(reply) is NodeError and str(reply) == _NOSCRIPT):
+            self.landed(data)  # else its EVAL, sent in its place, will
+        if conn.reload:  # the SCRIPT LOADs pipelined behind a NOSCRIPT fallback
+            conn.reload = False
+            node.loaded |= _PRELOADED
+        self.reply(client, conn, exchange, index, reply, fallback=fallback)
 
     def hello(self, client: SimClient, conn: Connection, index: int) -> None:
         """A new connection's hello, pipelined ahead of its first command: the node's longest
@@ -747,6 +762,7 @@ class World:
         when the reply arrives, ahead of the command's."""
         conn.greeted = True
         node = conn.node
+        node.loaded |= _PRELOADED  # its SCRIPT LOADs come first (wire.setup.setup_commands)
         marker = node.space.data.get(_NODE_KEY)
         q = int(marker.get(b"q", b"0")) if type(marker) is Hash else 0
         arrive = conn.last_out = max(conn.last_out, self.now + self.delay())
@@ -765,11 +781,13 @@ class World:
         if verb == b"PING":
             return b"PONG"
         if verb in (b"EVALSHA", b"EVAL"):
-            sha = (
-                parts[1]
-                if verb == b"EVALSHA"
-                else hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
-            )
+            if verb == b"EVALSHA":
+                sha = parts[1]
+                if sha not in node.loaded:  # a new process, or a SCRIPT FLUSH
+                    return NodeError(_NOSCRIPT)
+            else:
+                sha = hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
+                node.loaded.add(sha)  # EVAL caches the script, as Redis does
             keys_count = int(parts[2])
             if len(parts) < count:
                 # identify=True: the connection's identity ends the command (wire.setup.Hello),
@@ -788,8 +806,10 @@ class World:
         index: int,
         reply: object,
         lost_node: bool = False,
+        fallback: scripts.Fallback | None = None,
     ) -> None:
-        if exchange is None:
+        noscript = fallback is not None and type(reply) is NodeError and str(reply) == _NOSCRIPT
+        if exchange is None and not noscript:
             return
         if lost_node:
             arrive = self.now
@@ -798,7 +818,28 @@ class World:
             conn.last_out = arrive
 
         def receive() -> None:
-            if exchange.closed or not client.alive:
+            if not client.alive:
+                return
+            if noscript:
+                # wire.sync: the node lacks the script. The EVAL goes out in its place (for
+                # a round still open, or for a command that must run even once it is over,
+                # a clean-up), the preloaded scripts are loaded again behind it.
+                assert fallback is not None
+                open_round = exchange is not None and not exchange.closed
+                if open_round or fallback.when_over:
+                    self.log(f"c{client.index}", f"NOSCRIPT from {conn.node.label}: EVAL instead")
+                    self.send(
+                        client,
+                        index,
+                        (fallback.build(), None),
+                        exchange if open_round else None,
+                        fallback.identify,
+                    )
+                current = client.connections[index]
+                if current is not None:
+                    current.reload = True
+                return
+            if exchange is None or exchange.closed:
                 return
             exchange.record(index, reply)
             if exchange.done:
@@ -893,6 +934,14 @@ class World:
             self.step(client, None)
 
         self.at(self.now + seconds, restart)
+
+    def flush_scripts(self, node: SimNode) -> None:
+        """``SCRIPT FLUSH`` (an operator, a failover to a replica): the process forgets every
+        script, its connections stay open."""
+        if node.state == "down":
+            return
+        node.loaded = set()
+        self.log(node.label, "SCRIPT FLUSH")
 
     def force_release(self, name: str) -> None:
         """The admin's force release of lock ``name`` (``admin.py``): bump the fenced row's
