@@ -68,6 +68,8 @@ class Checker:
         self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
         self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
         self.fenced_off = 0  # stale writes refused after exclusion broke (outside the model)
+        self.wakes = 0  # heads of line woken by a release, a force release or a leave
+        self.force_releases = 0
         self.stop = False
         self.released: set[tuple[str, int]] = set()  # (token, node) a release was sent to
         self.crashed: set[int] = set()
@@ -135,6 +137,7 @@ class Checker:
     def force_released(self, name: str) -> None:
         """An operator force-released lock ``name``: the exclusive leases on it end now."""
         now = self.world.now
+        self.force_releases += 1
         for record in self.leases.get(name, ()):
             if dict(record.claims).get(name) == "x" and record.revoked is None:
                 record.revoked = now
@@ -319,7 +322,9 @@ class Checker:
         if held or head is None or (not before[0] and before[1] == head):
             return  # held, nobody waits, or the free lock's head did not change
         waiter = head.split(b"|", 1)[1] if head[:2] in (b"r|", b"w|") else head
-        if not any(message == waiter for _, message in published):
+        if any(message == waiter for _, message in published):
+            self.wakes += 1
+        else:
             self.violate(
                 f"{node.label}: {key!r} left free with {waiter!r} at the head of its line, "
                 "not woken"

@@ -142,31 +142,6 @@ def _handoff_kept() -> Iterator[dict[bytes, bytes]]:
     )
 
 
-def _quarantine_unheard() -> Iterator[dict[bytes, bytes]]:
-    """A client keeps its own quarantine, never raised to the longer one the nodes report
-    (``redlock._Quarantine.report``), and the nodes keep none either (``node_rule.lua``
-    without field q): another client's longer lease is forgotten by a restarted node that
-    votes again after the shorter quarantine."""
-    from tests.sim.world import World
-
-    saved = World.hello
-
-    def hello(self: World, client: Any, conn: Any, index: int) -> None:
-        conn.greeted = True
-        client.heard.add(index)
-
-    World.hello = hello  # type: ignore[method-assign]
-    overrides: dict[bytes, bytes] = {}
-    for script in LIBRARY_SCRIPTS.values():
-        text = "local q = math.max(quarantine, tonumber(stored[2] or '0') or 0)"
-        if text in script.source.decode():
-            overrides.update(_replace(script, text, "local q = quarantine"))
-    try:
-        yield overrides
-    finally:
-        World.hello = saved  # type: ignore[method-assign]
-
-
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -178,7 +153,6 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "wake-skipped": _wake_skipped,
     "line-jump": _line_jump,
     "handoff-kept": _handoff_kept,
-    "quarantine-unheard": _quarantine_unheard,
 }
 
 

@@ -501,6 +501,7 @@ class World:
         self.checker = Checker(self)
         self.table = Table()
         self.handles: list[Any] = []  # leases handed off (lease.handle()), not yet adopted
+        self.noscripts = 0  # NOSCRIPT replies that the transport's fallback took over
         self.rounds = 0
         config = self.config
         self.nodes = [
@@ -826,6 +827,7 @@ class World:
                 # a clean-up), the preloaded scripts are loaded again behind it.
                 assert fallback is not None
                 open_round = exchange is not None and not exchange.closed
+                self.noscripts += 1
                 if open_round or fallback.when_over:
                     self.log(f"c{client.index}", f"NOSCRIPT from {conn.node.label}: EVAL instead")
                     self.send(
