@@ -27,6 +27,8 @@
   with a live waiter at the head it did not head before (a release, a force release, a waiter
   ahead leaving) wakes that head (``wake_next.lua``'s PUBLISH): a waiter is never skipped,
   nor left to its poll delay while the lock stands free.
+* **All or none** (``lock_many``): a try that sets any of its keys on a node sets all of
+  them there (``acquire_many.lua``), so a multi-lock never holds part of its names.
 * **Hand-off** (``adopt``): once a hand-off round moved a lease to the adopter's token, a
   script run with the giver's token never changes a key the adopter holds.
 """
@@ -328,6 +330,22 @@ class Checker:
             self.violate(
                 f"{node.label}: {key!r} left free with {waiter!r} at the head of its line, "
                 "not woken"
+            )
+
+    # -- lock_many: all or none --------------------------------------------------------------
+
+    def took_many(
+        self,
+        node: SimNode,
+        keys: Sequence[bytes],
+        before: frozenset[bytes],
+        after: frozenset[bytes],
+    ) -> None:
+        """``acquire_many.lua`` ran on ``node``: the keys of the lease holding its token
+        ``before`` and ``after``. Setting any of them sets every one."""
+        if after - before and len(after) != len(keys):
+            self.violate(
+                f"{node.label}: a lock_many try took {sorted(after)} of {sorted(keys)}: not all"
             )
 
     # -- hand-off ----------------------------------------------------------------------------

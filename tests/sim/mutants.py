@@ -142,6 +142,16 @@ def _handoff_kept() -> Iterator[dict[bytes, bytes]]:
     )
 
 
+def _many_partial() -> Iterator[dict[bytes, bytes]]:
+    """``acquire_many.lua`` sets only the first key of a multi-lock (and answers OK): the
+    lease claims every name but holds one."""
+    yield _replace(
+        primitives.ACQUIRE_MANY,
+        "for i = 2, #KEYS, 4 do\n    redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])",
+        "for i = 2, 2, 4 do\n    redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])",
+    )
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -153,6 +163,7 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "wake-skipped": _wake_skipped,
     "line-jump": _line_jump,
     "handoff-kept": _handoff_kept,
+    "many-partial": _many_partial,
 }
 
 

@@ -36,6 +36,7 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 _ACQUIRE = scripts.ACQUIRE.sha
 _WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
 _HANDOFF = primitives.HANDOFF.sha
+_ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
 # What a new connection loads with SCRIPT LOAD before anything else (wire.setup).
 _PRELOADED = frozenset(script.sha for script in scripts.HOT_SCRIPTS)
@@ -279,6 +280,8 @@ class SimNode:
             held_before = (space.data.get(keys[0]) or {}).get(b"t")
         elif sha in _WAKERS:
             before = checker.line_state(space, keys[0], now_us // 1000)
+        elif sha == _ACQUIRE_MANY:
+            before = _holding(space, keys[1::4], args[0])
         giver = None
         if checker.handed:
             giver = next((arg for arg in args if arg in checker.handed), None)
@@ -296,6 +299,8 @@ class SimNode:
         elif sha in _WAKERS:
             after = checker.line_state(space, keys[0], now_us // 1000)
             checker.freed_on_node(self, keys[0], before, after, world.engine.published)
+        elif sha == _ACQUIRE_MANY:
+            checker.took_many(self, keys[1::4], before, _holding(space, keys[1::4], args[0]))
         for _, waiter in world.engine.published:
             world.publish(waiter.decode())
         if world.now - self.last_snapshot >= 0.25:
@@ -313,6 +318,13 @@ class SimNode:
         lost = rng.uniform(0.0, 1.0) if mode == "everysec" else rng.uniform(1.0, 6.0)
         older = [space for at, space in self.snapshots if at <= self.world.now - lost]
         return older[-1].copy() if older else Keyspace()
+
+
+def _holding(space: Keyspace, keys: Sequence[bytes], token: bytes) -> frozenset[bytes]:
+    """Which of ``keys`` hold ``token`` (expired ones included: a script sees them gone,
+    and only keys this script set are judged)."""
+    data = space.data
+    return frozenset(key for key in keys if (data.get(key) or {}).get(b"t") == token)
 
 
 def _state(space: Keyspace, key: bytes, now_ms: int) -> object:
