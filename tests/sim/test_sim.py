@@ -149,14 +149,15 @@ def test_the_fence_refuses_stale_writes_when_the_lock_does_not_exclude() -> None
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a real gap, proposed to the lead: a client whose connections predate another "
-    "client's longer max_ttl never learns that quarantine, and nodes that restart empty "
-    "forget it too (docs/explanation/simulation.md, 'Found')",
+    reason="a real gap, proposed to the lead: a restarted node records a longer quarantine "
+    "only when it votes, and a client learns the nodes' only when it connects "
+    "(docs/explanation/simulation.md, 'Found')",
 )
 def test_a_longer_max_ttl_holds_its_quarantine_through_restarts() -> None:
-    # Shrunk to its two planned faults: n1 and n0 restart empty 0.2 and 0.3 s into c3's
-    # 3 s lease; c2 (max_ttl 1 s, connected before that lease raised the nodes' quarantine)
-    # wins both about 1 s after they restart, while c3's lease still runs.
+    # Shrunk to its two planned faults: n1 and n0 crash 0.22 and 0.31 s into c3's 3 s lease
+    # and come back empty; c1 (max_ttl 3 s) is refused there, QUARANTINED, which they do not
+    # record; c4 (max_ttl 1 s, connected before c3's lease raised the nodes' quarantine)
+    # wins both at 2.75 s, while c3's lease runs to 2.93 s.
     dropped = frozenset((0, 3, 4, 5, 6, 7, 8, 9, 10, 11))
     outcome = simulate(80, profile="quarantines", dropped=dropped)
     assert "crashed (empty)" in outcome.report()
