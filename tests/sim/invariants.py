@@ -149,6 +149,8 @@ class Checker:
         now, a renewal only moves the end of a live one, so ``now`` is where the most
         windows meet) must fit its claims."""
         now = self.world.now
+        if _end(record) <= now:
+            return  # evicted by a force release before it was granted: nothing is owed to it
         limit = self.world.config.limit
         for resource, mode in record.claims:
             live = [
