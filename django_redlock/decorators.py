@@ -155,7 +155,7 @@ def _finish(lease: Lease) -> None:
     if alias is not None and not lease.released and not lease.lost:
         release_when_transaction_ends(lease, alias)
         return
-    lost, error = lease._lost_reason, None
+    lost, error = _lost_reason(lease), None
     try:
         lease.release()
     except (LockLost, LeaseReleased) as caught:
@@ -165,12 +165,25 @@ def _finish(lease: Lease) -> None:
 
 async def _afinish(lease: Any) -> None:
     """:func:`_finish` for an ``AsyncLease``."""
-    lost, error = lease._lost_reason, None
+    lost, error = _lost_reason(lease), None
     try:
         await lease.release()
     except (LockLost, LeaseReleased) as caught:
         error = caught
     _log_finish(lease.name, lost, error)
+
+
+def _lost_reason(lease: Any) -> str | None:
+    """Why ``lease`` (a ``Lease`` or an ``AsyncLease``) was lost, or None: the reason of the
+    ``LockLost`` its ``check()`` raises (a lease that has expired is marked lost by it, as
+    the release would mark it next)."""
+    try:
+        lease.check()
+    except LockLost as error:
+        return error.reason
+    except LeaseReleased:
+        return None
+    return None
 
 
 def _log_finish(name: str, lost: str | None, error: Exception | None) -> None:

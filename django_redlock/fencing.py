@@ -23,24 +23,33 @@ so rolling back the caller's transaction does not hand the same number out again
 
 The fence is keyed by the row that carries the token (:func:`fence_model`): a proxy, a
 multi-table child and its fenced parent share it, and the lock name follows the same row.
+That state (which rows this thread holds, how a row is keyed) lives in
+:mod:`django_redlock.fences`, re-exported here: ``models.py`` imports it from there, so the
+dependency goes one way (this module reads the ``FencingCounter`` model; the models never
+import this module).
 """
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
-from types import MappingProxyType
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
-from django.core.exceptions import ValidationError
 from django.db import DatabaseError, IntegrityError, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_redlock.exceptions import FencingUnavailable, LeaseReleased, LockLost
+from django_redlock.fences import (
+    FENCED_FIELD,
+    active_token,
+    canonical_pk,
+    claim_row,
+    fence_key,
+    fence_model,
+    fenced,
+    held_rows,
+)
 
 if TYPE_CHECKING:
     from django.db.models.options import Options
@@ -63,114 +72,10 @@ __all__ = [
 
 logger = logging.getLogger("django_redlock.fencing")
 
-_FIELD = "fencing_token"
-
-# (label of the model whose table holds the token, that table's pk) -> (token, lock name),
-# for the fenced blocks of this thread or task.
-_ACTIVE: contextvars.ContextVar[Mapping[tuple[str, Any], tuple[int, str]]] = contextvars.ContextVar(
-    "django_redlock_fences", default=MappingProxyType({})
-)
-
 # Seconds a mint on its own connection waits for a row lock before giving up (PostgreSQL):
 # the only holder of that lock can be the caller's own open transaction, which would wait
 # for us in turn.
 _MINT_LOCK_TIMEOUT_MS = 2000
-
-
-def fence_model(model: type[models.Model]) -> type[models.Model]:
-    """The concrete model whose table holds ``model``'s ``fencing_token`` column.
-
-    That is ``model`` itself, its concrete model for a proxy, or, with multi-table
-    inheritance, the ancestor that declares the field. The fence, the lock name and the mint
-    all follow this model, so a proxy, a child and the parent of one row share one fence.
-    """
-    field = model._meta.get_field(_FIELD)
-    owner = getattr(field, "model", None)
-    assert owner is not None
-    concrete: type[models.Model] = owner._meta.concrete_model
-    return concrete
-
-
-def canonical_pk(model: type[models.Model], value: Any) -> Any:
-    """``value`` as ``model``'s pk field makes it (``"7"`` and ``"07"`` are ``7``): one row,
-    one fence, one lock name, whatever type the pk came in (a URL, a form).
-
-    Raises:
-        ValueError: not a valid pk for ``model`` (its message names the argument ``target``).
-    """
-    field = model._meta.pk
-    assert field is not None
-    if value is None:
-        return None
-    try:
-        return field.to_python(value)
-    except ValidationError:
-        raise ValueError(
-            f"target: {value!r} is not a valid primary key of {model._meta.label}"
-        ) from None
-
-
-def fence_key(instance: models.Model) -> tuple[str, Any]:
-    """(label of :func:`fence_model`, the pk of the row that carries the token, canonical).
-
-    Raises:
-        ValueError: the instance's pk is not valid for that model.
-    """
-    owner = fence_model(type(instance))
-    assert owner._meta.pk is not None
-    # A child's pk is its parent link, so with several parents it need not be the token
-    # row's pk: read the token model's own pk attribute, which every subclass inherits.
-    value = getattr(instance, owner._meta.pk.attname)
-    if value is None:
-        # A multi-table child made from its pk alone (Child(pk=1)): the parent's attribute is
-        # only filled by a load from the database, and the parent link is the child's pk.
-        value = instance.pk
-    return (owner._meta.label_lower, canonical_pk(owner, value))
-
-
-def active_token(instance: models.Model) -> tuple[int, str] | None:
-    """The (token, lock name) under which ``instance``'s row is held here, or None."""
-    fences = _ACTIVE.get()
-    if not fences:
-        return None
-    return fences.get(fence_key(instance))
-
-
-def held_rows(model: type[models.Model]) -> dict[Any, tuple[int, str]]:
-    """pk of the token row -> (token, lock name), for the rows of ``model``'s fence held here."""
-    fences = _ACTIVE.get()
-    if not fences:
-        return {}
-    label = fence_model(model)._meta.label_lower
-    return {pk: fence for (owner, pk), fence in fences.items() if owner == label}
-
-
-def claim_row(model: type[models.Model], pk: Any, token: int, using: str) -> bool:
-    """Check that the token row of ``pk`` still carries ``token``, and lock it.
-
-    One ``UPDATE … SET fencing_token = <token> WHERE pk = … AND fencing_token = <token>``: a
-    no-op write, but it takes the row's write lock until the caller's transaction ends, so no
-    newer mint can commit between this check and the caller's next statements. Call it inside
-    ``atomic()``. Returns False when the row has a newer token or is gone.
-    """
-    owner = fence_model(model)
-    # A plain QuerySet, not the model's manager: a FencedQuerySet would fence this again.
-    rows: models.QuerySet[models.Model] = models.QuerySet(owner, using=using).filter(
-        pk=pk, fencing_token=token
-    )
-    return bool(rows.update(fencing_token=token))
-
-
-@contextmanager
-def fenced(instance: models.Model, token: int, name: str) -> Iterator[None]:
-    """Make writes to ``instance``'s row in this thread or task conditional on ``token``."""
-    fences = dict(_ACTIVE.get())
-    fences[fence_key(instance)] = (token, name)
-    reset = _ACTIVE.set(fences)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(reset)
 
 
 def _column(meta: Options[Any], name: str) -> str:
@@ -225,7 +130,7 @@ def mint_for_row(instance: models.Model, name: str) -> int:
     def bump(connection: BaseDatabaseWrapper) -> int:
         quote = connection.ops.quote_name
         table = quote(meta.db_table)
-        column = quote(_column(meta, _FIELD))
+        column = quote(_column(meta, FENCED_FIELD))
         assert meta.pk is not None
         pk_column = quote(str(meta.pk.column))
         pk_value = meta.pk.get_db_prep_value(row_pk, connection)
@@ -289,8 +194,11 @@ def _advance_counter(connection: BaseDatabaseWrapper, cursor: Any, name: str, at
     re-reads it); the INSERT of a first use can lose a race to another first use, which
     raises ``IntegrityError`` (the caller tries again in a new transaction).
     """
-    # By the app registry, not an import: models.py imports this module.
-    meta = apps.get_model("django_redlock", "FencingCounter")._meta
+    # Imported here, not at the top: this module is imported while Django loads its apps
+    # (decorators.py), before a model can be. models.py imports fences.py, not this module.
+    from django_redlock.models import FencingCounter
+
+    meta = FencingCounter._meta
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
     name_column = quote(_column(meta, "name"))

@@ -21,7 +21,7 @@ from django.db import models, transaction
 from django.db.models.functions import Greatest
 
 from django_redlock.exceptions import StaleFencingToken, UnfencedWrite
-from django_redlock.fencing import active_token, claim_row, fence_key, fence_model, held_rows
+from django_redlock.fences import active_token, claim_row, fence_key, fence_model, held_rows
 
 __all__ = ["ActiveLock", "FencedManager", "FencedModel", "FencedQuerySet", "FencingCounter"]
 

@@ -11,7 +11,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from django_redlock.core.owner import base36, owner_id
 from django_redlock.localnodes import LocalNode
+from django_redlock.wire.scripts import HOLDER
 
 
 class FakeClock:
@@ -41,6 +43,43 @@ class FakeClock:
 def node_client(node: LocalNode) -> redis.Redis:
     """A plain redis-py client to inspect or prepare one node (never retries)."""
     return redis.Redis.from_url(node.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
+
+
+def owner_arg(pid: int = 0, acquired_ms: int = 1000) -> str:
+    """An owner argument as the scripts take it (``scripts/lock_key.lua``), for a record
+    ``{"pid": pid, "acquired_at": acquired_ms / 1000}``."""
+    record = f'{{"pid":{pid},"acquired_at":'
+    return f"{owner_id(record)}{base36(acquired_ms)} {record}"
+
+
+def owner_record(pid: int = 0, acquired_ms: int = 1000) -> bytes:
+    """The JSON record the scripts read back for :func:`owner_arg`'s owner."""
+    return f'{{"pid":{pid},"acquired_at":{acquired_ms / 1000:.3f}}}'.encode()
+
+
+OWNER = owner_arg()
+"""An owner argument for scripts called by hand, when the owner does not matter."""
+
+
+def lock_token(client: redis.Redis, key: str | bytes) -> bytes | None:
+    """The token the lock key ``key`` holds on one node (a string ``"<token> <owner
+    id><acquired_at>"``, ``scripts/lock_key.lua``), None when absent."""
+    value = client.get(key)
+    assert value is None or isinstance(value, bytes)
+    return None if value is None else value.split(b" ", 1)[0]
+
+
+def put_lock(client: redis.Redis, key: str, token: str) -> None:
+    """Make ``key`` hold ``token`` on one node, as another holder's lock would, keeping the
+    key's expiry (a rival that took the node's key)."""
+    client.set(key, f"{token} {owner_id('x')}rs", keepttl=True)
+
+
+def stored_owner(client: redis.Redis, key: str | bytes) -> bytes | None:
+    """The owner record JSON of the lock key ``key`` on one node, as ``holder`` reads it
+    (None when the key is absent or not a lock)."""
+    reply = client.eval(HOLDER.source.decode(), 1, key)
+    return reply[0] if reply else None
 
 
 def queued_on_a_majority(cluster: Iterable[LocalNode], name: str, length: int) -> bool:

@@ -9,7 +9,8 @@
 --          a lock is its read-write lock's write lease, so live readers hold it back
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
--- ARGV[3]  owner metadata (JSON: host, pid, thread, task, origin, acquired_at); never the token
+-- ARGV[3]  the owner: '<owner id><acquired_at> <record JSON: host, pid, thread, task, origin>'
+--          (lock_key.lua, core/owner.py); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (the longest lease any client may hold)
 -- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[6]  the waiter's ticket: the same number on every node (its first try, in µs)
@@ -23,14 +24,19 @@
 -- Returns the status reply OK when the key now holds this token (newly taken, or already
 -- ours from an earlier attempt of the same acquire, in which case its expiry is reset);
 -- otherwise an integer: the holder's remaining milliseconds, or -1 when the key has no
--- expiry. A key of another type under our prefix yields a WRONGTYPE error.
+-- expiry. A key of another type under our prefix (a user's, or a hash lock written by a
+-- version before lock_key.lua's layout, during a rolling upgrade) counts as held by another
+-- holder: its PTTL, never overwritten.
 -- Returns the error QUARANTINED while the node may have forgotten locks it granted before a
 -- restart (node_rule.lua): its vote does not count.
 --
--- The lock is a hash (t = token, o = owner) so the owner travels with the key, expires with
--- it, and is deleted with it: one key per lock per node, nothing to leak.
+-- The lock is a string '<token> <owner id><acquired_at>' (lock_key.lua) with the owner record
+-- in one key per owner: the token and the time travel with the key, expire with it, and are
+-- deleted with it; the owner key outlives every lock naming it, then expires.
 -- No `#!lua` shebang: plain EVAL semantics; this script writes, so a full node (OOM) refuses it,
 -- which is the right answer for an acquire.
+-- @include lock_key.lua
+-- @include lock_write.lua
 local now = 0
 local function clock()
     if now == 0 then
@@ -87,19 +93,18 @@ local function wait_in_line()
     redis.call('PEXPIRE', lapse, lifetime)
 end
 
-local token = redis.call('HGET', KEYS[1], 't')
-if token == false and redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then
+if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then
     -- The common case in one call: no key, no readers, nobody in line. The lock is free and
     -- no waiter is ahead, whatever this acquire is (a single try or a waiter's try).
-    redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    set_lock(KEYS[1], ARGV[1], ARGV[3], ARGV[2])
     return {ok = 'OK'}
 end
+local token = lock_token(KEYS[1])
+if type(token) == 'table' then
+    -- A key of another type (an old-layout hash lock, a user's key): held, never overwritten.
+    return redis.call('PTTL', KEYS[1])
+end
 if token == false then
-    if redis.call('EXISTS', KEYS[1]) == 1 then
-        -- Not a hash of ours (or a hash without a token): treat as held, never overwrite.
-        return redis.call('PTTL', KEYS[1])
-    end
     -- Readers of the read-write lock of this name (rare: one EXISTS when there are none).
     -- Their expiry is their score, on this node's clock (readers.lua).
     if redis.call('EXISTS', KEYS[5]) == 1 then
@@ -118,12 +123,12 @@ if token == false then
         redis.call('ZREM', line, waiter)
         redis.call('HDEL', lapse, waiter)
     end
-    redis.call('HSET', KEYS[1], 't', ARGV[1], 'o', ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    set_lock(KEYS[1], ARGV[1], ARGV[3], ARGV[2])
     return {ok = 'OK'}
 end
 if token == ARGV[1] then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    keep_owner_of(KEYS[1], ARGV[3], tonumber(ARGV[2]))
     return {ok = 'OK'}
 end
 wait_in_line()

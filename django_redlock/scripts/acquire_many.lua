@@ -7,7 +7,7 @@
 --          client sorts them: every caller names the same keys in the same order)
 -- ARGV[1]  the lease token (one token for all the keys: they are one lease)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
--- ARGV[3]  owner metadata (JSON); never the token
+-- ARGV[3]  the owner (lock_key.lua); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
 -- ARGV[5]  the run_id of the server process this connection reached ("" when not known yet)
 -- ARGV[6]  the node's persistence as this connection read it (node_rule.lua)
@@ -17,7 +17,8 @@
 -- returns an integer: the ms until every key held by another here has run out (the longest
 -- PTTL; -1 when one has no expiry), or 0 when the keys are free but a blocking acquire of one
 -- of them waits in its line (a multi-lock never jumps a line; it never queues either).
--- A key of another type counts as held and is never overwritten.
+-- A key of another type (an old-layout hash lock, a user's key) counts as held and is never
+-- overwritten.
 --
 -- The keys are the very keys of single locks of the same names (acquire.lua), so a multi-lock
 -- excludes the single locks of its names, and their holders see it on the admin page. Like
@@ -30,6 +31,8 @@
 -- @include node_rule.lua
 -- @include vote_gate.lua
 -- @include wait_line.lua
+-- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[1], ARGV[4], ARGV[5], ARGV[6])
 if refusal ~= nil then
     return redis.error_reply(refusal)
@@ -48,9 +51,9 @@ local function hold_back(left)
 end
 for i = 2, #KEYS, 4 do
     local key = KEYS[i]
-    local held = redis.pcall('HGET', key, 't')
+    local held = lock_token(key)
     if held ~= token then
-        if held == false and redis.call('EXISTS', key) == 0 then
+        if held == false then
             -- Readers of this name: their expiry is their score, on this node's clock
             -- (readers.lua); the last one to run out is what we would wait for.
             local last = redis.call('ZRANGE', KEYS[i + 3], -1, -1, 'WITHSCORES')
@@ -71,7 +74,6 @@ if behind_line then
     return 0
 end
 for i = 2, #KEYS, 4 do
-    redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])
-    redis.call('PEXPIRE', KEYS[i], ttl)
+    set_lock(KEYS[i], token, ARGV[3], ttl)
 end
 return {ok = 'OK'}

@@ -4,7 +4,8 @@
 -- KEYS[2]  the readers of the read-write lock of the same name (KEYS[1] .. "\0r", readers.lua)
 -- ARGV[1]  the lease token
 -- ARGV[2]  the new lease length in milliseconds (positive integer), counted from now
--- ARGV[3]  owner metadata (JSON), stored when the key is re-created; never the token
+-- ARGV[3]  the owner (lock_key.lua), stored when the key is re-created and used to keep its
+--          owner key alive as long as the key; never the token
 --
 -- Returns 1 when the key held this token and its expiry was reset; 2 when the key was absent
 -- and is now re-created for this token; -1 when another holder has taken its place here
@@ -27,13 +28,16 @@
 -- arriving late would have done, which Redlock already allows. Otherwise (an operator's
 -- force release, keys gone from a quorum) the lease is lost and the client deletes the keys
 -- it re-created. A key held by anyone else is never touched.
+-- @include lock_key.lua
+-- @include lock_write.lua
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
-local held = redis.pcall('HGET', key, 't')
+local held = lock_token(key)
 if held == token then
     redis.call('PEXPIRE', key, ttl)
+    keep_owner_of(key, ARGV[3], tonumber(ttl))
     return 1
 end
-if held or redis.call('EXISTS', key) == 1 then
+if held then
     return -1 -- another token, or a key that is not a lock of ours: never overwritten
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
@@ -45,6 +49,5 @@ if redis.call('EXISTS', KEYS[2]) == 1 then
         return -1
     end
 end
-redis.call('HSET', key, 't', token, 'o', ARGV[3])
-redis.call('PEXPIRE', key, ttl)
+set_lock(key, token, ARGV[3], ttl)
 return 2

@@ -4,21 +4,23 @@
 --          name (key .. "\0r"), the locks sorted by key (primitives.many_keys)
 -- ARGV[1]  the lease token
 -- ARGV[2]  the new lease length in milliseconds (positive integer), counted from now
--- ARGV[3]  owner metadata (JSON), stored in keys that are re-created; never the token
+-- ARGV[3]  the owner (lock_key.lua), stored in keys that are re-created; never the token
 --
 -- Returns 1 when every key held this token and all expiries were reset; 2 when some were
 -- absent and are now re-created (the rest renewed); -1 when another holder has one of the
 -- names here (another token, a key of another type, live readers where our key is gone), and
 -- then nothing is written. Re-creation follows acquire_many.lua's rules without the lines or
 -- the quarantine (extend.lua says why that is needed and safe).
+-- @include lock_key.lua
+-- @include lock_write.lua
 local token, ttl = ARGV[1], ARGV[2]
 local now = nil
 local missing = false
 for i = 1, #KEYS, 2 do
     local key, readers = KEYS[i], KEYS[i + 1]
-    local held = redis.pcall('HGET', key, 't')
+    local held = lock_token(key)
     if held ~= token then
-        if held or redis.call('EXISTS', key) == 1 then
+        if held then
             return -1
         end
         if redis.call('EXISTS', readers) == 1 then
@@ -37,9 +39,11 @@ end
 for i = 1, #KEYS, 2 do
     local key = KEYS[i]
     if redis.call('EXISTS', key) == 0 then
-        redis.call('HSET', key, 't', token, 'o', ARGV[3])
+        set_lock(key, token, ARGV[3], ttl)
+    else
+        redis.call('PEXPIRE', key, ttl)
+        keep_owner_of(key, ARGV[3], tonumber(ttl))
     end
-    redis.call('PEXPIRE', key, ttl)
 end
 if missing then
     return 2

@@ -2,10 +2,10 @@
 --
 -- KEYS[1]  the node's marker hash (node_rule.lua, vote_gate.lua)
 -- KEYS[2…] the lease's keys: one lock key (a mutex, a write lease, a semaphore's slot), or
---          every key of a multi-lock; each a hash like acquire.lua's (t = token, o = owner)
+--          every key of a multi-lock; each a string as lock_key.lua lays it out
 -- ARGV[1]  the old token (the handle's)
 -- ARGV[2]  the new token (the adopter's, random from `secrets`)
--- ARGV[3]  the adopter's owner metadata (JSON); never a token. '' keeps the owner: a failed
+-- ARGV[3]  the adopter's owner (lock_key.lua); never a token. '' keeps the owner: a failed
 --          adopt hands the keys back to the handle's token (old and new swapped) this way
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
 -- ARGV[5]  the run_id of the server process this connection reached ("" when not known yet)
@@ -22,6 +22,8 @@
 -- release.
 -- @include node_rule.lua
 -- @include vote_gate.lua
+-- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[1], ARGV[4], ARGV[5], ARGV[6])
 if refusal ~= nil then
     return redis.error_reply(refusal)
@@ -30,9 +32,9 @@ local old, new = ARGV[1], ARGV[2]
 if old == new then
     return redis.error_reply('ERR the new token must differ from the old one')
 end
-local least = -1
+local least, most = -1, -1
 for i = 2, #KEYS do
-    local held = redis.pcall('HGET', KEYS[i], 't')
+    local held = lock_token(KEYS[i])
     if held ~= old and held ~= new then
         return -2
     end
@@ -43,13 +45,27 @@ for i = 2, #KEYS do
     if least < 0 or left < least then
         least = left
     end
+    if left > most then
+        most = left
+    end
+end
+local tag = nil
+if ARGV[3] ~= '' then
+    local space = string.find(ARGV[3], ' ', 9, true)
+    if space == nil then
+        return redis.error_reply('ERR the owner argument must be "<owner id><acquired_at> <record>"')
+    end
+    tag = string.sub(ARGV[3], 1, space - 1)
+    keep_owner(string.sub(tag, 1, 7), ARGV[3], most) -- before any key names it
 end
 for i = 2, #KEYS do
-    -- HSET keeps the key's expiry: the adopter inherits the time left, not a new lease.
-    if ARGV[3] == '' then
-        redis.call('HSET', KEYS[i], 't', new)
-    else
-        redis.call('HSET', KEYS[i], 't', new, 'o', ARGV[3])
+    -- KEEPTTL: the adopter inherits the time left, not a new lease.
+    local rest = tag
+    if rest == nil then
+        -- Keep the owner: the tag after the token (owner id and acquired_at).
+        local value = redis.call('GET', KEYS[i])
+        rest = string.sub(value, string.find(value, ' ', 1, true) + 1)
     end
+    redis.call('SET', KEYS[i], new .. ' ' .. rest, 'KEEPTTL')
 end
 return least

@@ -2,13 +2,13 @@
 --
 -- KEYS[1]  the lock key
 --
--- Returns {owner, pttl}: the owner metadata JSON stored by acquire.lua and the key's
--- remaining milliseconds; an empty array when the key is absent or holds no owner.
+-- Returns {owner, pttl}: the owner record JSON (host, pid, thread, task, origin, acquired_at;
+-- lock_key.lua rebuilds it from the key and its owner key) and the key's remaining
+-- milliseconds; an empty array when the key is absent or is not a lock.
 -- Read-only: a shebang would be allowed here, but plain EVAL keeps all scripts alike.
-if redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
-    return {}
-end
-local owner = redis.call('HGET', KEYS[1], 'o')
+-- @include lock_key.lua
+-- @include lock_owner.lua
+local owner = owner_of(KEYS[1], nil)
 if owner == false then
     return {}
 end

@@ -5,7 +5,8 @@
 --
 -- Returns 1 when the key holds this token, 0 otherwise (absent, expired, another holder's, or a
 -- key of another type: pcall, so a user's SET under our name reads as "not ours").
-if redis.pcall('HGET', KEYS[1], 't') == ARGV[1] then
+-- @include lock_key.lua
+if lock_token(KEYS[1]) == ARGV[1] then
     return 1
 end
 return 0

@@ -7,8 +7,9 @@
 -- Returns 1 when every key holds this token, 0 otherwise (one absent, expired, another
 -- holder's, or a key of another type: pcall, as owns.lua). A node that lost one key no
 -- longer holds the lease, as extend_many.lua judges it.
+-- @include lock_key.lua
 for i = 1, #KEYS do
-    if redis.pcall('HGET', KEYS[i], 't') ~= ARGV[1] then
+    if lock_token(KEYS[i]) ~= ARGV[1] then
         return 0
     end
 end

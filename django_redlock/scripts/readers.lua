@@ -46,3 +46,14 @@ local function wake_rw(key, line, lapse, live_readers)
         wake(key, member)
     end
 end
+
+-- The owner argument ('<tag> <record>', lock_key.lua) as one JSON record: what a reader's
+-- entry in the owners' hash keeps. Raises on a malformed one, before anything is written.
+local function owner_json(owner)
+    local space = string.find(owner, ' ', 9, true)
+    if space == nil then
+        error({err = 'ERR the owner argument must be "<owner id><acquired_at> <record>"'})
+    end
+    local ms = tonumber(string.sub(owner, 8, space - 1), 36) or 0
+    return string.sub(owner, space + 1) .. string.format('%.3f', ms / 1000) .. '}'
+end

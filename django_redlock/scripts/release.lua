@@ -13,9 +13,10 @@
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- @include wake_next.lua
--- pcall: a key of another type under our name (a user's SET) is not ours: answer 0 (not
--- held), never a WRONGTYPE error that would hide the loss from the holder.
-if redis.pcall('HGET', KEYS[1], 't') ~= ARGV[1] then
+-- @include lock_key.lua
+-- A key of another type under our name (a user's key, an old-layout hash lock) is not ours
+-- (lock_key.lua): answer 0 (not held), never a WRONGTYPE error that would hide the loss.
+if lock_token(KEYS[1]) ~= ARGV[1] then
     -- Not held here by this lease (expired, or another attempt won this node): still drop
     -- the holder's place in line. If that place headed the line of a free lock, the next
     -- waiter was refused behind it and no other release will come: wake it.

@@ -9,10 +9,11 @@
 -- key is never deleted. The client counts a node as released when it deleted them all.
 -- No `#!lua` shebang: DEL needs no memory, so a full node still lets a holder release.
 -- @include wake_next.lua
+-- @include lock_key.lua
 local deleted = 0
 for i = 1, #KEYS, 3 do
     -- pcall: a key of another type under our name is not ours (release.lua).
-    if redis.pcall('HGET', KEYS[i], 't') == ARGV[1] then
+    if lock_token(KEYS[i]) == ARGV[1] then
         redis.call('DEL', KEYS[i])
         deleted = deleted + 1
         wake_next(KEYS[i], KEYS[i + 1], KEYS[i + 2])

@@ -1,6 +1,6 @@
 -- Take a read or a write lease of a read-write lock on one node.
 --
--- KEYS[1]  the writer: a hash like a lock (t = token, o = owner), the lock key itself
+-- KEYS[1]  the writer: a string like a lock's (lock_key.lua), the lock key itself
 -- KEYS[2]  the readers: sorted set token -> expiry in ms on the node's clock (key .. "\0r")
 -- KEYS[3]  the readers' owners: hash token -> owner JSON (key .. "\0o")
 -- KEYS[4]  the wait line: sorted set of "r|<waiter id>" / "w|<waiter id>" by ticket
@@ -10,7 +10,7 @@
 -- ARGV[1]  the kind: "r" (shared) or "w" (exclusive)
 -- ARGV[2]  the lease token (random, from `secrets`)
 -- ARGV[3]  the lease length in milliseconds (positive integer)
--- ARGV[4]  owner metadata (JSON); never the token
+-- ARGV[4]  the owner (lock_key.lua); a reader's whole record goes in KEYS[3]; never the token
 -- ARGV[5]  the restart quarantine in milliseconds (node_rule.lua)
 -- ARGV[6]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[7]  the waiter's ticket: the same number on every node (its first try, in µs)
@@ -44,6 +44,8 @@
 -- @include vote_gate.lua
 -- @include wait_line.lua
 -- @include readers.lua
+-- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[6], ARGV[5], ARGV[9], ARGV[10])
 if refusal ~= nil then
     return redis.error_reply(refusal)
@@ -101,18 +103,21 @@ if kind == 'r' then
         queue()
         return 0
     end
+    local record = owner_json(ARGV[4]) -- raises on a malformed owner: before any write
     redis.call('ZADD', readers, string.format('%d', clock() + tonumber(ttl)), token)
-    redis.call('HSET', owners, token, ARGV[4])
+    redis.call('HSET', owners, token, record)
     keep_readers(readers, owners, ttl)
     return granted()
 end
 
-local held = redis.call('HGET', key, 't')
+local held = lock_token(key)
 if held == token then
     redis.call('PEXPIRE', key, ttl)
+    keep_owner_of(key, ARGV[4], tonumber(ttl))
     return granted()
 end
-if held ~= false or redis.call('EXISTS', key) == 1 then
+if held then
+    -- Another writer, or a key that is not a lock of ours (an old-layout hash): held.
     queue()
     return redis.call('PTTL', key)
 end
@@ -126,6 +131,5 @@ if first ~= nil and first ~= member then
     queue()
     return 0
 end
-redis.call('HSET', key, 't', token, 'o', ARGV[4])
-redis.call('PEXPIRE', key, ttl)
+set_lock(key, token, ARGV[4], ttl)
 return granted()

@@ -1,14 +1,15 @@
 -- Does this node still hold a read or write lease of a read-write lock? Read-only.
 --
--- KEYS[1]  the writer hash (the lock key)
+-- KEYS[1]  the writer (the lock key, lock_key.lua)
 -- KEYS[2]  the readers (key .. "\0r")
 -- ARGV[1]  the kind: "r" or "w"
 -- ARGV[2]  the lease token
 --
 -- Returns 1 when this token holds the lease here (a reader: its expiry is still ahead on the
 -- node's clock), 0 otherwise (pcall: a key of another type under our name is not ours).
+-- @include lock_key.lua
 if ARGV[1] == 'w' then
-    if redis.pcall('HGET', KEYS[1], 't') == ARGV[2] then
+    if lock_token(KEYS[1]) == ARGV[2] then
         return 1
     end
     return 0

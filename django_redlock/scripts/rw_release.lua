@@ -1,7 +1,8 @@
 -- Release a read or a write lease of a read-write lock on one node, or only leave the line;
 -- then wake who may now take the lock.
 --
--- KEYS[1]  the writer hash (the lock key; waiters hear wake-ups on channels named after it)
+-- KEYS[1]  the writer (the lock key, lock_key.lua; waiters hear wake-ups on channels named
+--          after it)
 -- KEYS[2]  the readers (key .. "\0r"), KEYS[3] their owners (key .. "\0o")
 -- KEYS[4]  the wait line (key .. "\0q"), KEYS[5] the lapse times (key .. "\0e")
 -- ARGV[1]  the kind: "r" or "w"
@@ -15,6 +16,7 @@
 -- No `#!lua` shebang: deleting needs no memory, so a full node still lets a holder release.
 -- @include wait_line.lua
 -- @include readers.lua
+-- @include lock_key.lua
 local key, readers, owners, line, lapse = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local kind, token, waiter = ARGV[1], ARGV[2], ARGV[3]
 if kind ~= 'r' and kind ~= 'w' then
@@ -24,7 +26,7 @@ local released = 0
 if token ~= '' then
     if kind == 'w' then
         -- pcall: a key of another type under our name is not ours (release.lua).
-        if redis.pcall('HGET', key, 't') == token then
+        if lock_token(key) == token then
             redis.call('DEL', key)
             released = 1
         end

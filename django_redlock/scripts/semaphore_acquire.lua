@@ -4,11 +4,11 @@
 -- KEYS[2]  the semaphore's wait line: sorted set of waiter ids by ticket (<base> .. "\0q")
 -- KEYS[3]  when each place in line lapses, ms on the node's clock (<base> .. "\0e")
 -- KEYS[4…] the slots, in order: slot i is the key <base> .. i (i = 0 … limit - 1), where
---          <base> is the lock key .. "\0s"; each slot is a hash like a lock (t = token,
---          o = owner), so limit = #KEYS - 3
+--          <base> is the lock key .. "\0s"; each slot is a string like a lock's
+--          (lock_key.lua), so limit = #KEYS - 3
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
--- ARGV[3]  owner metadata (JSON); never the token
+-- ARGV[3]  the owner (lock_key.lua); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
 -- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[6]  the waiter's ticket: the same number on every node (its first try, in µs)
@@ -38,10 +38,12 @@
 -- Fair FIFO waiting: blocking acquires queue under one ticket, so the line has the same order
 -- everywhere; with F slots free, only the first F live places in line may take one (a try
 -- that would jump the line is refused, and queues). A slot key of another type under our name,
--- or a hash without a token, counts as held and is never overwritten.
+-- or an old-layout hash lock, counts as held and is never overwritten.
 -- @include node_rule.lua
 -- @include vote_gate.lua
 -- @include wait_line.lua
+-- @include lock_key.lua
+-- @include lock_write.lua
 local refusal = vote_gate(KEYS[1], ARGV[4], ARGV[9], ARGV[10])
 if refusal ~= nil then
     return redis.error_reply(refusal)
@@ -55,15 +57,16 @@ local is_free = {}
 local soonest = -1
 for i = 0, limit - 1 do
     local slot = KEYS[4 + i]
-    local held = redis.pcall('HGET', slot, 't')
+    local held = lock_token(slot)
     if held == token then
         redis.call('PEXPIRE', slot, ttl)
+        keep_owner_of(slot, ARGV[3], tonumber(ttl))
         if waiter ~= '' then
             leave_place(line, lapse, waiter)
         end
         return {1, i}
     end
-    if held == false and redis.call('EXISTS', slot) == 0 then
+    if held == false then
         free[#free + 1] = i
         is_free[i] = true
     else
@@ -105,6 +108,5 @@ if waiter ~= '' then
     leave_place(line, lapse, waiter)
 end
 local slot = KEYS[4 + chosen]
-redis.call('HSET', slot, 't', token, 'o', ARGV[3])
-redis.call('PEXPIRE', slot, ttl)
+set_lock(slot, token, ARGV[3], ttl)
 return {1, chosen}

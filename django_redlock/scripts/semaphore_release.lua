@@ -16,18 +16,19 @@
 -- or this leave let into the first F); the ones before it could already take a slot.
 -- No `#!lua` shebang: DEL needs no memory, so a full node still lets a holder release.
 -- @include wait_line.lua
+-- @include lock_key.lua
 local line, lapse = KEYS[1], KEYS[2]
 local base = string.sub(line, 1, -3)
 local token, waiter = ARGV[1], ARGV[2]
 local deleted = 0
 local free = 0
 for i = 3, #KEYS do
-    local held = redis.pcall('HGET', KEYS[i], 't')
+    local held = lock_token(KEYS[i])
     if token ~= '' and held == token then
         redis.call('DEL', KEYS[i])
         deleted = 1
         free = free + 1
-    elseif held == false and redis.call('EXISTS', KEYS[i]) == 0 then
+    elseif held == false then
         free = free + 1
     end
 end

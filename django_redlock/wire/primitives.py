@@ -9,10 +9,12 @@ node by the transport when the command is posted with ``identify=True``, exactly
 Key shapes on every node (``key`` is the manager's prefix plus the name; the NUL byte keeps
 them apart from every lock key, since names cannot contain control characters):
 
-- semaphore: slot ``i`` is the hash ``key + "\\x00s" + str(i)`` (t = token, o = owner), its
+- a lock key (a lock, a write lease, a slot) is a string ``"<token> <owner id><acquired_at>"``
+  with the owner record in one key per owner (``scripts/lock_key.lua``);
+- semaphore: slot ``i`` is the lock key ``key + "\\x00s" + str(i)``, its
   line and lapse times ``key + "\\x00s\\x00q"`` / ``key + "\\x00s\\x00e"``; waiters are woken on
   ``key + "\\x00s" + "\\x00w" + listener``;
-- read-write lock: the writer is the hash ``key`` itself (a writer reads as a lock), the readers
+- read-write lock: the writer is the lock key ``key`` itself (a writer reads as a lock), the readers
   ``key + "\\x00r"`` (token -> expiry ms), their owners ``key + "\\x00o"``; the line is the
   lock's (``key + "\\x00q"``, ``key + "\\x00e"``) with members ``"r|<waiter>"``/``"w|<waiter>"``;
 - multi-lock: the lock keys of its names, the very keys of single locks;

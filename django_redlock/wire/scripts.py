@@ -159,11 +159,16 @@ _INCLUDE = re.compile(r"^-- @include (\w+\.lua)$", re.MULTILINE)
 def load_script(name: str) -> Script:
     """The script ``scripts/<name>.lua``, with each ``-- @include <file>.lua`` line replaced by
     that file (Lua has no ``require`` in Redis): shared code lives in one place, and the
-    digest covers the text the nodes run."""
+    digest covers the text the nodes run. An included file comes without its comment lines:
+    the script's own header stays, and each node caches every script's text, so the included
+    files' explanations (several KB, repeated in most scripts) would only cost memory there."""
     source = (_SCRIPTS / f"{name}.lua").read_text(encoding="utf-8")
-    return Script(
-        _INCLUDE.sub(lambda m: (_SCRIPTS / m[1]).read_text(encoding="utf-8").rstrip("\n"), source)
-    )
+    return Script(_INCLUDE.sub(lambda m: _included(m[1]), source))
+
+
+def _included(name: str) -> str:
+    lines = (_SCRIPTS / name).read_text(encoding="utf-8").splitlines()
+    return "\n".join(line for line in lines if line.strip() and not line.lstrip().startswith("--"))
 
 
 ACQUIRE = load_script("acquire")

@@ -167,6 +167,29 @@ def once_retry_busy(self: Task, job: str, gate: str | None = None) -> str:
 @app.task(
     bind=True,
     base=LockedTask,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 10, "ttl": 2},
+)
+def once_long_wait(self: Task, job: str, gate: str | None = None) -> str:
+    """Enqueued with a countdown that uses most of its once_ttl: starts with little left."""
+    return work(self, job, gate)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    redlock={"key": "job:{job}", "once": True, "once_ttl": 20, "ttl": 2},
+)
+def once_enqueues_itself(self: Task, job: str) -> str:
+    """Enqueues a new copy with its own key while it runs (a new task id: no retry)."""
+    queue = self.request.delivery_info.get("routing_key")
+    again = once_enqueues_itself.apply_async((job,), queue=queue)
+    note("start", self, job, again=again.id)
+    return str(again.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
     redlock={"key": "page:{job}:{page}", "once": True, "once_ttl": 20, "ttl": 2},
 )
 def once_paged(self: Task, job: str, page: int, gate: str) -> Any:

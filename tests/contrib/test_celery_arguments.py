@@ -155,11 +155,12 @@ def test_a_busy_retry_comes_back_soon_and_backs_off_up_to_the_holders_lease():
     """issue 23: the countdown was the holder's whole remaining lease, so a task retried 30 s
     after a holder that was done in 3 s. Now: the first countdown (0.5 s) doubling each retry,
     jittered by +-25 %, never past the holder's lease or retry_max_countdown."""
-    from django_redlock.contrib.celery import _countdown, _make_policy
+    from django_redlock.contrib.celery.policy import make_policy
+    from django_redlock.contrib.celery.run_lock import countdown
 
-    policy = _make_policy("job:{job}", on_busy="retry")
+    policy = make_policy("job:{job}", on_busy="retry")
     middle = lambda low, high: (low + high) / 2  # noqa: E731 - the jitter's midpoint
-    assert [_countdown(30.0, policy, n, middle) for n in range(8)] == [
+    assert [countdown(30.0, policy, n, middle) for n in range(8)] == [
         0.5,
         1.0,
         2.0,
@@ -169,10 +170,10 @@ def test_a_busy_retry_comes_back_soon_and_backs_off_up_to_the_holders_lease():
         30.0,
         30.0,
     ]
-    assert _countdown(30.0, policy, 0, lambda low, high: low) == 0.375
-    assert _countdown(30.0, policy, 0, lambda low, high: high) == 0.625
-    assert _countdown(1.2, policy, 5, middle) == 1.2  # the holder's lease ends sooner
-    assert _countdown(None, policy, 20, middle) == 60.0  # retry_max_countdown
-    assert _countdown(0.01, policy, 0, middle) == 0.1  # never a hot loop
-    slow = _make_policy("job:{job}", on_busy="retry", retry_first_countdown=5)
-    assert _countdown(30.0, slow, 1, middle) == 10.0
+    assert countdown(30.0, policy, 0, lambda low, high: low) == 0.375
+    assert countdown(30.0, policy, 0, lambda low, high: high) == 0.625
+    assert countdown(1.2, policy, 5, middle) == 1.2  # the holder's lease ends sooner
+    assert countdown(None, policy, 20, middle) == 60.0  # retry_max_countdown
+    assert countdown(0.01, policy, 0, middle) == 0.1  # never a hot loop
+    slow = make_policy("job:{job}", on_busy="retry", retry_first_countdown=5)
+    assert countdown(30.0, slow, 1, middle) == 10.0

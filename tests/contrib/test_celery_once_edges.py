@@ -6,14 +6,17 @@ with brackets or too long for the origin and ``task_always_eager``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from celery import chord, group
 
-from django_redlock import LockManager, get_manager
+from django_redlock import LeaseHandle, LockManager, get_manager
+from django_redlock.contrib.celery.once import HEADER, handle_in
 from tests.contrib.conftest import WAIT, Journal, Worker, count, new_job
 
 pytestmark = pytest.mark.slow
@@ -133,3 +136,75 @@ def test_an_eager_call_bypasses_once(celery_app: Any, journal: Journal, cluster3
         queued.release()
     assert result.id != "queued"
     assert count(journal.events(job), "start") == 1
+
+
+def test_a_message_of_the_previous_version_keeps_its_once_key(
+    solo: Worker, celery_app: Any, journal: Journal
+):
+    # Before 0.2 the header was a dict with the producer's token; a worker of this version
+    # adopts that lease as it adopts a handle: the key stays the copy's while it runs (a
+    # second enqueue finds it), and is freed when it ends, long before its 20 s once_ttl.
+    job, gate = new_job(), journal.gate()
+    task, task_id, name = celery_app.once_retry_busy, f"old-{new_job()}", f"once:job:{job}"
+    manager = get_manager()
+    lease = manager.acquire(
+        name, ttl=20.0, blocking=False, origin=f"celery-once:{task.name}[{task_id}]"
+    )
+    header = {"name": name, "token": lease.token, "ttl": lease.ttl, "origin": lease.origin}
+    lease.handle()  # this process lets go: the message owns the lease now
+    celery_app.app.send_task(
+        task.name, (job, gate), task_id=task_id, queue=solo.queue, headers={HEADER: header}
+    )
+    journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
+    assert task.apply_async((job, gate), queue=solo.queue).id == task_id
+    journal.open(gate)
+    assert celery_app.app.AsyncResult(task_id).get(timeout=WAIT) == task_id
+    wait_until(lambda: manager.holder(name) is None, "the key", PROMPT)
+    assert count(journal.events(job), "start") == 1
+
+
+def test_a_copy_that_waited_most_of_once_ttl_gets_it_whole_when_it_starts(
+    solo: Worker, celery_app: Any, journal: Journal
+):
+    # Adopting keeps what was left of the queued lease (2.5 s of its 10 here), and the
+    # core's extender first renews a third of the ttl later: without the extend at the
+    # start the key would run out while the copy runs.
+    job, gate = new_job(), journal.gate()
+    first = celery_app.once_long_wait.apply_async((job, gate), queue=solo.queue, countdown=7.5)
+    journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")
+    holder = get_manager().holder(f"once:job:{job}")
+    assert holder is not None
+    assert holder["ttl"] > 5.0  # renewed to its 10 s at the start, not the 2.5 s left
+    journal.open(gate)
+    assert first.get(timeout=WAIT) == first.id
+
+
+def test_the_header_of_either_version_is_read_and_a_malformed_one_ignored(
+    caplog: pytest.LogCaptureFixture,
+):
+    manager = get_manager()
+    token = "ab" * 20
+    handle = LeaseHandle(name="once:job:x", key=manager.key("once:job:x"), token=token, ttl=3.0)
+    now = SimpleNamespace(headers={HEADER: handle.dumps()})
+    assert handle_in(manager, now) == handle
+    old = SimpleNamespace(
+        **{HEADER: {"name": "once:job:x", "token": token, "ttl": 3, "origin": None}}
+    )
+    assert handle_in(manager, old) == handle
+    assert handle_in(manager, SimpleNamespace(headers={})) is None
+    with caplog.at_level(logging.WARNING, logger="django_redlock.celery"):
+        for bad in ("rlh1.garbage", {"name": "once:job:x", "token": "short", "ttl": 3}, 7):
+            assert handle_in(manager, SimpleNamespace(headers={HEADER: bad})) is None
+    assert caplog.text.count(f"ignoring a malformed {HEADER} header") == 3
+
+
+def test_a_copy_that_enqueues_its_own_key_while_running_gets_itself_back(
+    solo: Worker, celery_app: Any, journal: Journal
+):
+    # The running copy's thread holds the adopted once lease: the core counts a second
+    # acquire of it there as a re-entry, which must not hand that lease to a new message.
+    job = new_job()
+    first = celery_app.once_enqueues_itself.apply_async((job,), queue=solo.queue)
+    assert first.get(timeout=WAIT) == first.id  # the new copy was not sent: it is this one
+    assert count(journal.events(job), "start") == 1
+    wait_until(lambda: get_manager().holder(f"once:job:{job}") is None, "the key", PROMPT)

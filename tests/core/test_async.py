@@ -9,7 +9,7 @@ import pytest
 
 from django_redlock import LockContended, LockLost, LockManager, QuorumUnreachable
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
-from tests.helpers import node_client, queued_on_a_majority
+from tests.helpers import node_client, put_lock, queued_on_a_majority
 
 
 def run(coroutine):
@@ -44,7 +44,7 @@ def test_the_async_context_manager_and_lock_lost(cluster3):
             async with manager.lock("gone", ttl=10.0) as lease:
                 for node in cluster3:
                     with node_client(node) as client:
-                        client.hset(lease.key, "t", "someone-else")
+                        put_lock(client, lease.key, "someone-else")
 
         with pytest.raises(LockLost):
             await taken_over()

@@ -29,7 +29,7 @@ from django_redlock import (
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.core import metrics
 from django_redlock.localnodes import LocalCluster
-from tests.helpers import node_client
+from tests.helpers import node_client, put_lock
 
 SIGNALS = {
     "lock_acquired": signals.lock_acquired,
@@ -60,7 +60,7 @@ async def scenario(manager: Any, holder: LockManager, cluster: LocalCluster) -> 
     lost = await done(manager.acquire("parity:c", ttl=5.0))
     for node in cluster:  # another holder's token in our keys: the lease is gone
         with node_client(node) as client:
-            client.hset(lost.key, "t", "someone-else")
+            put_lock(client, lost.key, "someone-else")
     with pytest.raises(LockLost):
         await done(lost.extend())
     with pytest.raises(LockLost):

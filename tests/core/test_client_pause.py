@@ -27,7 +27,7 @@ from django_redlock.aredlock import AsyncLockManager
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.scripts import PING
 from django_redlock.wire.sync import ConnectionSet
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client
 
 NODE_TIMEOUT = 0.05
 PAUSE = 6 * NODE_TIMEOUT  # far past the deadline, far below a 10 s lease
@@ -38,7 +38,7 @@ def holders(cluster, key: str) -> list[bytes | None]:
     tokens = []
     for node in cluster:
         with node_client(node) as client:
-            tokens.append(client.hget(key, "t"))
+            tokens.append(lock_token(client, key))
     return tokens
 
 

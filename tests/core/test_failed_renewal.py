@@ -28,7 +28,7 @@ from django_redlock import (
     LockManager,
 )
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client
 
 TTL = 3.0
 WAIT = 20.0
@@ -125,7 +125,7 @@ def holds(
     with node_client(cluster[index]) as client:
         for key in keys_of(cluster, index, manager, names):
             kind = client.type(key)
-            if kind == b"hash" and client.hget(key, "t") == token.encode():
+            if kind == b"string" and lock_token(client, key) == token.encode():
                 return True
             if kind == b"zset" and client.zscore(key, token) is not None:
                 return True

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from django_redlock import LockContended, LockManager, QuorumUnreachable
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client
 
 NODE_TIMEOUT = 0.05
 # Scheduling noise on a 2-core machine running 8 servers; far below any retry-induced hang.
@@ -98,10 +98,10 @@ def test_a_request_queued_on_a_paused_node_is_undone_when_it_wakes(cluster3):
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
         with node_client(node) as client:
-            if client.hget(lease.key, "t") != lease.token.encode():
+            if lock_token(client, lease.key) != lease.token.encode():
                 break
     with node_client(node) as client:
-        assert client.hget(lease.key, "t") != lease.token.encode()
+        assert lock_token(client, lease.key) != lease.token.encode()
     blocker.release()
 
 

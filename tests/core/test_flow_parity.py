@@ -16,7 +16,7 @@ import pytest
 from django_redlock import AsyncLockManager, Lease, LeaseInherited, LockLost, LockManager
 from tests.core.test_async_parity import collapsed
 from tests.core.test_fork import contended, fork, wait_child
-from tests.helpers import node_client
+from tests.helpers import node_client, put_lock
 
 
 def test_an_async_extend_in_a_child_forked_mid_renewal_refuses_at_once(cluster3):
@@ -103,7 +103,7 @@ async def rare_events(manager: Any, cluster: Any) -> None:
     lease = await done(manager.acquire("rare:a", ttl=5.0))
     for node in cluster:
         with node_client(node) as client:
-            client.hset(lease.key, "t", "someone-else")
+            put_lock(client, lease.key, "someone-else")
     await leave_block(lease, KeyError("boom"))  # does not raise: the block's error wins
     for node in cluster:
         with node_client(node) as client:
@@ -113,7 +113,7 @@ async def rare_events(manager: Any, cluster: Any) -> None:
     lost = await done(manager.acquire("rare:b", ttl=5.0))
     for node in cluster:
         with node_client(node) as client:
-            client.hset(lost.key, "t", "someone-else")
+            put_lock(client, lost.key, "someone-else")
     with pytest.raises(LockLost):
         await done(lost.extend())
     for node in cluster:

@@ -23,7 +23,7 @@ from django_redlock import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.wire.scripts import RELEASE
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _holds(cluster, key: str, token: str) -> int:
     count = 0
     for node in cluster:
         with node_client(node) as client:
-            count += client.hget(key, "t") == token.encode()
+            count += lock_token(client, key) == token.encode()
     return count
 
 
@@ -141,7 +141,7 @@ def _wait_held_by(cluster, key: str, token: str, count: int) -> None:
             seen = []
             for node in cluster:
                 with node_client(node) as client:
-                    seen.append((client.hgetall(key), client.pttl(key)))
+                    seen.append((client.get(key), client.pttl(key)))
             raise AssertionError(f"{key} never held by {token[:6]} on {count} nodes: {seen}")
         time.sleep(0.005)
 

@@ -16,6 +16,7 @@ import pytest
 from django_redlock import AsyncLockManager, LockManager
 from django_redlock.redlock import MAX_ORIGIN_BYTES, MAX_OWNER_BYTES
 from tests.helpers import node_client
+from tests.helpers import stored_owner as stored_record
 
 # Nothing listens here: the argument checks must fail before a connection is tried.
 NODES = ["redis://127.0.0.1:1/0", "redis://127.0.0.1:2/0", "redis://127.0.0.1:3/0"]
@@ -108,7 +109,7 @@ def test_bad_numbers_name_their_argument(value, error, match, argument):
 
 def stored_owner(cluster, name: str) -> bytes:
     with node_client(cluster[0]) as client:
-        owner = client.hget(f"redlock:{name}", "o")
+        owner = stored_record(client, f"redlock:{name}")
     assert isinstance(owner, bytes)
     return owner
 

@@ -19,7 +19,7 @@ import pytest
 from django_redlock import AsyncLockManager, LockContended, LockLost, LockManager
 from django_redlock.core.shapes import Slots
 from django_redlock.wire import primitives
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client, put_lock
 
 SLOW_POLL = 10.0  # a waiter's poll: only a wake-up brings it the lease within PROMPT
 PROMPT = 5.0
@@ -50,7 +50,7 @@ def slot_holders(cluster, name: str, limit: int) -> list[dict[int, bytes]]:
                 {
                     slot: held
                     for slot in range(limit)
-                    if (held := client.hget(primitives.slot_key(f"redlock:{name}", slot), "t"))
+                    if (held := lock_token(client, primitives.slot_key(f"redlock:{name}", slot)))
                 }
             )
     return found
@@ -129,7 +129,7 @@ def test_nodes_that_granted_another_slot_are_freed(cluster3):
     """Node 0 holds slot 0 for a lease the others never saw: it grants slot 1 while the
     others grant slot 0. Only the quorum's slot is held; node 0's stray grant is freed."""
     with node_client(cluster3[0]) as client:
-        client.hset(primitives.slot_key("redlock:api", 0), mapping={"t": "x" * 40, "o": "{}"})
+        put_lock(client, primitives.slot_key("redlock:api", 0), "x" * 40)
         client.pexpire(primitives.slot_key("redlock:api", 0), 30_000)
     manager = LockManager(cluster3.urls)
     lease = manager.semaphore("api", 2).acquire(ttl=10.0, blocking=False)
@@ -533,7 +533,7 @@ def test_a_refused_semaphore_try_frees_its_grant_without_another_call(cluster3):
     # not loaded on every new connection therefore go as EVAL in a clean-up.
     for node in cluster3.nodes[:2]:  # slot 0 of a semaphore of 1 held by another there
         with node_client(node) as client:
-            client.hset(primitives.slot_key("redlock:clean", 0), mapping={"t": "f" * 40, "o": "{}"})
+            put_lock(client, primitives.slot_key("redlock:clean", 0), "f" * 40)
             client.pexpire(primitives.slot_key("redlock:clean", 0), 60_000)
     with node_client(cluster3[2]) as client:
         client.script_flush()

@@ -20,7 +20,15 @@ import redis
 from django_redlock.wire import primitives as p
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, encode_parts
-from tests.helpers import node_client
+from tests.helpers import (
+    OWNER,
+    lock_token,
+    node_client,
+    owner_arg,
+    owner_record,
+    put_lock,
+    stored_owner,
+)
 
 FOREVER = 10**12  # a quarantine no node outlives (ms)
 Q = 60_000  # the quarantine of ordinary calls (ms); the fixtures declare every node fresh
@@ -61,7 +69,9 @@ def node(nodes):
 
 
 def user_keys(client: redis.Redis) -> list[bytes]:
-    return sorted(set(client.scan_iter()) - {scripts.NODE_KEY.encode()})
+    """The keys under names (not the marker, nor the owners' records: scripts/lock_key.lua)."""
+    keys = set(client.scan_iter()) - {scripts.NODE_KEY.encode()}
+    return sorted(key for key in keys if not key.startswith(b"\x00o:"))
 
 
 # -- every granting script: headers, and the node rule of acquire.lua ---------------------
@@ -102,11 +112,11 @@ def test_every_script_has_a_header_and_granting_ones_apply_the_node_rule(name):
 
 def granting_commands(quarantine_ms: int) -> dict[str, scripts.Command]:
     return {
-        "semaphore": p.semaphore_acquire_command(KEY, 2, token("a"), 10_000, "{}", quarantine_ms),
-        "read": p.rw_acquire_command(KEY, "r", token("a"), 10_000, "{}", quarantine_ms),
-        "write": p.rw_acquire_command(KEY, "w", token("a"), 10_000, "{}", quarantine_ms),
-        "many": p.acquire_many_command([KEY, KEY + "2"], token("a"), 10_000, "{}", quarantine_ms),
-        "handoff": p.handoff_command([KEY], token("z"), token("a"), "{}", quarantine_ms),
+        "semaphore": p.semaphore_acquire_command(KEY, 2, token("a"), 10_000, OWNER, quarantine_ms),
+        "read": p.rw_acquire_command(KEY, "r", token("a"), 10_000, OWNER, quarantine_ms),
+        "write": p.rw_acquire_command(KEY, "w", token("a"), 10_000, OWNER, quarantine_ms),
+        "many": p.acquire_many_command([KEY, KEY + "2"], token("a"), 10_000, OWNER, quarantine_ms),
+        "handoff": p.handoff_command([KEY], token("z"), token("a"), OWNER, quarantine_ms),
     }
 
 
@@ -114,7 +124,7 @@ def granting_commands(quarantine_ms: int) -> dict[str, scripts.Command]:
 def test_a_quarantined_node_refuses_every_granting_script_like_acquire(node, what):
     """A fresh, non-durable node not declared fresh may have forgotten grants: refuse."""
     if what == "handoff":
-        run(node, scripts.acquire_command(KEY, token("z"), 10_000, "{}", Q))
+        run(node, scripts.acquire_command(KEY, token("z"), 10_000, OWNER, Q))
     node.delete(scripts.NODE_KEY)  # as after a restart without persistence
     before = {key: node.dump(key) for key in user_keys(node)}
     for run_id in ("", node.info("server")["run_id"]):
@@ -162,7 +172,7 @@ def test_the_eval_fallback_is_completed_with_the_connections_identity(node):
 # -- semaphore ----------------------------------------------------------------------------
 
 
-def sem_acquire(client, tok, limit=2, waiter="", ticket=0, prefer=-1, ttl_ms=10_000, owner="{}"):
+def sem_acquire(client, tok, limit=2, waiter="", ticket=0, prefer=-1, ttl_ms=10_000, owner=OWNER):
     command = p.semaphore_acquire_command(
         KEY, limit, tok, ttl_ms, owner, Q, waiter, ticket, 5_000, prefer
     )
@@ -174,8 +184,11 @@ def sem_release(client, tok, limit=2, waiter=""):
 
 
 def test_a_semaphore_grants_the_lowest_free_slot_and_a_retry_the_same_one(node):
-    assert sem_acquire(node, token("a"), owner='{"pid":1}') == [1, 0]
-    assert node.hgetall(p.slot_key(KEY, 0)) == {b"t": token("a").encode(), b"o": b'{"pid":1}'}
+    assert sem_acquire(node, token("a"), owner=owner_arg(1)) == [1, 0]
+    assert (lock_token(node, p.slot_key(KEY, 0)), stored_owner(node, p.slot_key(KEY, 0))) == (
+        token("a").encode(),
+        owner_record(1),
+    )
     assert sem_acquire(node, token("b")) == [1, 1]
     assert sem_acquire(node, token("a"), ttl_ms=30_000) == [1, 0]  # retry: same slot, renewed
     assert node.pttl(p.slot_key(KEY, 0)) > 20_000
@@ -195,10 +208,10 @@ def test_a_semaphore_release_frees_whichever_slot_the_token_holds_and_nothing_el
     assert sem_release(node, token("b")) == 0
     # Extend and owns of a slot are those of a lock (the slot is one): a renewal of a slot
     # this node lost re-creates it (extend.lua), one held by another is refused.
-    assert run(node, p.semaphore_extend_command(KEY, 0, token("a"), 30_000, "{}")) == 1
-    assert run(node, p.semaphore_extend_command(KEY, 0, token("b"), 30_000, "{}")) == -1
-    assert run(node, p.semaphore_extend_command(KEY, 1, token("b"), 30_000, "{}")) == 2
-    assert node.hget(p.slot_key(KEY, 1), "t") == token("b").encode()
+    assert run(node, p.semaphore_extend_command(KEY, 0, token("a"), 30_000, OWNER)) == 1
+    assert run(node, p.semaphore_extend_command(KEY, 0, token("b"), 30_000, OWNER)) == -1
+    assert run(node, p.semaphore_extend_command(KEY, 1, token("b"), 30_000, OWNER)) == 2
+    assert lock_token(node, p.slot_key(KEY, 1)) == token("b").encode()
     assert sem_release(node, token("b")) == 1
     assert run(node, p.semaphore_owns_command(KEY, 0, token("a"))) == 1
     assert run(node, p.semaphore_owns_command(KEY, 0, token("b"))) == 0
@@ -322,7 +335,7 @@ def test_a_semaphore_on_three_nodes_in_different_states_grants_at_most_limit(nod
         assert c3.acquire(nodes, {0, 1, 2}, prefer=prefer) is None
     assert [int(client.exists(*p.slot_keys(KEY, 2))) for client in nodes] == [1, 2, 1]
     assert not any(
-        client.hget(k, "t") == c3.token.encode() for client in nodes for k in p.slot_keys(KEY, 2)
+        lock_token(client, k) == c3.token.encode() for client in nodes for k in p.slot_keys(KEY, 2)
     )
     c1.release(nodes, {0, 1, 2})
     assert c3.acquire(nodes, {0, 1, 2}) == 0
@@ -348,14 +361,14 @@ def test_a_semaphore_never_has_more_valid_holders_than_slots_whatever_reaches_wh
         for holder in holders:
             assert holder.slot is not None
             key = p.slot_key(KEY, holder.slot)
-            held = sum(client.hget(key, "t") == holder.token.encode() for client in nodes)
+            held = sum(lock_token(client, key) == holder.token.encode() for client in nodes)
             assert held >= 2, step
 
 
 # -- read-write lock ----------------------------------------------------------------------
 
 
-def rw_acquire(client, kind, tok, waiter="", ticket=0, ttl_ms=10_000, owner="{}"):
+def rw_acquire(client, kind, tok, waiter="", ticket=0, ttl_ms=10_000, owner=OWNER):
     return run(
         client, p.rw_acquire_command(KEY, kind, tok, ttl_ms, owner, Q, waiter, ticket, 5_000)
     )
@@ -366,10 +379,10 @@ def rw_release(client, kind, tok, waiter=""):
 
 
 def test_readers_share_and_exclude_a_writer_and_a_writer_excludes_everyone(node):
-    assert rw_acquire(node, "r", token("a"), owner='{"pid":1}') == b"OK"
+    assert rw_acquire(node, "r", token("a"), owner=owner_arg(1)) == b"OK"
     assert rw_acquire(node, "r", token("b")) == b"OK"
     assert node.zcard(KEY + p.READERS) == 2
-    assert node.hget(KEY + p.READER_OWNERS, token("a")) == b'{"pid":1}'
+    assert node.hget(KEY + p.READER_OWNERS, token("a")) == owner_record(1)
     left = rw_acquire(node, "w", token("c"))
     assert 0 < left <= 10_000  # the last reader's time left
     assert node.exists(KEY) == 0
@@ -378,8 +391,11 @@ def test_readers_share_and_exclude_a_writer_and_a_writer_excludes_everyone(node)
     assert rw_release(node, "w", token("b")) == 0  # a reader's token is no writer
     assert rw_release(node, "r", token("b")) == 1
     assert node.exists(KEY + p.READERS, KEY + p.READER_OWNERS) == 0  # nothing left behind
-    assert rw_acquire(node, "w", token("c"), owner='{"pid":3}') == b"OK"
-    assert node.hgetall(KEY) == {b"t": token("c").encode(), b"o": b'{"pid":3}'}  # a lock
+    assert rw_acquire(node, "w", token("c"), owner=owner_arg(3)) == b"OK"
+    assert (lock_token(node, KEY), stored_owner(node, KEY)) == (
+        token("c").encode(),
+        owner_record(3),
+    )  # a lock
     assert 0 < rw_acquire(node, "r", token("d")) <= 10_000
     assert 0 < rw_acquire(node, "w", token("e")) <= 10_000
     assert rw_acquire(node, "w", token("c"), ttl_ms=30_000) == b"OK"  # a retry renews
@@ -420,19 +436,19 @@ def test_an_expired_reader_is_purged_and_never_renewed(node):
     assert run(node, p.rw_owns_command(KEY, "r", token("a"))) == 0
     assert run(node, p.rw_owns_command(KEY, "r", token("b"))) == 1
     # A renewal purges it, then re-creates it (no writer holds the lock).
-    assert run(node, p.rw_extend_command(KEY, "r", token("a"), 30_000, '{"pid":7}')) == 2
+    assert run(node, p.rw_extend_command(KEY, "r", token("a"), 30_000, owner_arg(7))) == 2
     assert node.zscore(KEY + p.READERS, token("a")) > 1
-    assert node.hget(KEY + p.READER_OWNERS, token("a")) == b'{"pid":7}'
+    assert node.hget(KEY + p.READER_OWNERS, token("a")) == owner_record(7)
     assert rw_release(node, "r", token("a")) == 1
-    assert run(node, p.rw_extend_command(KEY, "r", token("b"), 30_000, "{}")) == 1
+    assert run(node, p.rw_extend_command(KEY, "r", token("b"), 30_000, OWNER)) == 1
     assert node.pttl(KEY + p.READERS) > 20_000
     assert node.pttl(KEY + p.READER_OWNERS) > 20_000
     node.zadd(KEY + p.READERS, {token("b"): 1})
     assert rw_release(node, "r", token("b")) == 0  # it was lost, not released
     assert rw_acquire(node, "w", token("c")) == b"OK"  # no live reader holds it back
-    assert run(node, p.rw_extend_command(KEY, "w", token("c"), 30_000, "{}")) == 1
-    assert run(node, p.rw_extend_command(KEY, "w", token("a"), 30_000, "{}")) == -1  # c's
-    assert run(node, p.rw_extend_command(KEY, "r", token("d"), 30_000, "{}")) == -1  # a writer
+    assert run(node, p.rw_extend_command(KEY, "w", token("c"), 30_000, OWNER)) == 1
+    assert run(node, p.rw_extend_command(KEY, "w", token("a"), 30_000, OWNER)) == -1  # c's
+    assert run(node, p.rw_extend_command(KEY, "r", token("d"), 30_000, OWNER)) == -1  # a writer
     assert run(node, p.rw_owns_command(KEY, "w", token("c"))) == 1
 
 
@@ -465,7 +481,7 @@ def test_releases_wake_the_readers_at_the_head_or_the_writer_once_readers_are_go
 
 def test_a_bad_kind_is_refused_by_the_builders_and_the_scripts(node):
     with pytest.raises(ValueError, match="kind"):
-        p.rw_acquire_command(KEY, "x", token("a"), 1000, "{}", Q)  # type: ignore[arg-type]
+        p.rw_acquire_command(KEY, "x", token("a"), 1000, OWNER, Q)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="kind"):
         p.rw_release_command(KEY, None, token("a"))  # type: ignore[arg-type]
     with pytest.raises(redis.ResponseError, match="kind must be r or w"):
@@ -507,7 +523,7 @@ def test_readers_and_a_writer_never_both_hold_a_quorum_whatever_reaches_where(no
 MANY = ["redlock:b", "redlock:a", "redlock:c", "redlock:a"]
 
 
-def many(client, tok, keys=MANY, ttl_ms=10_000, owner="{}"):
+def many(client, tok, keys=MANY, ttl_ms=10_000, owner=OWNER):
     return run(client, p.acquire_many_command(keys, tok, ttl_ms, owner, Q))
 
 
@@ -528,20 +544,23 @@ def test_many_keys_are_sorted_once_and_bad_names_are_refused():
 
 
 def test_a_multi_lock_takes_all_or_nothing(node):
-    run(node, scripts.acquire_command("redlock:b", token("x"), 10_000, "{}", Q))
+    run(node, scripts.acquire_command("redlock:b", token("x"), 10_000, OWNER, Q))
     left = many(node, token("a"))
     assert 0 < left <= 10_000
     assert user_keys(node) == [b"redlock:b"]  # nothing else was written
-    assert node.hget("redlock:b", "t") == token("x").encode()
+    assert lock_token(node, "redlock:b") == token("x").encode()
     run(node, scripts.release_command("redlock:b", token("x")))
-    assert many(node, token("a"), owner='{"pid":1}') == b"OK"
+    assert many(node, token("a"), owner=owner_arg(1)) == b"OK"
     assert user_keys(node) == [b"redlock:a", b"redlock:b", b"redlock:c"]
     for key in user_keys(node):
-        assert node.hgetall(key) == {b"t": token("a").encode(), b"o": b'{"pid":1}'}
+        assert (lock_token(node, key), stored_owner(node, key)) == (
+            token("a").encode(),
+            owner_record(1),
+        )
     assert many(node, token("a"), ttl_ms=30_000) == b"OK"  # a retry renews them all
     assert min(node.pttl(k) for k in user_keys(node)) > 20_000
     # The keys are those of single locks: a single lock of one of its names is refused.
-    single = run(node, scripts.acquire_command("redlock:c", token("y"), 10_000, "{}", Q))
+    single = run(node, scripts.acquire_command("redlock:c", token("y"), 10_000, OWNER, Q))
     assert 0 < single <= 30_000
 
 
@@ -549,15 +568,18 @@ def test_a_multi_lock_extends_all_or_none_and_releases_only_its_own(node):
     many(node, token("a"))
     assert run(node, p.owns_many_command(MANY, token("a"))) == 1
     assert run(node, p.owns_many_command(MANY, token("b"))) == 0
-    assert run(node, p.extend_many_command(MANY, token("a"), 30_000, "{}")) == 1
+    assert run(node, p.extend_many_command(MANY, token("a"), 30_000, OWNER)) == 1
     assert min(node.pttl(k) for k in user_keys(node)) > 20_000
-    assert run(node, p.extend_many_command(MANY, token("b"), 60_000, "{}")) == -1  # a's
+    assert run(node, p.extend_many_command(MANY, token("b"), 60_000, OWNER)) == -1  # a's
     node.delete("redlock:b")  # as if this node lost it: the renewal re-creates it
-    assert run(node, p.extend_many_command(MANY, token("a"), 60_000, '{"pid":3}')) == 2
-    assert node.hgetall("redlock:b") == {b"t": token("a").encode(), b"o": b'{"pid":3}'}
+    assert run(node, p.extend_many_command(MANY, token("a"), 60_000, owner_arg(3))) == 2
+    assert (lock_token(node, "redlock:b"), stored_owner(node, "redlock:b")) == (
+        token("a").encode(),
+        owner_record(3),
+    )
     assert min(node.pttl(k) for k in user_keys(node)) > 50_000
-    node.hset("redlock:b", mapping={"t": token("z"), "o": "{}"})  # another holder's now
-    assert run(node, p.extend_many_command(MANY, token("a"), 90_000, "{}")) == -1
+    put_lock(node, "redlock:b", token("z"))  # another holder's now
+    assert run(node, p.extend_many_command(MANY, token("a"), 90_000, OWNER)) == -1
     assert max(node.pttl(k) for k in user_keys(node)) <= 60_000  # none was renewed
     assert run(node, p.release_many_command(MANY, token("a"))) == 2
     assert user_keys(node) == [b"redlock:b"]
@@ -565,8 +587,8 @@ def test_a_multi_lock_extends_all_or_none_and_releases_only_its_own(node):
 
 def test_a_multi_lock_never_jumps_the_line_of_one_of_its_locks(node):
     acquire = scripts.acquire_command
-    run(node, acquire("redlock:b", token("x"), 10_000, "{}", Q))
-    waiting = acquire("redlock:b", token("w"), 10_000, "{}", Q, "wwww.1", 100, 5_000)
+    run(node, acquire("redlock:b", token("x"), 10_000, OWNER, Q))
+    waiting = acquire("redlock:b", token("w"), 10_000, OWNER, Q, "wwww.1", 100, 5_000)
     assert run(node, waiting) > 0  # a blocking single lock waits in line
     pubsub = node.pubsub()
     pubsub.psubscribe("redlock:*")
@@ -578,7 +600,7 @@ def test_a_multi_lock_never_jumps_the_line_of_one_of_its_locks(node):
     run(node, scripts.release_command("redlock:b", token("w"), "wwww.1"))
     published(pubsub, node, "redlock:-m")
     assert many(node, token("a")) == b"OK"
-    run(node, acquire("redlock:c", token("v"), 10_000, "{}", Q, "vvvv.1", 200, 5_000))
+    run(node, acquire("redlock:c", token("v"), 10_000, OWNER, Q, "vvvv.1", 200, 5_000))
     assert run(node, p.release_many_command(MANY, token("a"))) == 3
     assert published(pubsub, node, "redlock:-m") == [(b"redlock:c\x00wvvvv", b"vvvv.1")]
     pubsub.close()
@@ -601,37 +623,92 @@ def test_two_multi_locks_over_overlapping_names_never_both_hold_a_quorum(nodes):
 
 
 def test_a_hand_off_keeps_the_time_left_and_the_old_token_loses_the_lease(node):
-    run(node, scripts.acquire_command(KEY, token("a"), 10_000, '{"pid":1}', Q))
-    left = run(node, p.handoff_command([KEY], token("a"), token("b"), '{"pid":2}', Q))
+    run(node, scripts.acquire_command(KEY, token("a"), 10_000, owner_arg(1), Q))
+    left = run(node, p.handoff_command([KEY], token("a"), token("b"), owner_arg(2), Q))
     assert 0 < left <= 10_000
-    assert node.hgetall(KEY) == {b"t": token("b").encode(), b"o": b'{"pid":2}'}
+    assert (lock_token(node, KEY), stored_owner(node, KEY)) == (
+        token("b").encode(),
+        owner_record(2),
+    )
     assert node.pttl(KEY) <= 10_000  # the expiry was kept, not renewed
     # The first process no longer owns it: its release and extend are refused here.
     assert run(node, scripts.release_command(KEY, token("a"))) == 0
-    assert run(node, scripts.extend_command(KEY, token("a"), 60_000, "{}")) == -1  # b's now
+    assert run(node, scripts.extend_command(KEY, token("a"), 60_000, OWNER)) == -1  # b's now
     assert run(node, scripts.owns_command(KEY, token("a"))) == 0
     # A retry of the same adoption answers the same; another adoption of the old one fails.
-    assert 0 < run(node, p.handoff_command([KEY], token("a"), token("b"), "{}", Q)) <= 10_000
-    assert run(node, p.handoff_command([KEY], token("a"), token("c"), "{}", Q)) == p.HANDOFF_REFUSED
-    assert node.hget(KEY, "t") == token("b").encode()
-    assert run(node, scripts.extend_command(KEY, token("b"), 60_000, "{}")) == 1
+    assert 0 < run(node, p.handoff_command([KEY], token("a"), token("b"), OWNER, Q)) <= 10_000
+    assert (
+        run(node, p.handoff_command([KEY], token("a"), token("c"), OWNER, Q)) == p.HANDOFF_REFUSED
+    )
+    assert lock_token(node, KEY) == token("b").encode()
+    assert run(node, scripts.extend_command(KEY, token("b"), 60_000, OWNER)) == 1
     assert run(node, scripts.release_command(KEY, token("b"))) == 1
-    assert run(node, p.handoff_command([KEY], token("b"), token("c"), "{}", Q)) == p.HANDOFF_REFUSED
+    assert (
+        run(node, p.handoff_command([KEY], token("b"), token("c"), OWNER, Q)) == p.HANDOFF_REFUSED
+    )
     assert node.exists(KEY) == 0  # never re-created
 
 
 def test_a_hand_off_of_a_multi_lock_or_a_slot_is_all_or_nothing(node):
     many(node, token("a"))
-    node.hset("redlock:c", "t", token("z"))  # one key lost to another holder here
-    assert run(node, p.handoff_command(MANY, token("a"), token("b"), "{}", Q)) == p.HANDOFF_REFUSED
-    assert node.hget("redlock:a", "t") == token("a").encode()  # nothing was handed over
-    node.hset("redlock:c", "t", token("a"))
-    assert 0 < run(node, p.handoff_command(MANY, token("a"), token("b"), "{}", Q)) <= 10_000
-    assert {node.hget(k, "t") for k in user_keys(node)} == {token("b").encode()}
+    put_lock(node, "redlock:c", token("z"))  # one key lost to another holder here
+    assert run(node, p.handoff_command(MANY, token("a"), token("b"), OWNER, Q)) == p.HANDOFF_REFUSED
+    assert lock_token(node, "redlock:a") == token("a").encode()  # nothing was handed over
+    put_lock(node, "redlock:c", token("a"))
+    assert 0 < run(node, p.handoff_command(MANY, token("a"), token("b"), OWNER, Q)) <= 10_000
+    assert {lock_token(node, k) for k in user_keys(node)} == {token("b").encode()}
     assert sem_acquire(node, token("s")) == [1, 0]
     slot = [p.slot_key(KEY, 0)]
-    assert run(node, p.handoff_command(slot, token("s"), token("t"), "{}", Q)) > 0
+    assert run(node, p.handoff_command(slot, token("s"), token("t"), OWNER, Q)) > 0
     assert sem_release(node, token("s")) == 0
     assert sem_release(node, token("t")) == 1
     with pytest.raises(ValueError, match="new"):
-        p.handoff_command([KEY], token("a"), token("a"), "{}", Q)
+        p.handoff_command([KEY], token("a"), token("a"), OWNER, Q)
+
+
+def owner_key_of(client: redis.Redis, key: str) -> bytes:
+    """The owner key named by the lock key ``key`` (scripts/lock_key.lua)."""
+    value = client.get(key)
+    assert isinstance(value, bytes)
+    return b"\x00o:" + value.split(b" ")[1][:7] + b":django_redlock:node"
+
+
+def test_a_hand_off_keeps_the_expiry_and_the_adopters_owner_outlives_the_keys(node):
+    run(node, scripts.acquire_command(KEY, token("a"), 10_000, owner_arg(1), Q))
+    node.pexpire(KEY, 8_000)  # some of the lease has gone by
+    assert run(node, p.handoff_command([KEY], token("a"), token("b"), owner_arg(2), Q)) > 0
+    assert 0 < node.pttl(KEY) <= 8_000  # kept, not renewed (SET ... KEEPTTL)
+    assert stored_owner(node, KEY) == owner_record(2)
+    assert node.pttl(owner_key_of(node, KEY)) >= node.pttl(KEY)
+    # A hand-back (no owner) restores the token and keeps the adopter's owner and the expiry.
+    assert 0 < run(node, p.handback_command([KEY], token("b"), token("a"), Q)) <= 8_000
+    assert lock_token(node, KEY) == token("a").encode()
+    assert stored_owner(node, KEY) == owner_record(2)
+    assert 0 < node.pttl(KEY) <= 8_000
+
+
+def test_the_primitives_never_take_release_renew_or_hand_off_an_old_layout_key(node):
+    """A rolling upgrade: hash locks (t = token, o = owner) written by the previous version
+    are held by another holder for every new script, even for their own token, and are
+    never changed (tests/core/test_scripts.py covers the mutex scripts)."""
+    old = token("a")
+    slot = p.slot_key(KEY, 0)
+    for key in (KEY, slot, *MANY):
+        node.hset(key, mapping={"t": old, "o": '{"pid":7}'})
+        node.pexpire(key, 20_000)
+    before = {key: node.hgetall(key) for key in (KEY, slot, *MANY)}
+    assert sem_acquire(node, old, limit=1)[0] == 0
+    assert run(node, p.semaphore_extend_command(KEY, 0, old, 60_000, OWNER)) == -1
+    assert sem_release(node, old, limit=1) == 0
+    assert 0 < rw_acquire(node, "w", old) <= 20_000
+    assert 0 < rw_acquire(node, "r", token("r")) <= 20_000  # no reader beside a writer
+    assert run(node, p.rw_extend_command(KEY, "w", old, 60_000, OWNER)) == -1
+    assert run(node, p.rw_owns_command(KEY, "w", old)) == 0
+    assert rw_release(node, "w", old) == 0
+    assert 0 < many(node, old) <= 20_000
+    assert run(node, p.extend_many_command(MANY, old, 60_000, OWNER)) == -1
+    assert run(node, p.owns_many_command(MANY, old)) == 0
+    assert run(node, p.release_many_command(MANY, old)) == 0
+    assert run(node, p.handoff_command([KEY], old, token("b"), OWNER, Q)) == p.HANDOFF_REFUSED
+    assert {key: node.hgetall(key) for key in (KEY, slot, *MANY)} == before
+    assert all(0 < node.pttl(key) <= 20_000 for key in before)

@@ -14,7 +14,7 @@ from django_redlock import (
     QuorumUnreachable,
     RedlockError,
 )
-from tests.helpers import FakeClock, node_client
+from tests.helpers import FakeClock, lock_token, node_client, put_lock, stored_owner
 
 
 def make(cluster, **options) -> LockManager:
@@ -27,7 +27,7 @@ def holders(cluster, key: str) -> list[bytes | None]:
     tokens = []
     for node in cluster:
         with node_client(node) as client:
-            tokens.append(client.hget(key, "t"))
+            tokens.append(lock_token(client, key))
     return tokens
 
 
@@ -107,7 +107,7 @@ def test_release_never_deletes_another_holders_key(cluster3):
     # Another holder took over on every node (as after an expiry): release must not touch it.
     for node in cluster3:
         with node_client(node) as client:
-            client.hset(lease.key, mapping={"t": "someone-else", "o": "{}"})
+            put_lock(client, lease.key, "someone-else")
     with pytest.raises(LockLost, match="only 0 of 3 nodes still held it"):
         lease.release()
     assert holders(cluster3, lease.key) == [b"someone-else"] * 3
@@ -211,7 +211,7 @@ def test_a_lease_found_gone_keeps_the_keys_that_keep_a_rival_out(cluster5):
     key = "redlock:kept"
     for node in cluster5.nodes[1:3]:
         with node_client(node) as client:
-            client.hset(key, mapping={"t": "earlier", "o": "{}"})
+            put_lock(client, key, "earlier")
             client.pexpire(key, 300)
     lease = holder.acquire("kept", ttl=2.0, blocking=False)  # granted by nodes 0, 3 and 4
     cluster5[0].restart()  # loses its key, and is quarantined for max_ttl
@@ -273,7 +273,9 @@ def test_owner_metadata_is_stored_with_the_key(cluster3):
     manager = make(cluster3)
     lease = manager.acquire("owned", ttl=5.0, origin="tests.view")
     with node_client(cluster3[0]) as client:
-        owner = json.loads(client.hget(lease.key, "o"))
+        stored = stored_owner(client, lease.key)
+    assert stored is not None
+    owner = json.loads(stored)
     assert owner["pid"] == os.getpid()
     assert owner["origin"] == "tests.view"
     assert owner["thread"] == "MainThread"
@@ -281,15 +283,18 @@ def test_owner_metadata_is_stored_with_the_key(cluster3):
     lease.release()
 
 
-def test_a_key_of_another_type_under_the_prefix_is_never_overwritten(cluster3):
+def test_a_users_key_under_the_prefix_is_held_by_someone_and_never_overwritten(cluster3):
     for node in cluster3:
         with node_client(node) as client:
-            client.set("redlock:plain", "user data")
+            client.set("redlock:plain", "user data")  # a string, but not a lock of ours
+            client.hset("redlock:hash", "field", "x")  # another type
     manager = make(cluster3)
-    with pytest.raises(QuorumUnreachable, match="WRONGTYPE"):
-        manager.acquire("plain", blocking=False)
+    for name in ("plain", "hash"):
+        with pytest.raises(LockContended):
+            manager.acquire(name, blocking=False)
     with node_client(cluster3[0]) as client:
         assert client.get("redlock:plain") == b"user data"
+        assert client.hgetall("redlock:hash") == {b"field": b"x"}
 
 
 def test_evalsha_falls_back_to_eval_after_script_flush(cluster3):

@@ -16,7 +16,7 @@ import pytest
 
 from django_redlock import AsyncLockManager, LockContended, LockManager, LockNotAcquired
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster, LocalNode
-from tests.helpers import node_client
+from tests.helpers import lock_token, node_client
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ def test_a_durable_node_restarted_from_its_aof_keeps_the_lock_and_votes(durable3
             time.sleep(0.01)
     durable3[0].restart()  # SIGKILL; the AOF (fsync always) has the lock
     with node_client(durable3[0]) as client:
-        assert client.hget("redlock:orders:1", "t") == lease.token.encode()
+        assert lock_token(client, "redlock:orders:1") == lease.token.encode()
     rival = manager_for(durable3, max_ttl=30.0, ttl=20.0)
     with pytest.raises(LockContended) as info:
         rival.acquire("orders:1", blocking=False)

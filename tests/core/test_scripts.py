@@ -13,7 +13,7 @@ from django_redlock import redlock
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, ReplyError, encode_command
 from django_redlock.wire.sync import UNIDENTIFIED
-from tests.helpers import node_client
+from tests.helpers import OWNER, lock_token, node_client, owner_arg, owner_record
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def acquire(
     key,
     token,
     ttl_ms=10_000,
-    owner="{}",
+    owner=OWNER,
     quarantine_ms=60_000,
     waiter="",
     ticket=0,
@@ -44,12 +44,22 @@ def release(client, key, token, waiter=""):
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
-    assert acquire(node, "k", "a" * 40, owner='{"pid":1}') == b"OK"
-    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":1}'}
+    owner = owner_arg(1, 1_795_000_000_123)
+    assert acquire(node, "k", "a" * 40, owner=owner) == b"OK"
+    # The layout of scripts/lock_key.lua: the token, then the owner id and the time (base 36)
+    # in 56 bytes at most...
+    tag = owner.split()[0].encode()
+    assert tag[7:] == b"mwm0nkaj"  # 1795000000123 ms
+    assert node.get("k") == b"a" * 40 + b" " + tag
+    assert len(node.get("k")) == 56
     assert 9_000 < node.pttl("k") <= 10_000
+    # ... and the owner's record once per owner, kept at least as long as the key.
+    owner_key = b"\x00o:" + tag[:7] + b":django_redlock:node"
+    assert node.get(owner_key) == b'{"pid":1,"acquired_at":'
+    assert node.pttl(owner_key) >= node.pttl("k")
     left = acquire(node, "k", "b" * 40)
     assert 9_000 < left <= 10_000
-    assert node.hget("k", "t") == b"a" * 40
+    assert lock_token(node, "k") == b"a" * 40
 
 
 def test_acquire_with_the_same_token_renews_instead_of_refusing(node):
@@ -59,22 +69,30 @@ def test_acquire_with_the_same_token_renews_instead_of_refusing(node):
 
 
 def test_acquire_never_overwrites_foreign_keys(node):
-    node.set("plain", "user data")
-    with pytest.raises(Exception, match="WRONGTYPE"):
-        acquire(node, "plain", "a" * 40)
+    node.set("plain", "user data")  # a string, but not a lock (no owner after a space)
+    assert acquire(node, "plain", "a" * 40) == -1  # held by someone, no expiry
+    node.set("word", "x" * 40)  # not even a space: held too
+    assert acquire(node, "word", "x" * 40) == -1
     node.hset("hash", "field", "x")  # a hash of someone else's, no expiry
     assert acquire(node, "hash", "a" * 40) == -1
     assert node.get("plain") == b"user data"
+    assert node.get("word") == b"x" * 40
     assert node.hgetall("hash") == {b"field": b"x"}
 
 
+def test_an_owner_argument_of_another_shape_is_refused_before_anything_is_written(node):
+    with pytest.raises(Exception, match="owner argument"):
+        acquire(node, "k", "a" * 40, owner='{"pid":1}')
+    assert node.exists("k") == 0
+
+
 def test_listing_reads_owner_and_time_left_of_many_keys_and_never_the_token(node):
-    assert acquire(node, "held", "a" * 40, ttl_ms=10_000, owner='{"pid":1}') == b"OK"
-    node.set("plain", "user data")  # another type under our prefix: no owner, not an error
-    node.hset("forever", "o", '{"pid":2}')  # no expiry
+    assert acquire(node, "held", "a" * 40, ttl_ms=10_000, owner=owner_arg(1)) == b"OK"
+    node.set("plain", "user data")  # a user's string under our prefix: no owner, not an error
+    node.hset("forever", "o", '{"pid":2}')  # an old-layout lock (a hash), no expiry
     keys = ("held", "gone", "plain", "forever")
     reply = node.eval(scripts.LISTING.source, len(keys), *keys)
-    assert reply[0] == b'{"pid":1}'
+    assert reply[0] == owner_record(1)  # its owner (the time to the ms)
     assert 9_000 < reply[1] <= 10_000
     assert reply[2:] == [None, -2, None, -1, b'{"pid":2}', -1]
     assert b"a" * 40 not in reply
@@ -90,7 +108,7 @@ def test_release_deletes_only_its_own_token(node):
     assert release(node, "k", "a" * 40) == 0
 
 
-def extend(node, key: str, token: str, ttl_ms: int, owner: str = "{}") -> Any:
+def extend(node, key: str, token: str, ttl_ms: int, owner: str = OWNER) -> Any:
     return node.eval(scripts.EXTEND.source, 2, key, key + "\x00r", token, ttl_ms, owner)
 
 
@@ -99,7 +117,7 @@ def test_extend_renews_its_own_key_and_never_overwrites_another(node):
     assert extend(node, "k", "a" * 40, 30_000) == 1
     assert node.pttl("k") > 25_000
     assert extend(node, "k", "b" * 40, 30_000) == -1  # a's, not b's
-    assert node.hget("k", "t") == b"a" * 40
+    assert lock_token(node, "k") == b"a" * 40
     node.set("user-key", "x")  # not a lock of ours: never overwritten
     assert extend(node, "user-key", "a" * 40, 30_000) == -1
     assert node.get("user-key") == b"x"
@@ -109,8 +127,10 @@ def test_extend_re_creates_a_key_the_node_lost(node):
     """Answered 2, so the client can tell a renewal from a re-creation (core/flow.py)."""
     acquire(node, "k", "a" * 40, ttl_ms=2_000)
     node.delete("k")  # this node lost it (a restart without data, an eviction)
-    assert extend(node, "k", "a" * 40, 30_000, owner='{"pid":9}') == 2
-    assert node.hgetall("k") == {b"t": b"a" * 40, b"o": b'{"pid":9}'}
+    assert extend(node, "k", "a" * 40, 30_000, owner=owner_arg(9)) == 2
+    assert lock_token(node, "k") == b"a" * 40
+    reply = node.eval(scripts.HOLDER.source, 1, "k")
+    assert reply[0] == owner_record(9)  # with its owner
     assert node.pttl("k") > 25_000
     # Live readers of the read-write lock of the same name hold it back: taken by them.
     node.delete("k")
@@ -120,13 +140,36 @@ def test_extend_re_creates_a_key_the_node_lost(node):
     assert node.exists("k") == 0
 
 
+def test_a_lock_written_by_the_previous_layout_is_held_by_another_holder(node):
+    """A rolling upgrade: a node holds hash locks (t = token, o = owner) written by the
+    version before scripts/lock_key.lua. The new scripts never grant over such a key, never
+    release or renew it (even with its very token), never crash on it, and still show its
+    owner to operators (the hand-off: tests/core/test_primitive_scripts.py)."""
+    old_token = "a" * 40
+    node.hset("old", mapping={"t": old_token, "o": '{"pid":7}'})
+    node.pexpire("old", 20_000)
+    before = node.pttl("old")
+    assert 0 < acquire(node, "old", "b" * 40) <= before  # held: its time left
+    assert 0 < acquire(node, "old", old_token) <= before  # not even its own token re-enters
+    assert release(node, "old", old_token) == 0
+    assert extend(node, "old", old_token, 60_000) == -1
+    assert node.eval(scripts.OWNS.source, 1, "old", old_token) == 0
+    assert node.hgetall("old") == {b"t": old_token.encode(), b"o": b'{"pid":7}'}
+    assert 0 < node.pttl("old") <= before
+    reply = node.eval(scripts.HOLDER.source, 1, "old")
+    assert reply[0] == b'{"pid":7}'
+    assert 0 < reply[1] <= before
+
+
 def test_hostile_names_are_data_not_code(cluster3):
     manager = redlock.LockManager(cluster3.urls)
     for name in ("']]; redis.call('FLUSHALL') --", "a\\\\b", "job*?[x]", "Ünï😀", "]]"):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
-            assert client.hget(lease.key, "t") == lease.token.encode()
+            assert lock_token(client, lease.key) == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        assert client.keys() == [scripts.NODE_KEY.encode()]  # no lock key is left
+        # No lock key is left; only the marker and the owner's record (which expires).
+        left = [key for key in client.scan_iter() if not key.startswith(b"\x00o:")]
+        assert left == [scripts.NODE_KEY.encode()]
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
@@ -298,3 +341,45 @@ def test_a_place_leaving_the_head_of_a_free_lock_wakes_the_next_waiter(node):
     assert node.eval(leave, 3, "k", "k\x00q", "k\x00e", "bbbb.2") == 1
     assert published_until_marker(pubsub, node, "k-marker") == [(b"k\x00wdddd", b"dddd.4")]
     pubsub.close()
+
+
+def test_an_owner_record_goes_to_the_node_and_comes_back_whole(node):
+    """core/owner.py's owner argument, through acquire.lua and holder.lua: the same JSON
+    record as the manager builds, acquired_at to the millisecond."""
+    from django_redlock.core.owner import OwnerRecords, base36
+
+    before = time.time()
+    owner = OwnerRecords("web-1").record("view orders.checkout")
+    tag, record = owner.split(" ", 1)
+    assert len(tag) == 15  # 7-character owner id, then the time in ms in base 36
+    assert abs(int(tag[7:], 36) / 1000 - before) < 1.0
+    assert base36(1_795_000_000_123) == "mwm0nkaj"
+    assert acquire(node, "k", "a" * 40, owner=owner) == b"OK"
+    assert len(node.get("k")) <= 56  # a size class below what 57+ bytes cost (lock_key.lua)
+    shown = json.loads(node.eval(scripts.HOLDER.source, 1, "k")[0])
+    assert shown == {
+        **json.loads(record + "0}"),
+        "acquired_at": round(int(tag[7:], 36) / 1000, 3),
+    }
+    assert shown["host"] == "web-1"
+    assert shown["origin"] == "view orders.checkout"
+    # Another lock of the same owner shares its record: one owner key for both.
+    assert acquire(node, "k2", "b" * 40, owner=owner) == b"OK"
+    owners = list(node.scan_iter(match="\x00o:*"))
+    assert len(owners) == 1
+
+
+def test_a_full_node_still_renews_a_lock_whose_owner_record_it_cannot_write(node):
+    """A renewal on a node out of memory (maxmemory, noeviction) renews the lock even when
+    the owner's record must be written again: the script writes the lock's expiry first, and a
+    node lets a script that has written go on (it refuses only a first write needing memory)."""
+    owner = owner_arg(1)
+    acquire(node, "k", "a" * 40, ttl_ms=2_000, owner=owner)
+    node.delete(b"\x00o:" + owner[:7].encode() + b":django_redlock:node")  # e.g. deleted
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        assert extend(node, "k", "a" * 40, 30_000, owner=owner) == 1
+    finally:
+        node.config_set("maxmemory", "0")
+    assert node.pttl("k") > 25_000

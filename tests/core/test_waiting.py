@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 from django_redlock import LockContended, LockManager
-from tests.helpers import node_client, queued_on_a_majority
+from tests.helpers import lock_token, node_client, queued_on_a_majority
 
 # The poll fallback of these waiters is 10 s (retry_delay): only a release notification can
 # wake them within the few seconds the tests allow.
@@ -138,7 +138,7 @@ def test_reentry_in_one_thread_shares_the_lease_and_counts(cluster3):
         assert outer.depth == 1
         assert not outer.released
         with node_client(cluster3[0]) as client:
-            assert client.hget(outer.key, "t") == outer.token.encode()
+            assert lock_token(client, outer.key) == outer.token.encode()
         # Another thread is never the owner.
         errors: list[BaseException] = []
 

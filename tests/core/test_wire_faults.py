@@ -20,7 +20,7 @@ from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
 from django_redlock.wire.scripts import HOT_SCRIPTS
 from django_redlock.wire.sync import ConnectionSet, NotSent
 from tests.core.test_async_cancel import cancelled, chain, step_until
-from tests.helpers import FakeClock, FaultServer, node_client
+from tests.helpers import FakeClock, FaultServer, lock_token, node_client
 
 # A port nothing listens on: the node it names refuses at once, so the quorum of two out of
 # three needs both other nodes.
@@ -252,7 +252,7 @@ def test_a_quorum_reached_before_a_nodes_hello_still_sends_that_node_its_set(clu
     # The manager is not used again: only what it already sent can reach the node.
     deadline = time.monotonic() + 5.0
     with node_client(cluster3[2]) as client:
-        while client.hget(lease.key, "t") != lease.token.encode():
+        while lock_token(client, lease.key) != lease.token.encode():
             assert time.monotonic() < deadline, "the paused node never got the lease's SET"
             time.sleep(0.005)
     lease.release()

@@ -18,6 +18,7 @@ from typing import Any
 from django_redlock.core import flow
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease, held_on
+from django_redlock.core.owner import owner_id
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.exceptions import QuorumUnreachable
 from django_redlock.wire.scripts import GRANTED, PING
@@ -36,7 +37,8 @@ def client_process(client: SimClient) -> Process:
     client.quarantine_ms = math.ceil(max_ttl * 1000)
     client.heard = set()
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
-    owner = f'{{"host":"sim","pid":{client.index}}}'
+    record = f'{{"host":"sim","pid":{client.index},"acquired_at":'
+    owner = f"{owner_id(record)}rs {record}"  # as OwnerRecords.record makes it (at 1 s)
     while world.now < config.seconds and client.alive:
         if len(client.heard) < world.flow_nodes.quorum:
             yield Round([PING] * world.flow_nodes.size, b"PONG", world.flow_nodes.quorum)

@@ -168,6 +168,7 @@ class LuaEngine:
         self._commands: dict[bytes, Callable[[list[bytes]], Any]] = {
             b"DEL": self._del,
             b"EXISTS": self._exists,
+            b"GET": self._get_string,
             b"HDEL": self._hdel,
             b"HGET": self._hget,
             b"HMGET": self._hmget,
@@ -176,6 +177,7 @@ class LuaEngine:
             b"PEXPIRE": self._pexpire,
             b"PTTL": self._pttl,
             b"PUBLISH": self._publish,
+            b"SET": self._set,
             b"TIME": self._time,
             b"TYPE": self._type,
             b"ZADD": self._zadd,
@@ -353,6 +355,34 @@ class LuaEngine:
             server.run_id,
             max(0, up),
         )
+
+    def _get_string(self, args: list[bytes]) -> Any:
+        value = self._get(args[0])
+        if value is not None and type(value) is not bytes:
+            return WRONGTYPE
+        return value
+
+    def _set(self, args: list[bytes]) -> Any:
+        """SET key value [PX ms | KEEPTTL] (the forms the scripts use)."""
+        key, value = args[0], args[1]
+        options = [arg.upper() for arg in args[2:]]
+        existed = self._get(key) is not None
+        when = self.space.expires.get(key) if existed else None
+        if b"PX" in options:
+            ms = int(args[2 + options.index(b"PX") + 1])
+            if ms <= 0:
+                return _Error(b"ERR invalid expire time in 'set' command")
+            when = self._now_ms() + ms
+        elif b"KEEPTTL" not in options:
+            when = None
+        elif set(options) - {b"KEEPTTL"}:
+            return _Error(b"ERR syntax error")
+        self.space.data[key] = value
+        if when is None:
+            self.space.expires.pop(key, None)
+        else:
+            self.space.expires[key] = when
+        return _Status(b"OK")
 
     def _pexpire(self, args: list[bytes]) -> Any:
         key = args[0]

@@ -51,7 +51,7 @@ def _release_any() -> Iterator[dict[bytes, bytes]]:
     """The release deletes the key whoever holds it (no owner compare)."""
     yield _replace(
         scripts.RELEASE,
-        "if redis.pcall('HGET', KEYS[1], 't') ~= ARGV[1] then",
+        "if lock_token(KEYS[1]) ~= ARGV[1] then",
         "if redis.call('EXISTS', KEYS[1]) == 0 then",
     )
 
@@ -138,7 +138,9 @@ def _handoff_kept() -> Iterator[dict[bytes, bytes]]:
     """``handoff.lua`` answers as if it handed the keys over, but they keep the giver's
     token: the giver's late release frees the adopter's lease."""
     yield _replace(
-        primitives.HANDOFF, "redis.call('HSET', KEYS[i], 't', new, 'o', ARGV[3])", "local _ = new"
+        primitives.HANDOFF,
+        "redis.call('SET', KEYS[i], new .. ' ' .. rest, 'KEEPTTL')",
+        "local _ = new .. rest",
     )
 
 
@@ -147,8 +149,8 @@ def _many_partial() -> Iterator[dict[bytes, bytes]]:
     lease claims every name but holds one."""
     yield _replace(
         primitives.ACQUIRE_MANY,
-        "for i = 2, #KEYS, 4 do\n    redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])",
-        "for i = 2, 2, 4 do\n    redis.call('HSET', KEYS[i], 't', token, 'o', ARGV[3])",
+        "for i = 2, #KEYS, 4 do\n    set_lock(KEYS[i], token, ARGV[3], ttl)",
+        "for i = 2, 2, 4 do\n    set_lock(KEYS[i], token, ARGV[3], ttl)",
     )
 
 

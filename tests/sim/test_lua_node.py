@@ -21,7 +21,7 @@ from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.localnodes import LocalCluster
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.scripts import NODE_KEY, Command
-from tests.helpers import node_client
+from tests.helpers import node_client, owner_arg
 from tests.sim.lua_node import LIBRARY_SCRIPTS, Hash, Keyspace, LuaEngine, Server
 from tests.sim.world import parse_command
 
@@ -47,7 +47,7 @@ def commands(rng: random.Random) -> list[tuple[Command, bool]]:
         token, waiter = rng.choice(tokens), rng.choice(waiters)
         op = rng.random()
         if op < 0.45:
-            command = shape.acquire(token, 60.0, '{"o":1}', 60_000, waiter, 1000 + step, 60_000)
+            command = shape.acquire(token, 60.0, owner_arg(1), 60_000, waiter, 1000 + step, 60_000)
             out.append((command, True))
             continue
         if isinstance(shape, Slots):
@@ -55,7 +55,7 @@ def commands(rng: random.Random) -> list[tuple[Command, bool]]:
         if op < 0.7:
             command = shape.release(token, waiter)
         elif op < 0.85:
-            command = shape.extend(token, 60.0, '{"o":2}')
+            command = shape.extend(token, 60.0, owner_arg(2))
         elif op < 0.95:
             command = shape.owns(token)
         else:

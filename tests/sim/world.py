@@ -277,7 +277,7 @@ class SimNode:
         held_before = None
         if sha == _ACQUIRE:
             before = checker.line_state(space, keys[0], now_us // 1000)
-            held_before = (space.data.get(keys[0]) or {}).get(b"t")
+            held_before = lock_token(space.data.get(keys[0]))
         elif sha in _WAKERS:
             before = checker.line_state(space, keys[0], now_us // 1000)
         elif sha == _ACQUIRE_MANY:
@@ -293,8 +293,7 @@ class SimNode:
         if giver is not None:
             checker.giver_ran(self, key, giver, before, _state(space, key, now_us // 1000))
         elif sha == _ACQUIRE:
-            value = space.data.get(keys[0])
-            if type(value) is Hash and value.get(b"t") == args[0] != held_before:
+            if lock_token(space.data.get(keys[0])) == args[0] != held_before:
                 checker.granted_on_node(self, keys[0], before[1], args[4], args[0])
         elif sha in _WAKERS:
             after = checker.line_state(space, keys[0], now_us // 1000)
@@ -320,11 +319,20 @@ class SimNode:
         return older[-1].copy() if older else Keyspace()
 
 
+def lock_token(value: object) -> bytes | None:
+    """The token a lock key's value holds (``scripts/lock_key.lua``: ``<token> <tag>``), or
+    None (absent, or not a lock)."""
+    if type(value) is not bytes:
+        return None
+    token, space, _ = value.partition(b" ")
+    return token if space else None
+
+
 def _holding(space: Keyspace, keys: Sequence[bytes], token: bytes) -> frozenset[bytes]:
     """Which of ``keys`` hold ``token`` (expired ones included: a script sees them gone,
     and only keys this script set are judged)."""
     data = space.data
-    return frozenset(key for key in keys if (data.get(key) or {}).get(b"t") == token)
+    return frozenset(key for key in keys if lock_token(data.get(key)) == token)
 
 
 def _state(space: Keyspace, key: bytes, now_ms: int) -> object:
@@ -333,7 +341,7 @@ def _state(space: Keyspace, key: bytes, now_ms: int) -> object:
     when = space.expires.get(key)
     if value is None or (when is not None and now_ms > when):
         return None
-    return (dict(value) if type(value) is Hash else value, when)
+    return (value, when)
 
 
 # -- the wire --------------------------------------------------------------------------------
@@ -902,7 +910,7 @@ class World:
         node.state = "up"
         node.snapshots = []
         node.snapshot()
-        locks = sum(1 for v in kept.data.values() if type(v) is Hash and b"t" in v)
+        locks = sum(1 for k, v in kept.data.items() if type(v) is bytes and k[:1] != b"\x00")
         self.log(
             node.label,
             f"restarted ({mode}): {locks} lock keys kept, run_id {node.server.run_id[:8].decode()}",
