@@ -1,7 +1,7 @@
 """A simulated client: the managers' glue around the real flow functions, as a generator.
 
-Each step below is the one ``LockManager`` takes (``redlock.py``: ``_rounds``, ``_extend``,
-``_release``; ``core/lease.py``: ``_settle_extend``, ``_expired_before_renewal``,
+Each step below is the one ``LockManager`` takes (``core/manager.py``: ``_rounds``;
+``core/engine.py``: ``renew``, ``release``; ``core/lease.py``: the settling of rounds and
 ``renew_once``), in the same order; every decision is the library's own function. A client
 yields a :class:`~tests.sim.world.Round` to send one command per node and wait for the
 round's outcome, or a :class:`~tests.sim.world.Sleep`.
@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator, Sequence
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from django_redlock.core import flow
+from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease, held_on
 from django_redlock.core.owner import owner_id
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
-from django_redlock.wire.scripts import GRANTED
-from tests.sim.world import LeaseRecord, Round, SimClient, Sleep, Wait
+from django_redlock.exceptions import QuorumUnreachable
+from django_redlock.wire.scripts import GRANTED, PING
+from tests.sim.world import Db, LeaseRecord, Round, SimClient, Sleep, Wait
 
 Process = Generator[Any, Any, None]
 
@@ -28,16 +31,30 @@ def client_process(client: SimClient) -> Process:
     world = client.world
     config = world.config
     rng = world.rng
-    quarantine_ms = math.ceil(config.max_ttl * 1000)
+    # A new process: its own max_ttl, raised as its connections hear the nodes' (core/engine.py
+    # Quarantine), the first of them before its first acquire (the flow's Contact).
+    max_ttl = config.client_max_ttl(client.index)
+    client.quarantine_ms = math.ceil(max_ttl * 1000)
+    client.heard = set()
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
     record = f'{{"host":"sim","pid":{client.index},"acquired_at":'
     owner = f"{owner_id(record)}rs {record}"  # as OwnerRecords.record makes it (at 1 s)
     while world.now < config.seconds and client.alive:
+        if len(client.heard) < world.flow_nodes.quorum:
+            yield Round([PING] * world.flow_nodes.size, b"PONG", world.flow_nodes.quorum)
+            if len(client.heard) < world.flow_nodes.quorum:
+                yield Sleep(config.retry_delay)  # too few nodes up: try again later
+            continue
+        if world.handles and rng.random() < 0.5:  # a handle left by lease.handle()
+            handle = world.handles.pop(rng.randrange(len(world.handles)))
+            yield from adopt(client, handle, owner)
+            yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
+            continue
         name, shape, claims = choose(client)
         key = shape.key
         blocking = rng.random() < 0.7
         wait = rng.choice((0.0, 0.1, 0.5, 2.0)) if blocking else None
-        ttl = config.ttl if rng.random() < 0.7 else config.max_ttl
+        ttl = max_ttl if rng.random() < config.longest else config.ttl
         client.waiters += 1
         # A blocking acquire queues, except for a shape that never does (it polls).
         queues = blocking and shape.wake_key is not None
@@ -64,7 +81,8 @@ def client_process(client: SimClient) -> Process:
         results: Sequence[Any] = ()
         listening = False
         while True:
-            commands = attempt.next_round(quarantine_ms)
+            commands = attempt.next_round(client.quarantine_ms)
+            began = world.now
             start = client.now()
             exchange = yield Round(commands, attempt.decider, attempt.need, identify=True)
             end = client.now()
@@ -101,44 +119,78 @@ def client_process(client: SimClient) -> Process:
         if granted is None:
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
-        yield from hold(client, attempt, granted, results, ttl, owner, claims)
+        lease = Held(
+            name,
+            shape,
+            waiter,
+            granted.token,
+            granted.expires_at,
+            held_on(shape.granted_on(results)),
+            ttl,
+            claims,
+            began,
+        )
+        yield from hold(client, lease, owner)
         yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
 
 
-def hold(
-    client: SimClient,
-    attempt: flow.Acquire,
-    granted: flow.Granted,
-    results: Sequence[Any],
-    ttl: float,
-    owner: str,
-    claims: tuple[tuple[str, str], ...],
-) -> Process:
-    """Hold a granted lease for a while (renewed or not), then release it."""
+@dataclass
+class Held:
+    """A lease a client holds: what ``hold`` needs of it, from an acquire or an adopt."""
+
+    name: str
+    shape: Shape
+    waiter: str
+    token: str
+    expires_at: float  # on the client's clock
+    held: tuple[bool, ...]  # the nodes that hold it (core/lease.py: held_on)
+    ttl: float
+    claims: tuple[tuple[str, str], ...]
+    began: float  # virtual time its granting round (an acquire's last, an adopt's) was sent
+    fencing: int | None = None  # the fencing token (a handle carries the giver's)
+
+
+def hold(client: SimClient, lease: Held, owner: str) -> Process:
+    """Hold a granted lease for a while (renewed or not; writing to its fenced row, for a
+    lock), then release it, or hand it off to be adopted (``lease.handle()``)."""
     world = client.world
     config = world.config
     rng = world.rng
     nodes = world.flow_nodes
-    shape: Shape = attempt.kind
-    token = granted.token
-    expires_at = granted.expires_at
-    held = held_on(shape.granted_on(results))
+    shape = lease.shape
+    token = lease.token
+    ttl = lease.ttl
+    expires_at = lease.expires_at
+    held = lease.held
     record = world.checker.granted(
-        client, attempt.name, token, client.clock.when(expires_at), claims
+        client, lease.name, token, client.clock.when(expires_at), lease.claims, lease.began
     )
-    client.log(
-        f"holds {attempt.name} token {token[:8]} for "
-        f"{granted.expires_at - granted.acquired_at:.4f} s ({show(results)})"
-    )
+    client.log(f"holds {lease.name} token {token[:8]} until {expires_at:.4f} (its clock)")
+    plain = type(shape) is Shape
+    # lock_for(instance) on a FencedModel: the row's token is minted once the lock is held
+    # (an adopter writes under the giver's token, which its handle carries).
+    if plain and lease.fencing is None and rng.random() < config.fenced:
+        lease.fencing = yield Db("mint", lease.name)
+    gap = config.writes * ttl
+    next_write = client.now() + rng.expovariate(1.0 / gap) if lease.fencing else math.inf
     renew = rng.random() < config.auto_extend
     hold_for = rng.choice((0.1, 0.3, 0.8, 2.0, 4.0)) * ttl
     release_at = client.now() + hold_for
     lost = False
-    next_due = client.now() + ttl / 3  # the extender's schedule (core/extender.py)
-    while renew:
-        yield Sleep(min(release_at, next_due) - client.now())
+    next_due = client.now() + ttl / 3 if renew else math.inf  # the extender (core/extender.py)
+    while True:
+        yield Sleep(min(release_at, next_due, next_write) - client.now())
         if client.now() >= release_at:
             break
+        if client.now() >= next_write:
+            # A save() in the block, whenever the application gets to it: a GC pause may
+            # have let the lease run out meanwhile, which only the fence can catch.
+            assert lease.fencing is not None
+            if not (yield Db("write", lease.name, lease.fencing)):
+                client.log(f"stale fencing token {lease.fencing}: leaves the block")
+                break  # StaleFencingToken: the block ends, the lock is released
+            next_write = client.now() + rng.expovariate(1.0 / gap)
+            continue
         # BaseLease.renew_once -> LockManager._extend
         if expires_at <= client.now():  # _expired_before_renewal
             world.clean_up(client, shape.clean_up(token, None, nodes.size))
@@ -174,13 +226,14 @@ def hold(
         client.log(f"renewed {token[:8]}: {outcome:.4f} s ({show(exchange.results)})")
     if lost:
         return
-    if not renew:
-        yield Sleep(release_at - client.now())
-    # LockManager._release
     expired = expires_at <= client.now()
     world.checker.releasing(record)
+    if plain and not expired and rng.random() < config.handoffs:
+        hand_off(client, lease, owner)
+        return
+    # LockManager._release
     exchange = yield Round(
-        flow.release_round(nodes.size, shape, token, attempt.waiter),
+        flow.release_round(nodes.size, shape, token, lease.waiter),
         shape.release_yes,
         nodes.quorum,
     )
@@ -189,6 +242,82 @@ def hold(
         f"released {token[:8]}: {show(exchange.results)}"
         + (f"; lost: {verdict.lost}" if verdict.lost else "")
     )
+
+
+def hand_off(client: SimClient, lease: Held, owner: str) -> None:
+    """``lease.handle()``: let go at once, with no I/O, and leave the handle for another
+    process to adopt. A renewal may still be in flight, and this sim's giver, unlike the
+    library's, later sends a stray release of its token too: once adopted, the nodes must
+    refuse both (the hand-off invariant)."""
+    world = client.world
+    size = world.flow_nodes.size
+    handle = LeaseHandle(
+        name=lease.name,
+        key=lease.shape.key,
+        token=lease.token,
+        ttl=lease.ttl,
+        fencing_token=lease.fencing,
+    )
+    world.handles.append(handle)
+    client.log(f"handed off {lease.name} token {lease.token[:8]}")
+    rng = world.rng
+    if rng.random() < 0.5:
+        world.clean_up(client, flow.extend_round(size, lease.shape, lease.token, lease.ttl, owner))
+    if rng.random() < 0.5:
+        stray = flow.release_round(size, lease.shape, lease.token)
+        world.at(
+            world.now + rng.uniform(0.2, 2.0) * lease.ttl,
+            lambda: world.clean_up(client, stray) if client.alive else None,
+        )
+
+
+def adopt(client: SimClient, handle: LeaseHandle, owner: str) -> Process:
+    """``LockManager.adopt``: one hand-off round that must hear every node, judged by
+    ``flow.judge_adopt``; a failed adopt frees the new token (the lease is gone) or hands the
+    keys back (too few answers), as ``_Adoption.undo`` does. Then the lease is held."""
+    world = client.world
+    nodes = world.flow_nodes
+    size = nodes.size
+    token = vars(flow)["secrets"].token_hex(20)
+    quarantine_ms = client.quarantine_ms
+    shape = Shape(handle.key)
+    client.log(f"adopts {handle.name} from token {handle.token[:8]}")
+    began = world.now
+    start = client.now()
+    exchange = yield Round(
+        flow.handoff_round(size, handle.key, handle.token, token, owner, quarantine_ms),
+        flow.NEVER_YES,
+        size,
+        size - 1,
+        identify=True,
+    )
+    end = client.now()
+    results = exchange.results
+    outcome = flow.judge_adopt(nodes, handle.name, handle.ttl, results, end - start)
+    if isinstance(outcome, str):  # LockLost
+        world.clean_up(client, flow.release_round(size, shape, token))
+        client.log(f"adopt of {handle.name} failed: {outcome[:40]} {show(results)}")
+        return
+    if isinstance(outcome, QuorumUnreachable):
+        world.clean_up(
+            client, flow.handback_round(size, handle.key, token, handle.token, quarantine_ms)
+        )
+        client.log(f"adopt of {handle.name} unreachable: handed back {show(results)}")
+        return
+    world.checker.handed_off(handle.token, token)
+    lease = Held(
+        handle.name,
+        shape,
+        "",
+        token,
+        end + outcome,
+        held_on(type(reply) is int and reply > 0 for reply in results),
+        handle.ttl,
+        ((handle.name, "x"),),
+        began,
+        handle.fencing_token,
+    )
+    yield from hold(client, lease, owner)
 
 
 def choose(client: SimClient) -> tuple[str, Shape, tuple[tuple[str, str], ...]]:
@@ -226,4 +355,4 @@ def show(results: Sequence[Any]) -> str:
     return "[" + ", ".join(parts) + "]"
 
 
-__all__ = ["LeaseRecord", "choose", "client_process", "hold", "show"]
+__all__ = ["Held", "LeaseRecord", "adopt", "choose", "client_process", "hand_off", "hold", "show"]

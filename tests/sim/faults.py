@@ -60,6 +60,19 @@ def plan(world: World) -> list[tuple[float, Callable[[], None]]]:
             else:
                 seconds = rng.uniform(0.2, 2.0)
                 out.append((t, partial(world.crash_client, client, seconds)))
+    t = 0.0
+    if config.force_releases:
+        while True:
+            t += rng.expovariate(config.force_releases)
+            if t >= config.seconds:
+                break
+            name = f"lock{rng.randrange(config.names)}"
+            out.append((t, partial(world.force_release, name)))
+    # SCRIPT FLUSH in some histories (drawn after the rest, so that those stay as they were).
+    if config.node_faults and rng.random() < 0.3:
+        for _ in range(rng.randint(1, 4)):
+            node = rng.choice(world.nodes)
+            out.append((rng.uniform(0, config.seconds), partial(world.flush_scripts, node)))
     if config.clock_jumps:
         for _ in range(rng.randint(1, 3)):
             node = rng.choice(world.nodes)

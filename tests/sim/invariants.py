@@ -18,10 +18,24 @@
 * **No leak**: every node a failed try's SET may have reached (it granted, or its answer was
   not heard) has been sent the try's release by the time the try is judged: checked against
   the nodes' keyspaces right then and again once late messages had time to land.
+* **No stale write** (the fenced table, ``tests/sim/fence.py``): a write the table accepts
+  carries the highest fencing token minted for its row so far. A *defect* whatever happened
+  before: it is checked, and never excused, after faults outside the model too (there the
+  history goes on past the exclusion it broke, to see whether the fence holds).
+* **Fair line** (a lock's wait line, on each node): a lock goes to the live head of its line
+  or, with nobody in line, to anyone (``acquire.lua``); and a script that leaves the lock free
+  with a live waiter at the head it did not head before (a release, a force release, a waiter
+  ahead leaving) wakes that head (``wake_next.lua``'s PUBLISH): a waiter is never skipped,
+  nor left to its poll delay while the lock stands free.
+* **All or none** (``lock_many``): a try that sets any of its keys on a node sets all of
+  them there (``acquire_many.lua``), so a multi-lock never holds part of its names.
+* **Hand-off** (``adopt``): once a hand-off round moved a lease to the adopter's token, a
+  script run with the giver's token never changes a key the adopter holds.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -50,19 +64,34 @@ class Checker:
         self.world = world
         self.leases: dict[str, list[LeaseRecord]] = {}
         self.violations: list[str] = []
+        self.defects: list[str] = []  # violations no fault excuses (a stale write)
         self.expected: set[str] = set()  # fault classes outside the model that happened
+        self.fence: dict[str, int] = {}  # lock name -> highest fencing token minted
+        self.handed: dict[bytes, bytes] = {}  # the giver's token -> the adopter's
+        self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
+        self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
+        self.fenced_off = 0  # stale writes refused after exclusion broke (outside the model)
+        self.wakes = 0  # heads of line woken by a release, a force release or a leave
+        self.force_releases = 0
         self.stop = False
         self.released: set[tuple[str, int]] = set()  # (token, node) a release was sent to
         self.crashed: set[int] = set()
         self.grants = 0
         self.failures = 0
-        self.max_ttl_ms = math.ceil(world.config.max_ttl * 1000)
+        self.max_ttl_ms = math.ceil(world.config.longest_ttl * 1000)
         self.line_ms = math.ceil(max(1.0, 4 * world.config.retry_delay) * 1000)
 
-    def violate(self, text: str) -> None:
-        self.world.log("!!", "VIOLATION: " + text)
-        self.violations.append(text)
-        self.stop = True
+    def violate(self, text: str, *, defect: bool = False) -> None:
+        """Record a broken invariant and stop the history; but after a fault outside the
+        model (``expected``), an excused violation lets it go on, so that the invariants no
+        fault excuses (``defect``: the fenced table's) are still checked."""
+        if len(self.violations) < 20:
+            self.world.log("!!", "VIOLATION: " + text)
+            self.violations.append(text)
+        if defect:
+            self.defects.append(text)
+        if defect or not self.expected:
+            self.stop = True
 
     def expect_violations(self, reason: str) -> None:
         self.expected.add(reason)
@@ -76,11 +105,20 @@ class Checker:
         token: str,
         end: float,
         claims: tuple[tuple[str, str], ...],
+        began: float,
     ) -> LeaseRecord:
+        """A lease granted by a round sent at virtual time ``began``, valid until ``end``."""
         from tests.sim.world import LeaseRecord
 
         record = LeaseRecord(client.index, name, token, self.world.now, end, claims)
         self.grants += 1
+        for resource, mode in claims:
+            if mode == "x" and (
+                self.forcing.get(resource) or began <= self.forced.get(resource, -1.0)
+            ):
+                # Its keys were set before a force release landed (or one is on its way):
+                # evicted too, whoever holds them by then.
+                record.revoked = self.world.now
         for resource, _ in claims:
             held = self.leases.setdefault(resource, [])
             now = self.world.now
@@ -99,11 +137,21 @@ class Checker:
     def lost(self, record: LeaseRecord, cause: str) -> None:
         pass  # strict: the window still runs to the end of the validity
 
+    def force_released(self, name: str) -> None:
+        """An operator force-released lock ``name``: the exclusive leases on it end now."""
+        now = self.world.now
+        self.force_releases += 1
+        for record in self.leases.get(name, ()):
+            if dict(record.claims).get(name) == "x" and record.revoked is None:
+                record.revoked = now
+
     def _exclusion(self, record: LeaseRecord) -> None:
         """The leases live now beside ``record`` (every window holds ``now``: a grant starts
         now, a renewal only moves the end of a live one, so ``now`` is where the most
         windows meet) must fit its claims."""
         now = self.world.now
+        if _end(record) <= now:
+            return  # evicted by a force release before it was granted: nothing is owed to it
         limit = self.world.config.limit
         for resource, mode in record.claims:
             live = [
@@ -176,13 +224,14 @@ class Checker:
                 return
 
     def sent(self, client: SimClient, index: int, data: bytes) -> None:
-        head = data[:120]
-        if any(sha in head for sha in _RELEASES):
-            from tests.sim.world import parse_command
-
-            _, parts = parse_command(data)
-            for arg in parts[3 + int(parts[2]) :]:  # the token is one of its ARGV
-                self.released.add((arg.decode(), index))
+        # A round sends the same bytes to every node: what a command releases is found once.
+        tokens = _SENT.get(data)
+        if tokens is None:
+            if len(_SENT) > 256:
+                _SENT.clear()
+            tokens = _SENT[data] = _released_tokens(data)
+        for token in tokens:
+            self.released.add((token, index))
 
     def failed_try(
         self,
@@ -224,6 +273,109 @@ class Checker:
                         )
                         return
 
+    # -- the fenced table --------------------------------------------------------------------
+
+    def minted(self, name: str, token: int) -> None:
+        self.fence[name] = max(self.fence.get(name, 0), token)
+
+    def written(self, who: str, name: str, token: int, accepted: bool) -> None:
+        """The table took (``accepted``) or refused a write of ``name``'s row under
+        ``token``."""
+        high = self.fence.get(name, 0)
+        if not accepted and self.violations:
+            self.fenced_off += 1
+        if accepted and token < high:
+            self.violate(
+                f"{name}: the table accepted {who}'s write under fencing token {token} after "
+                f"token {high} was minted",
+                defect=True,
+            )
+
+    # -- the fair line -----------------------------------------------------------------------
+
+    def line_state(self, space: Any, key: bytes, now_ms: int) -> tuple[bool, bytes | None]:
+        """(whether lock ``key`` is held on this keyspace at ``now_ms``, the live head of its
+        wait line or None), read without changing anything (as the scripts would find it)."""
+        when = space.expires.get(key)
+        held = key in space.data and (when is None or now_ms <= when)
+        line = _live(space, key + b"\0q", now_ms)
+        lapse = _live(space, key + b"\0e", now_ms)
+        head = None
+        if type(line) is ZSet and type(lapse) is Hash:
+            for member, _ in line.ordered():
+                if int(lapse.get(member, b"0")) > now_ms:
+                    head = member
+                    break
+        return held, head
+
+    def granted_on_node(
+        self, node: SimNode, key: bytes, head: bytes | None, waiter: bytes, token: bytes
+    ) -> None:
+        """An acquire script gave ``key`` to ``token`` (waiter id ``waiter``, b"" for a
+        single try) on ``node``, the live head of the line being ``head`` before it ran."""
+        if head is not None and head != waiter:
+            self.violate(
+                f"{node.label}: {key!r} went to {token[:8]!r} (waiter {waiter!r}) past the "
+                f"live head of its line {head!r}"
+            )
+
+    def freed_on_node(
+        self,
+        node: SimNode,
+        key: bytes,
+        before: tuple[bool, bytes | None],
+        after: tuple[bool, bytes | None],
+        published: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """A release, force release or leave ran on ``node``: ``before`` and ``after`` are
+        :meth:`line_state` around it, ``published`` its PUBLISHes."""
+        held, head = after
+        if held or head is None or (not before[0] and before[1] == head):
+            return  # held, nobody waits, or the free lock's head did not change
+        waiter = head.split(b"|", 1)[1] if head[:2] in (b"r|", b"w|") else head
+        if any(message == waiter for _, message in published):
+            self.wakes += 1
+        else:
+            self.violate(
+                f"{node.label}: {key!r} left free with {waiter!r} at the head of its line, "
+                "not woken"
+            )
+
+    # -- lock_many: all or none --------------------------------------------------------------
+
+    def took_many(
+        self,
+        node: SimNode,
+        keys: Sequence[bytes],
+        before: frozenset[bytes],
+        after: frozenset[bytes],
+    ) -> None:
+        """``acquire_many.lua`` ran on ``node``: the keys of the lease holding its token
+        ``before`` and ``after``. Setting any of them sets every one."""
+        if after - before and len(after) != len(keys):
+            self.violate(
+                f"{node.label}: a lock_many try took {sorted(after)} of {sorted(keys)}: not all"
+            )
+
+    # -- hand-off ----------------------------------------------------------------------------
+
+    def handed_off(self, old: str, new: str) -> None:
+        self.handed[old.encode()] = new.encode()
+
+    def giver_ran(
+        self, node: SimNode, key: bytes, old: bytes, before: object, after: object
+    ) -> None:
+        """A script carrying the giver's token ``old`` ran on ``node``: the adopter's key
+        ``key`` (its value ``before`` and ``after``, with expiry) must not have changed."""
+        new = self.handed[old]
+        from tests.sim.world import lock_token
+
+        if before is not None and lock_token(before[0]) == new and before != after:  # type: ignore[index]
+            self.violate(
+                f"{node.label}: the giver's token {old[:8]!r} changed {key!r}, which the "
+                f"adopter's {new[:8]!r} held"
+            )
+
     def client_crashed(self, client: SimClient) -> None:
         self.crashed.add(client.index)
 
@@ -231,5 +383,30 @@ class Checker:
         pass
 
 
+_SENT: dict[bytes, tuple[str, ...]] = {}
+
+
+def _released_tokens(data: bytes) -> tuple[str, ...]:
+    """The ARGV of a release command (its token is one of them); () for any other."""
+    from tests.sim.world import parse_command
+
+    head = data[:120]
+    evaluated = b"$4\r\nEVAL\r\n" in head[:16]  # a fallback, or a clean-up sent as EVAL at once
+    if not evaluated and not any(sha in head for sha in _RELEASES):
+        return ()  # most commands: found without parsing them
+    _, parts = parse_command(data)
+    if evaluated:
+        sha = hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
+        if sha not in _RELEASES:
+            return ()
+    return tuple(arg.decode() for arg in parts[3 + int(parts[2]) :])
+
+
 def _end(record: LeaseRecord) -> float:
-    return record.end if record.released is None else min(record.end, record.released)
+    end = record.end if record.released is None else min(record.end, record.released)
+    return end if record.revoked is None else min(end, record.revoked)
+
+
+def _live(space: Any, key: bytes, now_ms: int) -> Any:
+    when = space.expires.get(key)
+    return space.data.get(key) if when is None or now_ms <= when else None

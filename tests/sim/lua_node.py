@@ -251,6 +251,9 @@ class LuaEngine:
 
     def _lua(self, value: object) -> object:
         """A command's reply as a Lua value (Redis' conversion rules)."""
+        kind = type(value)
+        if kind is bytes or kind is int:  # the common replies, as they are
+            return value
         if value is None:
             return False
         if isinstance(value, list):
@@ -264,8 +267,10 @@ class LuaEngine:
     def _dispatch(self, name: object, *args: object) -> object:
         self.calls += 1
         try:
-            command = self._commands[_text(name).upper()]
-            return self._lua(command([_text(arg) for arg in args]))
+            # The hot path of every script (a Python call per redis.call): the command's name
+            # as the scripts spell it, arguments that are bytes already, passed through.
+            command = self._commands.get(name) or self._commands[_text(name).upper()]  # type: ignore[call-overload]
+            return self._lua(command([a if type(a) is bytes else _text(a) for a in args]))
         except KeyError:
             return self._lua(_Error(b"ERR unknown command in the simulator: " + _text(name)))
         except ValueError as error:

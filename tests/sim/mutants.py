@@ -14,6 +14,7 @@ from typing import Any
 from django_redlock.core import flow
 from django_redlock.core.shapes import Slots
 from django_redlock.wire import primitives, scripts
+from tests.sim import fence
 from tests.sim.lua_node import LIBRARY_SCRIPTS
 
 
@@ -105,6 +106,54 @@ def _slots_pooled() -> Iterator[dict[bytes, bytes]]:
         Slots.votes = saved  # type: ignore[method-assign]
 
 
+def _fence_off() -> Iterator[dict[bytes, bytes]]:
+    """The fenced table takes any write, whatever token it carries (no
+    ``AND fencing_token = <token>``): a holder whose lease ran out writes over the next
+    holder's."""
+    saved = fence.accepts
+    fence.accepts = lambda row_token, token: True
+    try:
+        yield {}
+    finally:
+        fence.accepts = saved
+
+
+def _wake_skipped() -> Iterator[dict[bytes, bytes]]:
+    """``wake_next.lua`` finds the head of the line but publishes nothing: a release (a
+    force release, a waiter ahead leaving) leaves the lock free and the head asleep until its
+    poll delay."""
+    publish = "redis.call('PUBLISH', key .. '\\0w' .. listener, waiter)"
+    overrides: dict[bytes, bytes] = {}
+    for script in (scripts.RELEASE, scripts.FORCE_RELEASE, scripts.LEAVE):
+        overrides.update(_replace(script, publish, "local _ = listener"))
+    yield overrides
+
+
+def _line_jump() -> Iterator[dict[bytes, bytes]]:
+    """``acquire.lua`` gives a free lock to whoever asks, the live head of its line or not."""
+    yield _replace(scripts.ACQUIRE, "if first ~= nil and first ~= waiter then", "if false then")
+
+
+def _handoff_kept() -> Iterator[dict[bytes, bytes]]:
+    """``handoff.lua`` answers as if it handed the keys over, but they keep the giver's
+    token: the giver's late release frees the adopter's lease."""
+    yield _replace(
+        primitives.HANDOFF,
+        "redis.call('SET', KEYS[i], new .. ' ' .. rest, 'KEEPTTL')",
+        "local _ = new .. rest",
+    )
+
+
+def _many_partial() -> Iterator[dict[bytes, bytes]]:
+    """``acquire_many.lua`` sets only the first key of a multi-lock (and answers OK): the
+    lease claims every name but holds one."""
+    yield _replace(
+        primitives.ACQUIRE_MANY,
+        "for i = 2, #KEYS, 4 do\n    set_lock(KEYS[i], token, ARGV[3], ttl)",
+        "for i = 2, 2, 4 do\n    set_lock(KEYS[i], token, ARGV[3], ttl)",
+    )
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -112,6 +161,11 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-clean-up": _no_clean_up,
     "gone-frees-all": _gone_frees_all,
     "slots-pooled": _slots_pooled,
+    "fence-off": _fence_off,
+    "wake-skipped": _wake_skipped,
+    "line-jump": _line_jump,
+    "handoff-kept": _handoff_kept,
+    "many-partial": _many_partial,
 }
 
 

@@ -10,7 +10,8 @@ commands of each round are the ``Command`` bytes the library builds, sent to the
 nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies are judged by
 the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
 ``judge_release``). What the sim writes itself is only the glue the managers add around
-those functions (``redlock.py``: ``_rounds``, ``_extend``, ``_release``), step by step in
+those functions (``core/manager.py``: ``_rounds``; ``core/engine.py``: ``renew``,
+``release``), step by step in
 the same order, and the transport's round semantics (``wire/rounds.py``: ``Round``).
 """
 
@@ -25,10 +26,22 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
-from django_redlock.wire import rounds, scripts
+from django_redlock.wire import primitives, rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
+from tests.sim.fence import Table
 from tests.sim.invariants import Checker
-from tests.sim.lua_node import Keyspace, LuaEngine, Server
+from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
+
+# The scripts the fair-line invariant watches (a lock's line: acquire.lua grants to its head;
+# these free the lock or move the head, and must wake the new head: wake_next.lua).
+_ACQUIRE = scripts.ACQUIRE.sha
+_WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
+_HANDOFF = primitives.HANDOFF.sha
+_ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
+_NODE_KEY = scripts.NODE_KEY.encode()
+# What a new connection loads with SCRIPT LOAD before anything else (wire.setup).
+_PRELOADED = frozenset(script.sha for script in scripts.HOT_SCRIPTS)
+_NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 
 # -- configuration ---------------------------------------------------------------------------
 
@@ -68,10 +81,24 @@ class Config:
     limit: int = 2  # the semaphore's slots
     listen: float = 0.5  # chance a client hears wake-ups (pub/sub) instead of sleeping
     clock_edges: bool = False  # clocks at the edges of the drift bound, not within it
+    fenced: float = 0.5  # chance a lock's holder writes to its fenced row (tests/sim/fence.py)
+    writes: float = 0.2  # mean seconds between a fenced holder's writes, as a share of ttl
+    handoffs: float = 0.15  # chance a lock's holder hands it off (lease.handle()) to adopt
+    force_releases: float = 0.0  # operator force releases (admin) per simulated second
+    long_max_ttl: float = 0.0  # >0: the odd clients' max_ttl (a larger quarantine than the rest)
+    longest: float = 0.3  # chance an acquire takes its client's max_ttl rather than the ttl
 
     @property
     def quorum(self) -> int:
         return self.nodes // 2 + 1
+
+    def client_max_ttl(self, index: int) -> float:
+        """Client ``index``'s ``max_ttl``: its longest lease, and its own quarantine."""
+        return self.long_max_ttl if self.long_max_ttl and index % 2 else self.max_ttl
+
+    @property
+    def longest_ttl(self) -> float:
+        return max(self.max_ttl, self.long_max_ttl)
 
 
 def draw_config(
@@ -104,6 +131,7 @@ def draw_config(
         auto_extend=rng.choice((0.0, 0.5, 1.0)),
         limit=rng.choice((1, 2, 3)),
         clock_edges=rng.random() < 0.3,
+        force_releases=rng.choice((0.0, 0.0, 0.2)),
     )
     if profile == "storm":
         config.kinds = ("lock",)
@@ -128,6 +156,20 @@ def draw_config(
         config.limit = rng.choice((2, 3))
         config.clients = rng.randint(config.limit + 1, 6)
         config.node_faults = rng.choice((1.0, 2.0))
+    elif profile == "fence":
+        config.kinds = ("lock",)
+        config.fenced = 1.0
+        config.client_faults = rng.choice((0.5, 1.0))
+        config.force_releases = rng.choice((0.0, 0.3))
+    elif profile == "quarantines":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.persistence = ("empty",)
+        config.node_faults = rng.choice((2.0, 4.0))
+        config.client_faults = 0.0
+        config.max_ttl = config.ttl
+        config.long_max_ttl = config.ttl * rng.choice((3, 4))
+        config.longest = 0.8
     elif profile != "mix":
         raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
@@ -139,6 +181,8 @@ PROFILES = {
     "drift": "plain locks, clocks at the edges of a 5 % drift bound, polling contenders",
     "restarts": "plain locks, never renewed, nodes that lose data when they crash",
     "slots": "semaphores only, more clients than slots, many node faults",
+    "fence": "plain locks, every holder writing to its fenced row, many client pauses",
+    "quarantines": "plain locks, half the clients with a longer max_ttl, nodes restarting empty",
 }
 
 
@@ -194,7 +238,7 @@ class SimNode:
         self.start_process()
         # A node in service from the start: up longer than any quarantine (its marker is set
         # by its first acquire, as on a node that has been running for a while).
-        self.server.started_ms -= int(world.config.max_ttl * 1000) + 2000
+        self.server.started_ms -= int(world.config.longest_ttl * 1000) + 2000
 
     def now_us(self) -> int:
         return int(self.clock.at(self.world.now) * 1_000_000)
@@ -209,6 +253,7 @@ class SimNode:
         )
         self.server.started_ms = self.now_us() // 1000
         self.server.aof_enabled = self.persistence in ("always", "everysec")
+        self.loaded: set[bytes] = set()  # the process's script cache: empty when it starts
 
     @property
     def hint(self) -> bytes:
@@ -226,8 +271,36 @@ class SimNode:
     def run(self, sha: bytes, keys: Sequence[bytes], args: Sequence[bytes]) -> object:
         world = self.world
         now_us = self.now_us()
-        reply = world.engine.run(sha, keys, args, self.space, self.server, now_us)
-        world.checker.after_script(self, now_us // 1000)
+        checker = world.checker
+        space = self.space
+        # The fair line and the hand-off are judged on what a script changed: read before.
+        before: Any = None
+        held_before = None
+        if sha == _ACQUIRE:
+            before = checker.line_state(space, keys[0], now_us // 1000)
+            held_before = lock_token(space.data.get(keys[0]))
+        elif sha in _WAKERS:
+            before = checker.line_state(space, keys[0], now_us // 1000)
+        elif sha == _ACQUIRE_MANY:
+            before = _holding(space, keys[1::4], args[0])
+        giver = None
+        if checker.handed:
+            giver = next((arg for arg in args if arg in checker.handed), None)
+            if giver is not None:
+                key = keys[1] if sha == _HANDOFF else keys[0]
+                before = _state(space, key, now_us // 1000)
+        reply = world.engine.run(sha, keys, args, space, self.server, now_us)
+        checker.after_script(self, now_us // 1000)
+        if giver is not None:
+            checker.giver_ran(self, key, giver, before, _state(space, key, now_us // 1000))
+        elif sha == _ACQUIRE:
+            if lock_token(space.data.get(keys[0])) == args[0] != held_before:
+                checker.granted_on_node(self, keys[0], before[1], args[4], args[0])
+        elif sha in _WAKERS:
+            after = checker.line_state(space, keys[0], now_us // 1000)
+            checker.freed_on_node(self, keys[0], before, after, world.engine.published)
+        elif sha == _ACQUIRE_MANY:
+            checker.took_many(self, keys[1::4], before, _holding(space, keys[1::4], args[0]))
         for _, waiter in world.engine.published:
             world.publish(waiter.decode())
         if world.now - self.last_snapshot >= 0.25:
@@ -247,6 +320,31 @@ class SimNode:
         return older[-1].copy() if older else Keyspace()
 
 
+def lock_token(value: object) -> bytes | None:
+    """The token a lock key's value holds (``scripts/lock_key.lua``: ``<token> <tag>``), or
+    None (absent, or not a lock)."""
+    if type(value) is not bytes:
+        return None
+    token, space, _ = value.partition(b" ")
+    return token if space else None
+
+
+def _holding(space: Keyspace, keys: Sequence[bytes], token: bytes) -> frozenset[bytes]:
+    """Which of ``keys`` hold ``token`` (expired ones included: a script sees them gone,
+    and only keys this script set are judged)."""
+    data = space.data
+    return frozenset(key for key in keys if lock_token(data.get(key)) == token)
+
+
+def _state(space: Keyspace, key: bytes, now_ms: int) -> object:
+    """A key's value and expiry at ``now_ms``, copied (None when absent or expired)."""
+    value = space.data.get(key)
+    when = space.expires.get(key)
+    if value is None or (when is not None and now_ms > when):
+        return None
+    return (value, when)
+
+
 # -- the wire --------------------------------------------------------------------------------
 
 
@@ -264,10 +362,12 @@ class Exchange(rounds.Round):
 class Connection:
     """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
 
-    __slots__ = ("incarnation", "last_in", "last_out", "node", "owed")
+    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed", "reload")
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
+        self.greeted = False  # its hello (wire.setup.Hello) has run on the node
+        self.reload = False  # SCRIPT LOADs owed behind a NOSCRIPT fallback
         self.incarnation = node.incarnation
         self.last_in = 0.0  # when its last command reaches the node
         self.last_out = 0.0  # when its last reply reaches the client
@@ -330,6 +430,17 @@ class Wait:
 
 
 @dataclass
+class Db:
+    """A statement on the fenced table (``tests/sim/fence.py``): ``mint`` the row of ``name``
+    (the process is sent its new token), or ``write`` it under ``token`` (sent True when the
+    table took it). One message delay each way."""
+
+    op: str
+    name: str
+    token: int = 0
+
+
+@dataclass
 class LeaseRecord:
     """A lease a client held: its lock, token, and the interval of virtual time it held it
     within its validity (``end`` grows with each renewal, shrinks to the release)."""
@@ -341,6 +452,7 @@ class LeaseRecord:
     end: float
     claims: tuple[tuple[str, str], ...] = ()  # (resource, "x" exclusive | "r" read | "s" slot)
     released: float | None = None
+    revoked: float | None = None  # when an operator force-released it (the holder is not told)
 
 
 @dataclass
@@ -359,6 +471,10 @@ class SimClient:
     listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
     woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
     waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+    quarantine_ms: int = 0  # what its acquires send: its max_ttl, raised by what nodes report
+    heard: set[int] = field(default_factory=set)  # nodes whose hello reported their quarantine
+    db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
+    db_out: float = 0.0
 
     def now(self) -> float:
         return self.clock.at(self.world.now)
@@ -388,6 +504,9 @@ class World:
         self.trace: list[tuple[float, str, str]] = []
         self.engine = LuaEngine(overrides)
         self.checker = Checker(self)
+        self.table = Table()
+        self.handles: list[Any] = []  # leases handed off (lease.handle()), not yet adopted
+        self.noscripts = 0  # NOSCRIPT replies that the transport's fallback took over
         self.rounds = 0
         config = self.config
         self.nodes = [
@@ -403,6 +522,10 @@ class World:
             client = SimClient(self, i, clock, self.flow_nodes, [None] * config.nodes)
             client.listens = self.rng.random() < config.listen
             self.clients.append(client)
+        # The operator's admin page (force release): a client of its own, with no process.
+        self.operator = SimClient(
+            self, config.clients, Clock(0.0, 0.0), self.flow_nodes, [None] * config.nodes
+        )
 
     # -- the event queue -------------------------------------------------------------------
 
@@ -426,7 +549,7 @@ class World:
         end = self.config.seconds
         while self.queue and not self.checker.stop:
             when, _, action = heapq.heappop(self.queue)
-            if when > end + 3 * self.config.max_ttl:
+            if when > end + 3 * self.config.longest_ttl:
                 break
             self.now = when
             action()
@@ -465,8 +588,35 @@ class World:
             self.at(wake, lambda: self.end_wait(client, marker, False, process))
         elif isinstance(request, Round):
             self.send_round(client, request)
+        elif isinstance(request, Db):
+            self.database(client, request, process)
         else:  # pragma: no cover
             raise TypeError(request)
+
+    def database(self, client: SimClient, request: Db, process: object) -> None:
+        """Run ``request`` on the fenced table when it arrives; the reply resumes the process
+        one delay later (a crashed client's statement in flight still lands)."""
+        who = f"c{client.index}"
+        client.db_in = arrive = max(client.db_in, self.now + self.delay())
+
+        def run() -> None:
+            reply: int | bool
+            if request.op == "mint":
+                reply = self.table.mint(request.name)
+                self.checker.minted(request.name, reply)
+                self.log(who, f"minted fencing token {reply} for {request.name}")
+            else:
+                reply = self.table.write(request.name, request.token)
+                self.log(
+                    who,
+                    f"write to {request.name} under fencing token {request.token}: "
+                    + ("accepted" if reply else "refused (stale)"),
+                )
+                self.checker.written(who, request.name, request.token, bool(reply))
+            client.db_out = back = max(client.db_out, self.now + self.delay())
+            self.at(back, lambda: self.step(client, reply, process))
+
+        self.at(arrive, run)
 
     def end_wait(
         self, client: SimClient, marker: tuple[str, object], woken: bool, process: object
@@ -532,10 +682,11 @@ class World:
         self.finish_round(client, exchange)
 
     def clean_up(self, client: SimClient, commands: Sequence[scripts.Command | None]) -> None:
-        """Send without waiting (``ConnectionSet.post``)."""
+        """Send without waiting (``ConnectionSet.post``: as ``fire_and_forget`` makes
+        each command, the EVAL at once for a script no connection preloads)."""
         for index, command in enumerate(commands):
             if command is not None:
-                self.send(client, index, command, None, False)
+                self.send(client, index, scripts.fire_and_forget(command), None, False)
 
     def delay(self) -> float:
         config = self.config
@@ -559,15 +710,20 @@ class World:
             if node.state == "down":
                 if exchange is not None:
                     exchange.record(index, NotSent("connection refused"))
+                elif client is self.operator:
+                    self.landed(command[0])
                 return
             conn = client.connections[index] = Connection(node)
         data = command[0]
         if self.config.loss and self.rng.random() < self.config.loss:
             self.log(f"c{client.index}", f"message to {node.label} lost")
+            if client is self.operator:
+                self.landed(data)
             return  # never arrives: the round times out, a clean-up is lost
         arrive = max(conn.last_in, self.now + self.delay())
         conn.last_in = arrive
-        self.at(arrive, lambda: self.deliver(client, conn, data, exchange, index))
+        fallback = command[1]
+        self.at(arrive, lambda: self.deliver(client, conn, data, exchange, index, fallback))
 
     def deliver(
         self,
@@ -576,8 +732,13 @@ class World:
         data: bytes,
         exchange: Exchange | None,
         index: int,
+        fallback: scripts.Fallback | None = None,
     ) -> None:
         node = conn.node
+        if client is self.operator and (
+            node.incarnation != conn.incarnation or node.state == "down"
+        ):
+            self.landed(data)
         if node.incarnation != conn.incarnation or node.state == "down":
             self.reply(
                 client,
@@ -589,10 +750,36 @@ class World:
             )
             return
         if node.state == "paused":
-            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index))
+            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index, fallback))
             return
+        if not conn.greeted:
+            self.hello(client, conn, index)
         reply = self.execute(node, conn, data)
-        self.reply(client, conn, exchange, index, reply)
+        if client is self.operator and not (type(reply) is NodeError and str(reply) == _NOSCRIPT):
+            self.landed(data)  # else its EVAL, sent in its place, will
+        if conn.reload:  # the SCRIPT LOADs pipelined behind a NOSCRIPT fallback
+            conn.reload = False
+            node.loaded |= _PRELOADED
+        self.reply(client, conn, exchange, index, reply, fallback=fallback)
+
+    def hello(self, client: SimClient, conn: Connection, index: int) -> None:
+        """A new connection's hello, pipelined ahead of its first command: the node's longest
+        quarantine (``HGET <marker> q``) raises the client's (``core.engine.Quarantine.report``)
+        when the reply arrives, ahead of the command's."""
+        conn.greeted = True
+        node = conn.node
+        node.loaded |= _PRELOADED  # its SCRIPT LOADs come first (wire.setup.setup_commands)
+        marker = node.space.data.get(_NODE_KEY)
+        q = int(marker.get(b"q", b"0")) if type(marker) is Hash else 0
+        arrive = conn.last_out = max(conn.last_out, self.now + self.delay())
+        incarnation = client.incarnation
+
+        def report() -> None:
+            if client.alive and client.incarnation == incarnation:
+                client.heard.add(index)
+                client.quarantine_ms = max(client.quarantine_ms, q)
+
+        self.at(arrive, report)
 
     def execute(self, node: SimNode, conn: Connection, data: bytes) -> object:
         count, parts = parse_command(data)
@@ -600,11 +787,13 @@ class World:
         if verb == b"PING":
             return b"PONG"
         if verb in (b"EVALSHA", b"EVAL"):
-            sha = (
-                parts[1]
-                if verb == b"EVALSHA"
-                else hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
-            )
+            if verb == b"EVALSHA":
+                sha = parts[1]
+                if sha not in node.loaded:  # a new process, or a SCRIPT FLUSH
+                    return NodeError(_NOSCRIPT)
+            else:
+                sha = hashlib.sha1(parts[1], usedforsecurity=False).hexdigest().encode()
+                node.loaded.add(sha)  # EVAL caches the script, as Redis does
             keys_count = int(parts[2])
             if len(parts) < count:
                 # identify=True: the connection's identity ends the command (wire.setup.Hello),
@@ -623,8 +812,10 @@ class World:
         index: int,
         reply: object,
         lost_node: bool = False,
+        fallback: scripts.Fallback | None = None,
     ) -> None:
-        if exchange is None:
+        noscript = fallback is not None and type(reply) is NodeError and str(reply) == _NOSCRIPT
+        if exchange is None and not noscript:
             return
         if lost_node:
             arrive = self.now
@@ -633,7 +824,29 @@ class World:
             conn.last_out = arrive
 
         def receive() -> None:
-            if exchange.closed or not client.alive:
+            if not client.alive:
+                return
+            if noscript:
+                # The transport (wire/rounds.py): the node lacks the script. The EVAL goes out in its place (for
+                # a round still open, or for a command that must run even once it is over,
+                # a clean-up), the preloaded scripts are loaded again behind it.
+                assert fallback is not None
+                open_round = exchange is not None and not exchange.closed
+                self.noscripts += 1
+                if open_round or fallback.when_over:
+                    self.log(f"c{client.index}", f"NOSCRIPT from {conn.node.label}: EVAL instead")
+                    self.send(
+                        client,
+                        index,
+                        (fallback.build(), None),
+                        exchange if open_round else None,
+                        fallback.identify,
+                    )
+                current = client.connections[index]
+                if current is not None:
+                    current.reload = True
+                return
+            if exchange is None or exchange.closed:
                 return
             exchange.record(index, reply)
             if exchange.known():
@@ -718,6 +931,7 @@ class World:
             from tests.sim import clients
 
             client.alive = True
+            client.incarnation += 1
             client.paused_until = 0.0
             client.waiting = None
             client.woken = set()
@@ -727,6 +941,35 @@ class World:
             self.step(client, None)
 
         self.at(self.now + seconds, restart)
+
+    def flush_scripts(self, node: SimNode) -> None:
+        """``SCRIPT FLUSH`` (an operator, a failover to a replica): the process forgets every
+        script, its connections stay open."""
+        if node.state == "down":
+            return
+        node.loaded = set()
+        self.log(node.label, "SCRIPT FLUSH")
+
+    def force_release(self, name: str) -> None:
+        """The admin's force release of lock ``name`` (``admin.py``): bump the fenced row's
+        token first, then delete the lock on every node, whoever holds it. The evicted holder
+        is not told: its window ends here (exclusion is no longer owed to it), and only the
+        fence refuses its later writes."""
+        token = self.table.mint(name)
+        self.checker.minted(name, token)
+        self.checker.forcing[name] = self.checker.forcing.get(name, 0) + len(self.nodes)
+        self.checker.force_released(name)
+        self.log("op", f"force release of {name} (fencing token bumped to {token})")
+        key = "redlock:" + name
+        self.clean_up(self.operator, flow.force_release_round(len(self.nodes), key))
+
+    def landed(self, data: bytes) -> None:
+        """One node's force release reached it (or never will): a lease granted until the
+        last one lands may be evicted too, whoever holds it by then."""
+        name = parse_command(data)[1][3].decode().removeprefix("redlock:")
+        self.checker.forcing[name] -= 1
+        if not self.checker.forcing[name]:
+            self.checker.forced[name] = self.now
 
     def jump_clock(self, node: SimNode, seconds: float) -> None:
         node.clock.jumped += seconds
