@@ -827,9 +827,9 @@ class World:
             if not client.alive:
                 return
             if noscript:
-                # The transport (wire/rounds.py): the node lacks the script. The EVAL goes out in its place (for
-                # a round still open, or for a command that must run even once it is over,
-                # a clean-up), the preloaded scripts are loaded again behind it.
+                # The transport (wire/rounds.py): the node lacks the script. The EVAL goes out
+                # in its place (for a round still open, or for a command that must run even
+                # once it is over, a clean-up), the preloaded scripts are loaded again behind.
                 assert fallback is not None
                 open_round = exchange is not None and not exchange.closed
                 self.noscripts += 1
