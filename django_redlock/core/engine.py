@@ -21,6 +21,7 @@ It imports no Django and neither manager module.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import secrets
 import socket
@@ -97,6 +98,8 @@ DEFAULT_TIMEOUT = 10.0
 stuck holder surfaces as an error instead of a hung request."""
 
 _L = TypeVar("_L", bound=BaseLease)
+
+logger = logging.getLogger("django_redlock")
 
 
 class Quarantine:
@@ -462,11 +465,29 @@ class Engine:
         """Report the failed round ``step`` of ``attempt`` (sync and asyncio alike); returns
         what to do next (:meth:`flow.Acquire.after`): a :class:`~django_redlock.core.flow.GiveUp`
         carries the error to raise, with its origin, the observer told already."""
+        self.learn_quarantines(step.error.node_errors)
         self.reporter.attempt_failed(step.error)
         action = attempt.after(step)
         if type(action) is flow.GiveUp:
             self.reporter.gave_up(step.error, origin, step.waited)
         return action
+
+    def learn_quarantines(self, node_errors: dict[str, str]) -> None:
+        """Take the longer quarantines nodes refused a vote for (``node_errors`` of a failed
+        round; see :func:`~django_redlock.core.flow.longer_quarantines`): every later acquire
+        sends the longest. Logged once per raise, since it means the processes that use these
+        nodes were given different ``max_ttl`` values, which only the nodes' memory bridges."""
+        for label, ms in flow.longer_quarantines(node_errors).items():
+            if ms > self.quarantine.ms:
+                logger.warning(
+                    "node %s has seen leases of %d ms, longer than this manager's max_ttl "
+                    "(%d ms): taking its quarantine. Give every process that uses these nodes "
+                    "the same MAX_TTL: a node that restarts empty forgets the longer one.",
+                    label,
+                    ms,
+                    self.quarantine.ms,
+                )
+            self.quarantine.report(label, ms)
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
@@ -532,6 +553,7 @@ class Engine:
         if isinstance(outcome, str):
             raise LockLost(taken.name, outcome)
         if isinstance(outcome, QuorumUnreachable):
+            self.learn_quarantines(outcome.node_errors)
             raise outcome
         lease = make(
             name=taken.name,

@@ -30,7 +30,7 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -477,6 +477,21 @@ def node_answers(
             else:
                 answers[label] = "held by another holder, no expiry"
     return answers
+
+
+_LONGER = re.compile(r"^QUARANTINE_LONGER (\d+) ms")
+
+
+def longer_quarantines(node_errors: Mapping[str, str]) -> dict[str, int]:
+    """Node label -> the quarantine in ms a node refused a vote for, having seen a longer one
+    than the client sent (``scripts/quarantine_longer.lua``); the client takes it from then
+    on. Empty when no node said so."""
+    found = {}
+    for label, text in node_errors.items():
+        match = _LONGER.match(text)
+        if match is not None:
+            found[label] = int(match[1])
+    return found
 
 
 _VOTES_AGAIN = re.compile(r"^QUARANTINED .*? votes again in (\d+) s")

@@ -47,12 +47,17 @@ local function clock()
 end
 
 -- @include node_rule.lua
+-- @include quarantine_longer.lua
 -- Hot path: the marker names the process already found fit to vote, and the connection this
 -- command came on named the process it talks to (its run_id, read by the client when it
 -- connected): equal strings, so no INFO call. A connection cannot outlive its server process,
 -- so a marker restored from a snapshot never matches; then node_rule decides.
 local quarantine = tonumber(ARGV[4])
 local marker = redis.call('HMGET', KEYS[2], 'run', 'q')
+local longer = quarantine_longer(marker[2], quarantine)
+if longer ~= nil then
+    return redis.error_reply(longer)
+end
 if marker[1] ~= ARGV[8] then
     local refusal = node_rule(KEYS[2], quarantine, ARGV[9], true)
     if refusal ~= nil then

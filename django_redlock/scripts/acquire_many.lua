@@ -29,6 +29,7 @@
 -- Safety on a quorum is the mutex's, key by key: every key of a valid multi-lease was set on
 -- a quorum within the validity, so no other valid lease on any of its names exists.
 -- @include node_rule.lua
+-- @include quarantine_longer.lua
 -- @include vote_gate.lua
 -- @include wait_line.lua
 -- @include lock_key.lua

@@ -21,6 +21,7 @@
 -- token that no longer holds the key: the first process's release is refused, never a double
 -- release.
 -- @include node_rule.lua
+-- @include quarantine_longer.lua
 -- @include vote_gate.lua
 -- @include lock_key.lua
 -- @include lock_write.lua

@@ -20,8 +20,9 @@
 -- path compares one string instead of calling INFO (see acquire.lua).
 --
 -- The quarantine is the largest one any client ever sent to this node (field q, kept across
--- restarts as far as the node keeps data) or the caller's, whichever is larger: a client with
--- a small max_ttl never shortens the wait for a long lease another client took. A node that
+-- restarts as far as the node keeps data, and recorded whether the node votes or refuses) or
+-- the caller's, whichever is larger: a client with a small max_ttl never shortens the wait for
+-- a long lease another client took. A node that
 -- lost everything lost q too; the clients then bring it the largest q the other nodes report
 -- (they read it when they connect).
 --
@@ -55,6 +56,13 @@ local function node_rule(marker, quarantine, fsync, commit)
         and string.find(redis.call('INFO', 'persistence'), 'aof_enabled:1', 1, true) then
         why = 'durable'
     else
+        if commit and q > (tonumber(stored[2] or '0') or 0) then
+            -- Remembered even while refusing: a client with a longer max_ttl than the ones
+            -- this process has heard from may hold a lease this node granted before it lost
+            -- its data; a shorter quarantine sent later must not end the wait before that
+            -- lease runs out (found by the simulator: tests/sim, profile 'quarantines').
+            redis.call('HSET', marker, 'q', string.format('%d', q))
+        end
         local detail = fsync
         if detail == 'always' then
             detail = 'AOF is off in INFO persistence'

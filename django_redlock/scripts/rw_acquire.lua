@@ -41,6 +41,7 @@
 -- acquire.lua); W and R share a node, which held both grants at once for no instant of the
 -- two leases' validity. Two writers are excluded as two holders of a lock are.
 -- @include node_rule.lua
+-- @include quarantine_longer.lua
 -- @include vote_gate.lua
 -- @include wait_line.lua
 -- @include readers.lua

@@ -40,6 +40,7 @@
 -- that would jump the line is refused, and queues). A slot key of another type under our name,
 -- or an old-layout hash lock, counts as held and is never overwritten.
 -- @include node_rule.lua
+-- @include quarantine_longer.lua
 -- @include vote_gate.lua
 -- @include wait_line.lua
 -- @include lock_key.lua

@@ -15,6 +15,10 @@
 local function vote_gate(marker, quarantine, run, fsync)
     local q = tonumber(quarantine)
     local stored = redis.call('HMGET', marker, 'run', 'q')
+    local longer = quarantine_longer(stored[2], q)
+    if longer ~= nil then
+        return longer
+    end
     if stored[1] ~= run then
         return node_rule(marker, q, fsync, true)
     end

@@ -132,7 +132,10 @@ def test_a_quarantined_node_refuses_every_granting_script_like_acquire(node, wha
         with pytest.raises(redis.ResponseError, match=r"QUARANTINED restarted \d+ s ago"):
             run(node, granting_commands(FOREVER)[what], identity)
     assert {key: node.dump(key) for key in user_keys(node)} == before  # nothing written
-    assert node.exists(scripts.NODE_KEY) == 0  # a refusal records nothing
+    # A refusal records no vote (no run_id), only the quarantine it was asked for: a longer
+    # one than this process has heard of must still hold after a later, shorter request.
+    assert node.hget(scripts.NODE_KEY, "run") is None
+    assert int(node.hget(scripts.NODE_KEY, "q")) > 0
     # Declared fresh for this very process: it votes at once, even under a long quarantine,
     # and the connection that names the process takes the hot path.
     run_id = node.info("server")["run_id"]

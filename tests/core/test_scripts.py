@@ -226,7 +226,13 @@ def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
     node.delete(scripts.NODE_KEY)  # as after a restart without persistence
     with pytest.raises(Exception, match=r"QUARANTINED restarted \d+ s ago and is not proven"):
         acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="appendonly no")
-    assert node.exists(scripts.NODE_KEY) == 0  # a refusal records nothing
+    # A refusal records no vote, only the quarantine asked for (node_rule.lua: a longer one
+    # must outlive a later, shorter request): a client sending less is told so.
+    assert node.hget(scripts.NODE_KEY, "run") is None
+    assert node.hget(scripts.NODE_KEY, "q") == str(FOREVER).encode()
+    with pytest.raises(Exception, match=rf"QUARANTINE_LONGER {FOREVER} ms"):
+        acquire(node, "k", "a" * 40, quarantine_ms=0)
+    node.delete(scripts.NODE_KEY)
     # Up longer than the quarantine: votes, and the marker names this process.
     assert acquire(node, "k", "a" * 40, quarantine_ms=0) == b"OK"
     assert node.hget(scripts.NODE_KEY, "run") == run_id_of(node).encode()
@@ -263,7 +269,12 @@ def test_the_longest_quarantine_any_client_sent_is_kept(node):
     run_id = run_id_of(node)
     node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id)
     assert acquire(node, "k1", "a" * 40, quarantine_ms=9_000, run_id=run_id) == b"OK"
-    assert acquire(node, "k2", "a" * 40, quarantine_ms=3_000, run_id=run_id) == b"OK"
+    # A client with a shorter quarantine is refused and told the longer one
+    # (quarantine_longer.lua): it would bring only its own to a node that restarts empty.
+    with pytest.raises(Exception, match=r"QUARANTINE_LONGER 9000 ms"):
+        acquire(node, "k2", "a" * 40, quarantine_ms=3_000, run_id=run_id)
+    assert node.exists("k2") == 0
+    assert acquire(node, "k2", "a" * 40, quarantine_ms=9_000, run_id=run_id) == b"OK"
     assert node.hget(scripts.NODE_KEY, "q") == b"9000"
     # A client with a short quarantine is judged by the longest one stored.
     node.hset(scripts.NODE_KEY, "run", "f" * 40)  # as if restored into a new process

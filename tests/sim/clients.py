@@ -98,6 +98,9 @@ def client_process(client: SimClient) -> Process:
                 break
             world.clean_up(client, step.clean_up)
             world.checker.failed_try(client, attempt.token, step.clean_up, results)
+            # Engine.failed: a node that has seen a longer quarantine refused with it.
+            for ms in flow.longer_quarantines(step.error.node_errors).values():
+                client.quarantine_ms = max(client.quarantine_ms, ms)
             if step.give_up:
                 client.log(f"gave up {name} after {attempt.attempts} tries: {show(results)}")
                 left = attempt.left_line()

@@ -147,18 +147,24 @@ def test_the_fence_refuses_stale_writes_when_the_lock_does_not_exclude() -> None
     assert "the table accepted" in broken.report()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a real gap, proposed to the lead: a restarted node records a longer quarantine "
-    "only when it votes, and a client learns the nodes' only when it connects "
-    "(docs/explanation/simulation.md, 'Found')",
-)
 def test_a_longer_max_ttl_holds_its_quarantine_through_restarts() -> None:
-    # Shrunk to its two planned faults: n1 and n0 crash 0.22 and 0.31 s into c3's 3 s lease
-    # and come back empty; c1 (max_ttl 3 s) is refused there, QUARANTINED, which they do not
-    # record; c4 (max_ttl 1 s, connected before c3's lease raised the nodes' quarantine)
-    # wins both at 2.75 s, while c3's lease runs to 2.93 s.
+    # Found by the simulator (two gaps, both closed). Shrunk to its two planned faults: n1
+    # and n0 crash 0.22 and 0.31 s into c3's 3 s lease and come back empty; c1 (max_ttl 3 s)
+    # is refused there, QUARANTINED; c4 (max_ttl 1 s, connected before c3's lease raised the
+    # nodes' quarantine) won both at 2.75 s while c3's lease ran to 2.93 s, because a refusal
+    # recorded no quarantine (node_rule.lua now records it).
     dropped = frozenset((0, 3, 4, 5, 6, 7, 8, 9, 10, 11))
     outcome = simulate(80, profile="quarantines", dropped=dropped)
+    assert "crashed (empty)" in outcome.report()
+    assert not outcome.violations, outcome.report()
+
+
+def test_a_client_with_a_shorter_max_ttl_learns_the_longer_one_from_any_node() -> None:
+    # The second gap: c0 (max_ttl 1 s) connected before c1 (3 s) raised the nodes'
+    # quarantine; n2 and n0 restart empty and, told only c0's 1 s, voted for it at 2.29 s
+    # while c1's lease ran to 2.87 s. Now n1, which remembers 3 s, refuses c0's first round
+    # with QUARANTINE_LONGER and c0 sends 3 s from then on (quarantine_longer.lua).
+    dropped = frozenset((3, *range(4, 25), 26, 27, 28))
+    outcome = simulate(468, profile="quarantines", dropped=dropped)
     assert "crashed (empty)" in outcome.report()
     assert not outcome.violations, outcome.report()
