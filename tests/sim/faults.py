@@ -85,4 +85,5 @@ def schedule(world: World) -> None:
     """Put the planned faults on the world's queue, but those ``world.dropped`` names."""
     for index, (when, action) in enumerate(plan(world)):
         if index not in world.dropped:
+            world.faults += 1
             world.at(when, action)

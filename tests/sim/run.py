@@ -123,6 +123,8 @@ class Exploration:
     count: int = 0
     simulated: float = 0.0
     real: float = 0.0
+    faults: int = 0
+    steps: int = 0
     expected: dict[str, int] = field(default_factory=dict)
     failure: Outcome | None = None
 
@@ -130,7 +132,9 @@ class Exploration:
         return (
             f"{self.count} histories: {self.simulated:.0f} simulated seconds in {self.real:.1f} s "
             f"({self.count / self.real:.1f} histories/s, "
-            f"{self.simulated / self.real:.0f} simulated s per real s)"
+            f"{self.simulated / self.real:.0f} simulated s per real s); "
+            f"{self.faults} planned faults, {self.steps} steps "
+            f"({self.steps / self.real:,.0f} steps/s)"
         )
 
 
@@ -149,6 +153,8 @@ def explore(
         outcome = simulate(seed, mutant, outside_model=outside_model, profile=profile)
         found.count += 1
         found.simulated += outcome.world.now
+        found.faults += outcome.world.faults
+        found.steps += outcome.world.steps
         if outcome.violations and outcome.expected:
             for reason in outcome.world.checker.expected:
                 found.expected[reason] = found.expected.get(reason, 0) + 1

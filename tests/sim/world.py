@@ -496,6 +496,8 @@ class World:
     ) -> None:
         self.seed = seed
         self.dropped = dropped  # the planned faults left out (see faults.plan)
+        self.faults = 0  # the planned faults scheduled (faults.schedule)
+        self.steps = 0  # the events run: deliveries, timers, faults, client steps
         self.rng = random.Random(seed)
         self.config = config or draw_config(self.rng)
         self.now = 0.0
@@ -552,6 +554,7 @@ class World:
             if when > end + 3 * self.config.longest_ttl:
                 break
             self.now = when
+            self.steps += 1
             action()
         self.checker.finish()
         return self
