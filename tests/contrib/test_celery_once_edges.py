@@ -166,9 +166,8 @@ def test_a_message_of_the_previous_version_keeps_its_once_key(
 def test_a_copy_that_waited_most_of_once_ttl_gets_it_whole_when_it_starts(
     solo: Worker, celery_app: Any, journal: Journal
 ):
-    # Adopting keeps what was left of the queued lease (2.5 s of its 10 here), and the
-    # core's extender first renews a third of the ttl later: without the extend at the
-    # start the key would run out while the copy runs.
+    # Adopting keeps what was left of the queued lease (2.5 s of its 10 here); the extend
+    # at the start gives the copy its whole once_ttl back.
     job, gate = new_job(), journal.gate()
     first = celery_app.once_long_wait.apply_async((job, gate), queue=solo.queue, countdown=7.5)
     journal.wait_for(job, lambda events: count(events, "start") == 1, "the task to start")

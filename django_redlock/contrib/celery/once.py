@@ -363,9 +363,9 @@ def start_once(task: Task, manager: LockManager, request: Any) -> RunningOnce | 
         logger.warning("ignoring the %s header of task %s: %s", HEADER, task_id, error)
         return None
     if lease is not None and lease.validity < lease.ttl / 2:
-        # The adopted lease keeps what was left of the queued one, and the extender first
-        # renews it a third of its ttl from now: a copy that waited most of once_ttl in the
-        # queue would run out before that. One extend now gives it the whole ttl.
+        # The adopted lease keeps what was left of the queued one (the extender renews it
+        # within that, at a third of it). One extend now gives a copy that waited most of
+        # once_ttl in the queue the whole ttl at its start, as an enqueue gives it.
         try:
             lease.extend()
         except LeaseNotExtended as error:
