@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import ssl
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -35,6 +36,7 @@ from django_redlock.wire.node_socket import (
     HUNG_UP,
     POLL_ERR,
     POLL_IN,
+    READ_SIZE,
     NodeSocket,
     Slot,
     close_all,
@@ -44,7 +46,7 @@ from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
-from django_redlock.wire.setup import Hello, warm_tls
+from django_redlock.wire.setup import Hello, describe, warm_tls
 from django_redlock.wire.stall import StallRule
 from django_redlock.wire.subscriber import Subscriber
 
@@ -52,6 +54,8 @@ __all__ = ["ConnectionSet", "ThreadConnections"]
 
 # A connection set unused this long (seconds) looks for closed sockets before sending.
 _IDLE = 0.005
+_POLLOUT = select.POLLOUT
+_READABLE = POLL_IN | POLL_ERR
 
 
 class ConnectionSet:
@@ -220,7 +224,7 @@ class ConnectionSet:
         self.polling[fd] = index
         self.poller.register(fd, conn.events())
 
-    def _read(self, index: int, conn: NodeSocket, hung_up: bool = False) -> None:
+    def _read(self, index: int, conn: NodeSocket, hung_up: int = 0) -> None:
         """Read what node ``index`` sent and hand each reply to the operation waiting for it
         (a node that fails, or sends bytes that are not RESP, is dropped and its owed replies
         become errors).
@@ -231,15 +235,34 @@ class ConnectionSet:
         release right after a node restarted) goes on a new connection instead of failing
         with "broken pipe" on this one, and the key it should delete staying until its ttl.
         """
-        try:
-            conn.receive()
-        except NodeError as exc:
-            self._drop(index, str(exc))
-            return
-        if conn.connecting:  # may have moved on to the node's next address
-            self._rearm(index, conn)
-            return
         reader = conn.reader
+        if conn.connecting or conn.tls_handshaking or conn.tls:
+            try:
+                conn.receive()
+            except NodeError as exc:
+                self._drop(index, str(exc))
+                return
+            if conn.connecting:  # may have moved on to the node's next address
+                self._rearm(index, conn)
+                return
+        else:
+            # NodeSocket.receive for a plain connected socket, inlined (one call less per
+            # read): read until the socket is empty.
+            sock = conn.sock
+            while True:
+                try:
+                    data = sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    self._drop(index, describe(exc))
+                    return
+                if not data:
+                    self._drop(index, "connection closed by the server")
+                    return
+                reader.feed(data)
+                if len(data) < READ_SIZE:
+                    break
         slots = conn.slots
         while slots:
             try:
@@ -273,7 +296,13 @@ class ConnectionSet:
                     continue
                 reply = NodeError(str(reply))
             if not answer.closed:  # a late reply is dropped here: no call on the hot path
-                answer.record(slot_index, reply)
+                # Round.record inlined (one call less per reply).
+                answer.results[slot_index] = reply
+                answer.pending -= 1
+                if reply == answer.yes_value:
+                    answer.yes += 1
+                else:
+                    answer.no += 1
         if hung_up:
             self._drop(index, "connection closed by the server")
 
@@ -372,15 +401,20 @@ class ConnectionSet:
         self.last_post = now
         connections = self.connections
         stall = self.stall
+        # A node owing fewer than max_outstanding replies, the oldest not past the stall
+        # reset, is not judged (StallRule.judged is False then): checked here, so the usual
+        # node that still owes the last round's late reply costs no call.
+        cap = stall.max_outstanding
+        fresh = now - stall.stall_reset
         for index, command in enumerate(commands):
             if command is None:
                 answer.results[index] = None
                 continue
             conn = connections[index]
-            if (conn is None or conn.slots) and not (
-                queue_behind
-                and conn is not None
-                and stall.room(len(conn.slots), now - conn.slots[0][3])
+            if conn is None or (
+                conn.slots
+                and not (len(conn.slots) < cap and conn.slots[0][3] >= fresh)
+                and not (queue_behind and stall.room(len(conn.slots), now - conn.slots[0][3]))
             ):
                 try:
                     conn = self._connection(index, now)
@@ -390,13 +424,30 @@ class ConnectionSet:
                     answer.refuse(index, NotSent(str(exc)))
                     continue
             answer.pending += 1
-            try:
-                conn.send(command[0], (answer, index, command[1], now), identify)
-            except NodeError as exc:
-                # Records the error for this slot (and any other still owed) on this node.
-                self._drop(index, str(exc))
+            slot = (answer, index, command[1], now)
+            if conn.held is not None or conn.out or conn.connecting or conn.tls_handshaking:
+                try:
+                    conn.send(command[0], slot, identify)
+                except NodeError as exc:
+                    # Records the error for this slot (and any other still owed) on this node.
+                    self._drop(index, str(exc))
+                    continue
+                if conn.out:  # includes a connect or TLS handshake still under way
+                    self._rearm(index, conn)
                 continue
-            if conn.out:  # includes a connect or TLS handshake still under way
+            # NodeSocket.send's common case inlined (one call less per node and round): the
+            # hello answered, nothing buffered, so the bytes go straight to the socket.
+            conn.slots.append(slot)
+            data = command[0] + conn.identity if identify else command[0]
+            try:
+                sent = conn.sock.send(data)
+            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                sent = 0
+            except OSError as exc:
+                self._drop(index, describe(exc))
+                continue
+            if sent < len(data):
+                conn.out += data[sent:]
                 self._rearm(index, conn)
         return answer
 
@@ -469,7 +520,8 @@ class ConnectionSet:
         """
         try:
             drained = False
-            while not answer.known():
+            # Round.known inlined: a quorum said yes, too many said no, or all answered.
+            while answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0:
                 remaining = deadline - self.clock()
                 if remaining <= 0:
                     if not drained:
@@ -521,22 +573,24 @@ class ConnectionSet:
         # poll() takes whole milliseconds; round up so a short timeout is not a busy loop
         # (a timeout of exactly 0 only looks).
         wait = 0 if timeout == 0 else max(1, int(timeout * 1000 + 0.999))
+        polling = self.polling
+        connections = self.connections
         for fd, event in self.poller.poll(wait):
-            index = self.polling.get(fd)
+            index = polling.get(fd)
             if index is None:
                 continue
-            conn = self.connections[index]
+            conn = connections[index]
             if conn is None:  # pragma: no cover - dropped earlier in this same loop
                 continue
-            if event & select.POLLOUT:
+            if event & _POLLOUT:
                 try:
                     conn.flush()
                 except NodeError as exc:
                     self._drop(index, str(exc))
                     continue
                 self._rearm(index, conn)
-            if event & (POLL_IN | POLL_ERR):
-                self._read(index, conn, hung_up=bool(event & HUNG_UP))
+            if event & _READABLE:
+                self._read(index, conn, event & HUNG_UP)
 
 
 class ThreadConnections:

@@ -27,10 +27,10 @@ from django_redlock.wire.rounds import Round
 from django_redlock.wire.scripts import Fallback, Script
 from django_redlock.wire.setup import Handshake, Hello, describe, resolve, tls_context
 
-__all__ = ["HUNG_UP", "POLL_ERR", "POLL_IN", "NodeSocket", "Slot", "close_all"]
+__all__ = ["HUNG_UP", "POLL_ERR", "POLL_IN", "READ_SIZE", "NodeSocket", "Slot", "close_all"]
 
 # Replies here are tiny; a large read buffer costs an allocation per recv for nothing.
-_READ_SIZE = 8192
+READ_SIZE = 8192
 # POLLRDHUP: told when a TCP peer closes (a unix socket peer gives POLLHUP).
 _RDHUP = getattr(select, "POLLRDHUP", 0)
 POLL_IN = select.POLLIN | select.POLLPRI | _RDHUP
@@ -228,7 +228,7 @@ class NodeSocket(Handshake):
         sock = self.sock
         while True:
             try:
-                data = sock.recv(_READ_SIZE)
+                data = sock.recv(READ_SIZE)
             except (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as exc:
@@ -236,7 +236,7 @@ class NodeSocket(Handshake):
             if not data:
                 raise NodeError("connection closed by the server")
             self.reader.feed(data)
-            if len(data) < _READ_SIZE and not (self.tls and sock.pending()):  # type: ignore[attr-defined]
+            if len(data) < READ_SIZE and not (self.tls and sock.pending()):  # type: ignore[attr-defined]
                 return
 
     def replies(self) -> Any:
