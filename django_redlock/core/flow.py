@@ -317,7 +317,9 @@ class Acquire:
     @property
     def need(self) -> int:
         """How many yes votes decide a round (the ``need`` of the transports' ``run``)."""
-        return self.kind.need(self.nodes.quorum)
+        shape = self.shape
+        assert shape is not None
+        return shape.need(self.nodes.quorum)
 
     def next_round(self, quarantine_ms: int) -> list[Command]:
         """The commands of the next attempt, with a fresh token: the clean-up release of a
@@ -325,7 +327,8 @@ class Acquire:
         never hit a later attempt's key."""
         self.attempts += 1
         self.token = secrets.token_hex(20)
-        shape = self.kind
+        shape = self.shape  # not self.kind: one call less per round
+        assert shape is not None
         # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
         self.decider = shape.decider(self.nodes.quorum)
         command = shape.acquire(
@@ -345,7 +348,8 @@ class Acquire:
         """The outcome of the round sent at ``start`` whose ``granted`` yes votes were known
         at ``end``: a lease, or what to do next."""
         nodes = self.nodes
-        shape = self.kind
+        shape = self.shape  # not self.kind: one call less per round
+        assert shape is not None
         granted = self.votes = shape.votes(results, granted)
         left = validity(self.ttl, end - start, nodes.drift_factor)
         if granted >= nodes.quorum and left > 0:
@@ -409,7 +413,9 @@ class Acquire:
     def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
         """After a round won: the releases of grants outside the lease (see
         :meth:`Shape.won`), or None."""
-        return self.kind.won(self.token, results)
+        shape = self.shape
+        assert shape is not None
+        return shape.won(self.token, results)
 
 
 def failure(

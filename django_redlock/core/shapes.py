@@ -114,6 +114,9 @@ class Shape:
         """Which nodes may hold the lease after a won acquire round (its replies, in order):
         those that granted it, and those whose answer was not heard (the round returned at
         a quorum, or they timed out: their SET may have landed). Only a refusal says no."""
+        size = len(results)
+        if results.count(GRANTED) + results.count(PENDING) == size:
+            return (True,) * size  # the usual round: counted in C, no call per node
         return tuple(reply == GRANTED or not heard(reply) for reply in results)
 
     def need(self, quorum: int) -> int:

@@ -202,6 +202,27 @@ FORCE_RELEASE = load_script("force_release")
 
 # Hot-path encoders for the three scripts. Tokens and owner JSON are ASCII; a key with
 # non-ASCII characters (len in characters != len in bytes) takes the generic encoder.
+
+# The numbers of an acquire that stay the same for a manager (ttl, quarantine, line lifetime),
+# encoded once as RESP bulk strings: a handful of values per process, so a plain dict (read
+# with .get, no Python call), cleared if a caller ever sends many different ones.
+_BULK_NUMBERS: dict[int, str] = {}
+
+
+def _bulk_number(number: int) -> str:
+    if len(_BULK_NUMBERS) > 256:
+        _BULK_NUMBERS.clear()
+    digits = str(number)
+    text = _BULK_NUMBERS[number] = f"${len(digits)}\r\n{digits}\r\n"
+    return text
+
+
+def _acquire_eval(key: str, args: tuple[str | int, ...]) -> bytes:
+    # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
+    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
+    return ACQUIRE.eval(keys, (*args, "", ""))
+
+
 def acquire_command(
     key: str,
     token: str,
@@ -212,24 +233,26 @@ def acquire_command(
     ticket: int = 0,
     lifetime_ms: int = 0,
 ) -> Command:
-    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
-    # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
-    fallback = Fallback(partial(ACQUIRE.eval, keys, (*args, "", "")), False)
+    # Built only if a node answers NOSCRIPT (its keys too).
+    fallback = Fallback(partial(_acquire_eval, key, args), False)
     if key.isascii() and owner.isascii():
-        ttl = str(ttl_ms)
-        quarantine = str(quarantine_ms)
-        ticket_text = str(ticket)
-        lifetime = str(lifetime_ms)
         size = len(key) + 2
+        ticket_text = str(ticket)  # a time in µs: differs on every acquire
+        numbers = _BULK_NUMBERS
+        ttl = numbers.get(ttl_ms) or _bulk_number(ttl_ms)
+        quarantine = numbers.get(quarantine_ms) or _bulk_number(quarantine_ms)
+        lifetime = numbers.get(lifetime_ms) or _bulk_number(lifetime_ms)
         text = (
             f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
             f"${size}\r\n{key}{LINE}\r\n${size}\r\n{key}{LAPSE}\r\n"
-            f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
-            f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
-            f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
+            f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n{ttl}"
+            f"${len(owner)}\r\n{owner}\r\n{quarantine}"
+            f"${len(waiter)}\r\n{waiter}\r\n${len(ticket_text)}\r\n{ticket_text}\r\n"
+            f"{lifetime}"
         )
         return (text.encode(), fallback)
+    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
     return (ACQUIRE.evalsha(keys, args, trailing=2), fallback)
 
 
