@@ -253,3 +253,14 @@ def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
     quarantined = NodeError("QUARANTINED restarted 1 s ago and is not proven durable")
     replies = [GRANTED, quarantined, TIMED_OUT, NotSent("refused"), PENDING, 3_000]
     assert Shape("k").granted_on(replies) == (True, False, True, False, True, False)
+
+
+def test_a_grant_round_heard_from_every_node_or_not_waited_for_holds_everywhere():
+    """The usual won round (grants, and replies not waited for: PENDING) is counted in C, not
+    judged node by node: the same answer as the per-node rule, for every mix of the two."""
+    from django_redlock.core.shapes import Shape
+
+    for replies in ([GRANTED] * 5, [GRANTED, PENDING, GRANTED, PENDING, GRANTED], [PENDING]):
+        assert Shape("k").granted_on(replies) == (True,) * len(replies)
+    # One reply that is neither (here a refusal) leaves the per-node rule to answer.
+    assert Shape("k").granted_on([GRANTED, PENDING, 3_000]) == (True, True, False)
