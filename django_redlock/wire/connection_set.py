@@ -424,10 +424,11 @@ class ConnectionSet:
                     answer.refuse(index, NotSent(str(exc)))
                     continue
             answer.pending += 1
-            slot = (answer, index, command[1], now)
+            body, fallback = command
+            slot = (answer, index, fallback, now)
             if conn.held is not None or conn.out or conn.connecting or conn.tls_handshaking:
                 try:
-                    conn.send(command[0], slot, identify)
+                    conn.send(body, slot, identify)
                 except NodeError as exc:
                     # Records the error for this slot (and any other still owed) on this node.
                     self._drop(index, str(exc))
@@ -438,7 +439,7 @@ class ConnectionSet:
             # NodeSocket.send's common case inlined (one call less per node and round): the
             # hello answered, nothing buffered, so the bytes go straight to the socket.
             conn.slots.append(slot)
-            data = command[0] + conn.identity if identify else command[0]
+            data = body + conn.identity if identify else body
             try:
                 sent = conn.sock.send(data)
             except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):

@@ -265,8 +265,7 @@ def leave_command(key: str, waiter: str) -> Command:
 def release_command(key: str, token: str, waiter: str = "") -> Command:
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
-    keys = (key, key + LINE, key + LAPSE)
-    fallback = Fallback(partial(RELEASE.eval, keys, (token, waiter)), True)
+    fallback = Fallback(partial(_release_eval, key, token, waiter), True)
     if key.isascii():
         size = len(key) + 2
         text = (
@@ -274,7 +273,11 @@ def release_command(key: str, token: str, waiter: str = "") -> Command:
             f"${size}\r\n{key}{LAPSE}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
         )
         return (text.encode(), fallback)
-    return (RELEASE.evalsha(keys, (token, waiter)), fallback)
+    return (RELEASE.evalsha((key, key + LINE, key + LAPSE), (token, waiter)), fallback)
+
+
+def _release_eval(key: str, token: str, waiter: str) -> bytes:
+    return RELEASE.eval((key, key + LINE, key + LAPSE), (token, waiter))
 
 
 def owns_command(key: str, token: str) -> Command:
