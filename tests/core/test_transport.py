@@ -193,3 +193,33 @@ def test_a_round_that_wants_every_answer_ends_when_every_node_answered(cluster3)
         assert {**sync_owner, "ttl": 0} == {**owner, "ttl": 0}  # the same holder, both ways
     finally:
         lease.release()
+
+
+def test_a_command_larger_than_the_socket_takes_goes_out_whole_and_a_large_reply_comes_in_whole(
+    cluster3,
+):
+    # The common case of a send is inlined in ConnectionSet.send_round: a write the socket
+    # takes only in part must still leave its rest buffered and polled for (else the node
+    # never gets the end of the command and the round times out), and a reply longer than
+    # one read is read to its end.
+    import time
+
+    from django_redlock.wire.resp import encode_command
+
+    value = b"v" * (4 << 20)  # far above a unix socket's send buffer
+    connections = ConnectionSet(
+        LockManager(cluster3.urls).addresses,
+        clock=time.monotonic,
+        max_outstanding=32,
+        stall_reset=20.0,
+    )
+    try:
+        put = (encode_command(b"SET", b"transport:large", value), None)
+        done = connections.run([put, None, None], 10.0, b"OK", 1)
+        assert done.results[0] == b"OK"
+        get = (encode_command(b"GET", b"transport:large"), None)
+        assert connections.run([get, None, None], 10.0, value, 1).results[0] == value
+        delete = (encode_command(b"DEL", b"transport:large"), None)
+        assert connections.run([delete, None, None], 10.0, 1, 1).results[0] == 1
+    finally:
+        connections.close()
