@@ -206,6 +206,15 @@ class Engine:
         )
         self.reporter = Reporter(self.nodes, observer)
         self.owners = OwnerRecords(socket.gethostname())
+        # acquire()'s arguments checked once for the default options, single try or
+        # blocking: they depend only on this configuration, which never changes (see
+        # check_arguments).
+        self._default_checks = {
+            blocking: Checked(
+                self.ttl, blocking, self.default_timeout if blocking else None, False, None, None
+            )
+            for blocking in (False, True)
+        }
         # One per engine, never changed: the first contact allocates nothing per acquire.
         self._contact = flow.Contact([PING] * len(self.addresses), self.quorum)
         # A place in line lapses after a few polls without a try (see flow.retry_delay).
@@ -334,6 +343,17 @@ class Engine:
         Raises:
             TypeError, ValueError: a bad argument; the message names it.
         """
+        if (
+            ttl is None
+            and timeout is MANAGER_DEFAULT
+            and auto_extend is False
+            and max_hold is None
+            and origin is None
+            and (blocking is True or blocking is False)
+        ):
+            # Every option left at its default: the answer the checks below give for it,
+            # built once (a test runs both and compares).
+            return self._default_checks[blocking]
         seconds = self.ttl if ttl is None else self.validate_ttl(ttl)
         if not isinstance(blocking, bool):
             raise TypeError(f"blocking must be a bool, not {type(blocking).__name__}")

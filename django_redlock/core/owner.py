@@ -69,11 +69,13 @@ class OwnerRecords:
         base 36, the record the owner's JSON up to its ``acquired_at`` value."""
         thread = threading.current_thread()
         task = current_task_name()
-        origin = clip_origin(origin)  # also bounds the cache's keys
-        key = (current_pid(), thread.ident, thread.name, task, origin)
+        if origin is not None:  # None, the usual origin, needs no clipping
+            origin = clip_origin(origin)  # also bounds the cache's keys
+        pid = current_pid()
+        key = (pid, thread.ident, thread.name, task, origin)
         prefix = self._cache.get(key)
         if prefix is None:
-            record = owner_prefix(self.host, current_pid(), thread.name, task, origin)
+            record = owner_prefix(self.host, pid, thread.name, task, origin)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.clear()
             prefix = self._cache[key] = (owner_id(record), f" {record}")

@@ -387,3 +387,32 @@ def test_every_lease_is_hosted_by_the_engine(cluster3):
     assert lease.host is manager.engine
     assert lease.host.clock is manager.engine.clock
     lease.release()
+
+
+@pytest.mark.parametrize("default_timeout", [None, 0.0, 3.0])
+@pytest.mark.parametrize("blocking", [False, True])
+def test_default_options_are_checked_as_the_general_path_checks_them(default_timeout, blocking):
+    """check_arguments answers the all-default call from a table built once per engine: it
+    is the answer the checks give for the same options spelled out (a table built with a
+    wrong wait, ttl or origin fails here)."""
+    from django_redlock.core.options import MANAGER_DEFAULT
+
+    engine = Engine(["redis://127.0.0.1:1"], ttl=7.5, default_timeout=default_timeout)
+    fast = engine.check_arguments(None, blocking, MANAGER_DEFAULT, False, None, None)
+    wait = default_timeout if blocking else None
+    general = engine.check_arguments(engine.ttl, blocking, wait, False, None, None)
+    assert fast == general
+    assert type(fast) is type(general)
+    assert fast.ttl == 7.5
+    assert fast.wait == wait
+    assert fast.origin is None
+
+
+def test_default_options_still_refuse_a_blocking_that_is_no_bool():
+    """The table is keyed by the bools only: ``blocking=1`` (equal to True, and hashing
+    like it) still goes through the checks and is refused."""
+    from django_redlock.core.options import MANAGER_DEFAULT
+
+    engine = Engine(["redis://127.0.0.1:1"])
+    with pytest.raises(TypeError, match="blocking must be a bool"):
+        engine.check_arguments(None, 1, MANAGER_DEFAULT, False, None, None)
