@@ -469,6 +469,8 @@ class Engine:
         re-entry, renewed if asked. If that raises, the caller never gets the lease
         (:meth:`own` let it go): its keys are freed by ``free`` (the manager's
         send-without-waiting)."""
+        shape = attempt.shape  # not attempt.kind: one call less
+        assert shape is not None
         try:
             lease = make(
                 name=attempt.name,
@@ -478,15 +480,13 @@ class Engine:
                 expires_at=granted.expires_at,
                 acquired_at=granted.acquired_at,
                 origin=checked.origin,
-                shape=attempt.kind,
+                shape=shape,
             )
             # Our place in line may remain on nodes that did not grant this attempt; the
             # release drops it there (see release.lua), at no extra round trip.
-            settle_grant(
-                lease, attempt.owner, held_on(attempt.kind.granted_on(results)), attempt.waiter
-            )
-            waited = lease.acquired_at - attempt.started
-            self.reporter.granted(lease.name, results, attempt.votes, waited)
+            settle_grant(lease, attempt.owner, held_on(shape.granted_on(results)), attempt.waiter)
+            waited = granted.acquired_at - attempt.started
+            self.reporter.granted(attempt.name, results, attempt.votes, waited)
             return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:
             free(attempt.interrupted())
@@ -513,7 +513,9 @@ class Engine:
                 ref = _HeldRef(lease, self._forget_dead)
                 ref.key = key
                 self.held[key] = ref
-            self.reporter.acquired(lease, waited)
+            reporter = self.reporter
+            if reporter.observer is not None:  # nobody listens, usually: no call then
+                reporter.acquired(lease, waited)
         except BaseException:
             # Else a re-entrant acquire in this thread would get a lease whose keys are
             # being freed, and the extender would keep renewing them.

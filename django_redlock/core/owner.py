@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 from django_redlock.core.arguments import MAX_ORIGIN_BYTES, clip_origin, clip_text
 from django_redlock.exceptions import RedlockError
+from django_redlock.wire import process
 from django_redlock.wire.process import current_pid
 
 __all__ = [
@@ -71,7 +72,7 @@ class OwnerRecords:
         task = current_task_name()
         if origin is not None:  # None, the usual origin, needs no clipping
             origin = clip_origin(origin)  # also bounds the cache's keys
-        pid = current_pid()
+        pid = process.PID
         key = (pid, thread.ident, thread.name, task, origin)
         prefix = self._cache.get(key)
         if prefix is None:
@@ -157,7 +158,7 @@ def owner_scope() -> tuple[object, ...]:
             return (current_pid(), threading.get_ident(), task)
     ident = threading.get_ident()
     scope = _THREAD_SCOPES.get(ident)
-    if scope is None or scope[0] != current_pid():  # a new thread, or a forked child
+    if scope is None or scope[0] != process.PID:  # a new thread, or a forked child
         if len(_THREAD_SCOPES) >= _CACHE_SIZE:
             _THREAD_SCOPES.clear()
         scope = _THREAD_SCOPES[ident] = (current_pid(), ident, None)

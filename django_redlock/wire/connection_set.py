@@ -31,6 +31,7 @@ import threading
 import weakref
 from collections.abc import Callable, Sequence
 
+from django_redlock.wire import process
 from django_redlock.wire.errors import NodeError, NotSent
 from django_redlock.wire.node_socket import (
     HUNG_UP,
@@ -391,7 +392,7 @@ class ConnectionSet:
         """
         answer = Round(len(commands), yes_value, need, give_up)
         now = self.clock()
-        if self.pid != current_pid():
+        if self.pid != process.PID:
             self._forget_all()
         if now - self.last_post > _IDLE:
             # After a pause, first take in what arrived meanwhile: a node that restarted has
@@ -469,7 +470,7 @@ class ConnectionSet:
         Raises:
             Nothing: a node that cannot be reached is left out (best effort).
         """
-        if self.pid != current_pid():
+        if self.pid != process.PID:
             self._forget_all()
         now = self.clock()
         # Its replies are read and dropped (closed), except that a NOSCRIPT still gets the
@@ -623,7 +624,7 @@ class ThreadConnections:
                     self._subscriber = Subscriber(sets.addresses)
                 sets.share(self._subscriber)
                 self._all.add(sets)
-        elif sets.pid != current_pid():
+        elif sets.pid != process.PID:
             sets._forget_all()  # forked: our copies of the parent's sockets are closed unused
         return sets
 

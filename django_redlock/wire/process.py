@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["current_pid"]
+__all__ = ["PID", "current_pid"]
 
-_pid = os.getpid()
+PID = os.getpid()
+"""This process's id, refreshed in a forked child. Read it as ``process.PID`` (an attribute
+of the module, not a name imported from it, which would keep the parent's value): on the
+hot path that is a load instead of the call :func:`current_pid` costs."""
+
+_pid = PID
 
 
 def _after_fork_in_child() -> None:
-    global _pid
-    _pid = os.getpid()
+    global _pid, PID
+    _pid = PID = os.getpid()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

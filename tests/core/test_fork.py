@@ -362,3 +362,17 @@ def test_a_child_forked_while_threads_wait_hears_its_own_wake_ups(cluster3):
     assert status == 0
     assert len(woken) == len(parents)
     assert max(woken) - released < prompt  # woken by the releases, not by their poll
+
+
+def test_the_cached_pid_read_on_the_hot_path_is_the_childs():
+    """``process.PID`` (what the connection sets and owner scopes compare with the pid they
+    recorded) is the child's own pid after a fork, as ``current_pid()`` is: a stale one
+    would let a child write to its parent's sockets."""
+    from django_redlock.wire import process
+
+    assert os.getpid() == process.PID
+
+    def child() -> int:
+        return 0 if process.PID == os.getpid() == process.current_pid() else 1
+
+    assert in_child(child) == 0
