@@ -62,6 +62,10 @@ class OwnerRecords:
         self.host = host
         # (pid, thread, task, origin) -> (owner id, record JSON up to acquired_at)
         self._cache: dict[tuple[object, ...], tuple[str, str]] = {}
+        # The last acquire's time in ms and its base-36 text: acquires in the same
+        # millisecond (any thread) share it. One tuple, replaced whole, so a thread never
+        # reads one time's text with another's number.
+        self._last_ms: tuple[int, str] = (-1, "")
 
     def record(self, origin: str | None) -> str:
         """The owner argument of an acquire made now by this thread (and task) for ``origin``,
@@ -73,14 +77,21 @@ class OwnerRecords:
         if origin is not None:  # None, the usual origin, needs no clipping
             origin = clip_origin(origin)  # also bounds the cache's keys
         pid = process.PID
-        key = (pid, thread.ident, thread.name, task, origin)
+        key = (pid, threading.get_ident(), thread.name, task, origin)
         prefix = self._cache.get(key)
         if prefix is None:
             record = owner_prefix(self.host, pid, thread.name, task, origin)
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.clear()
             prefix = self._cache[key] = (owner_id(record), f" {record}")
-        return f"{prefix[0]}{base36(int(time.time() * 1000))}{prefix[1]}"
+        now_ms = int(time.time() * 1000)
+        last = self._last_ms
+        if last[0] == now_ms:
+            stamp = last[1]
+        else:
+            stamp = base36(now_ms)
+            self._last_ms = (now_ms, stamp)
+        return f"{prefix[0]}{stamp}{prefix[1]}"
 
 
 _DIGITS = "0123456789abcdefghijklmnopqrstuvwxyz"

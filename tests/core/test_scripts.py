@@ -404,6 +404,21 @@ def test_an_owner_record_goes_to_the_node_and_comes_back_whole(node):
     assert len(owners) == 1
 
 
+def test_the_owner_records_time_is_each_acquires_own_millisecond(monkeypatch):
+    """Records made in one millisecond share its base-36 text (kept from the last one);
+    the next millisecond gets its own: a kept text never outlives its millisecond."""
+    from django_redlock.core.owner import OwnerRecords, base36
+
+    times = iter([1_795_000_000.1231, 1_795_000_000.1234, 1_795_000_000.1241, 1_795_000_000.1231])
+    monkeypatch.setattr(time, "time", lambda: next(times))  # the module owner.py reads
+    records = OwnerRecords("web-1")
+    stamps = [records.record(None).split(" ", 1)[0][7:] for _ in range(4)]
+    assert stamps == [
+        base36(ms)
+        for ms in (1_795_000_000_123, 1_795_000_000_123, 1_795_000_000_124, 1_795_000_000_123)
+    ]
+
+
 def test_a_full_node_still_renews_a_lock_whose_owner_record_it_cannot_write(node):
     """A renewal on a node out of memory (maxmemory, noeviction) renews the lock even when
     the owner's record must be written again: the script writes the lock's expiry first, and a
