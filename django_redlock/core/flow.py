@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -326,9 +326,7 @@ class Acquire:
         failed attempt may reach a node late (pipelined, or re-sent after NOSCRIPT) and must
         never hit a later attempt's key."""
         self.attempts += 1
-        # secrets.token_hex(20) without its three Python calls: the same 20 bytes of
-        # os.urandom, in hex.
-        self.token = os.urandom(20).hex()
+        self.token = secrets.token_hex(20)
         shape = self.shape  # not self.kind: one call less per round
         assert shape is not None
         # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
