@@ -368,9 +368,10 @@ class AsyncLockManager(EngineConfigured):
         # Checked before re-entry too, so a bad argument is refused the same way every time.
         checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
         scope = owner_scope()
-        held = engine.reenter(scope, name, AsyncLease)
-        if held is not None:
-            return held
+        if engine.held:  # nothing held in this process: no lookup, one truth test
+            held = engine.reenter(scope, name, AsyncLease)
+            if held is not None:
+                return held
         return await self._take(name, Shape(engine.key_prefix + name), scope, checked)
 
     async def _take(

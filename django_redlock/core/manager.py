@@ -323,9 +323,10 @@ class LockManager(EngineConfigured):
         engine = self.engine
         checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
         scope = owner_scope()
-        held = engine.reenter(scope, name, Lease)
-        if held is not None:
-            return held
+        if engine.held:  # nothing held in this process: no lookup, one truth test
+            held = engine.reenter(scope, name, Lease)
+            if held is not None:
+                return held
         return self._take(name, Shape(engine.key_prefix + name), scope, checked)
 
     def _take(self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked) -> Lease:
