@@ -28,12 +28,21 @@ import socket
 import threading
 import time
 import weakref
-
-# What WeakValueDictionary's callbacks use: deletes an entry only if it is a dead reference.
-from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
+
+try:
+    # What WeakValueDictionary's callbacks use on CPython: deletes an entry only if it is a
+    # dead reference, atomically (a new lease under the same key is never removed).
+    from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - other Pythons: the same rule, in Python
+
+    def _remove_dead_weakref(table: dict[Any, Any], key: object) -> None:
+        ref = table.get(key)
+        if ref is not None and ref() is None:
+            del table[key]
+
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import (
