@@ -177,7 +177,7 @@ EXTEND = load_script("extend")
 GRANTED = b"OK"
 # Two more arguments end every acquire: the connection's identity, appended per node by the
 # transport (see scripts/acquire.lua and wire.setup.Hello).
-_ACQUIRE_HEAD = ACQUIRE.head(5, 9)
+_ACQUIRE_HEAD = ACQUIRE.head(5, 10)
 LEAVE = load_script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
 # every lock key (names cannot contain control characters).
@@ -211,9 +211,10 @@ def acquire_command(
     waiter: str = "",
     ticket: int = 0,
     lifetime_ms: int = 0,
+    hand_round: int = 0,
 ) -> Command:
     keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
-    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms, hand_round)
     # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
     fallback = Fallback(partial(ACQUIRE.eval, keys, (*args, "", "")), False)
     if key.isascii() and owner.isascii():
@@ -221,6 +222,7 @@ def acquire_command(
         quarantine = str(quarantine_ms)
         ticket_text = str(ticket)
         lifetime = str(lifetime_ms)
+        hand = str(hand_round)
         size = len(key) + 2
         text = (
             f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
@@ -228,15 +230,18 @@ def acquire_command(
             f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n${len(ttl)}\r\n{ttl}\r\n${len(owner)}\r\n{owner}\r\n"
             f"${len(quarantine)}\r\n{quarantine}\r\n${len(waiter)}\r\n{waiter}\r\n"
             f"${len(ticket_text)}\r\n{ticket_text}\r\n${len(lifetime)}\r\n{lifetime}\r\n"
+            f"${len(hand)}\r\n{hand}\r\n"
         )
         return (text.encode(), fallback)
     return (ACQUIRE.evalsha(keys, args, trailing=2), fallback)
 
 
-def leave_command(key: str, waiter: str) -> Command:
-    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``). Idempotent,
+def leave_command(key: str, waiter: str, token: str = "") -> Command:
+    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``); with
+    ``token`` (a waiter's hand-off token), also free the lock where it holds it. Idempotent,
     so its EVAL fallback is sent even after the operation is over."""
-    return LEAVE.command((key, key + LINE, key + LAPSE), (waiter,), fallback_when_over=True)
+    args = (waiter, token) if token else (waiter,)
+    return LEAVE.command((key, key + LINE, key + LAPSE), args, fallback_when_over=True)
 
 
 def release_command(key: str, token: str, waiter: str = "") -> Command:

@@ -1,0 +1,273 @@
+"""A release hands the lock over: it grants it, on each node, to the live head of the line,
+and the waiter holds once a quorum granted it, without a round of its own
+(``scripts/hand_grant.lua``; ``core/flow.py``: ``Acquire.hear_grants``). Real nodes."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from django_redlock import AsyncLockManager, LockContended, LockManager
+from django_redlock.core import flow
+from django_redlock.wire import scripts
+from tests.helpers import lock_token, node_client, owner_arg
+
+KEY = "redlock:handed"
+HAND = KEY + "\x00h"
+
+
+@pytest.fixture
+def node(cluster3):
+    with node_client(cluster3[0]) as client:
+        yield client
+
+
+def _hand_entries(cluster) -> list[dict[bytes, bytes]]:
+    out = []
+    for node in cluster:
+        with node_client(node) as client:
+            out.append(client.hgetall(HAND))
+    return out
+
+
+def _wait_for(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def _registered(cluster, round_: int) -> bool:
+    """Whether one waiter's try of round ``round_`` registered it on every node."""
+    return all(
+        any(entry.startswith(b"%d " % round_) for entry in entries.values())
+        for entries in _hand_entries(cluster)
+    )
+
+
+def _spy_grants(monkeypatch) -> list[flow.Granted | None]:
+    """Record what each Acquire.hear_grants returned (a spy on the flow, the nodes real)."""
+    seen: list[flow.Granted | None] = []
+    real = flow.Acquire.hear_grants
+
+    def spy(self: flow.Acquire, grants: Any, now: float) -> flow.Granted | None:
+        held = real(self, grants, now)
+        seen.append(held)
+        return held
+
+    monkeypatch.setattr(flow.Acquire, "hear_grants", spy)
+    return seen
+
+
+def _holders(cluster, key: str = KEY) -> list[bytes | None]:
+    tokens = []
+    for node in cluster:
+        with node_client(node) as client:
+            tokens.append(lock_token(client, key))
+    return tokens
+
+
+def test_a_release_hands_the_lock_to_the_waiter_without_a_round_of_its_own(cluster3, monkeypatch):
+    seen = _spy_grants(monkeypatch)
+    # A long poll delay: the waiter can only get the lock from the hand-off itself.
+    holder, waiter = LockManager(cluster3.urls), LockManager(cluster3.urls, retry_delay=30.0)
+    lease = holder.acquire("handed", ttl=10.0)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire("handed", timeout=20.0)))
+    thread.start()
+    # Its second try (the one right after subscribing) is registered: it now waits.
+    _wait_for(lambda: _registered(cluster3, 2))
+    rounds_before = list(_hand_entries(cluster3))
+    lease.release()
+    thread.join(10.0)
+    assert got, "the waiter did not get the lock"
+    handed = got[0]
+    # Held from the grants heard, with no third round: the registrations still name round 2
+    # (a grant deletes them), and the lease came from hear_grants.
+    assert any(isinstance(held, flow.Granted) for held in seen)
+    assert all(len(entries) == 1 for entries in rounds_before)
+    assert _hand_entries(cluster3) == [{}, {}, {}]
+    assert _holders(cluster3) == [handed.token.encode()] * 3
+    assert 0 < handed.validity <= 30.0  # the waiter's own ttl (the manager's default)
+    with pytest.raises(LockContended):
+        LockManager(cluster3.urls).acquire("handed", blocking=False)
+    handed.release()
+    assert _holders(cluster3) == [None, None, None]
+    holder.close()
+    waiter.close()
+
+
+def test_the_asyncio_manager_takes_the_hand_off_too(cluster3, monkeypatch):
+    seen = _spy_grants(monkeypatch)
+
+    async def main() -> None:
+        holder = AsyncLockManager(cluster3.urls)
+        waiter = AsyncLockManager(cluster3.urls, retry_delay=30.0)
+        lease = await holder.acquire("handed", ttl=10.0)
+        task = asyncio.ensure_future(waiter.acquire("handed", timeout=20.0))
+        while not _registered(cluster3, 2):
+            await asyncio.sleep(0.005)
+        await lease.release()
+        handed = await asyncio.wait_for(task, 10.0)
+        assert any(isinstance(held, flow.Granted) for held in seen)
+        assert _holders(cluster3) == [handed.token.encode()] * 3
+        await handed.release()
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def _release_on(node, token: str) -> int:
+    """The holder's release reaching this one node only (the others never get it)."""
+    with node_client(node) as client:
+        keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+        return int(client.eval(scripts.RELEASE.source, 3, *keys, token, ""))
+
+
+def test_a_grant_on_fewer_than_a_quorum_keeps_the_waiters_place_and_node(cluster3):
+    holder, waiter = LockManager(cluster3.urls), LockManager(cluster3.urls, retry_delay=0.2)
+    lease = holder.acquire("handed", ttl=2.0)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire("handed", timeout=20.0)))
+    thread.start()
+    _wait_for(lambda: _registered(cluster3, 2))
+    assert _release_on(cluster3[0], lease.token) == 1
+    # Node 0 now holds the waiter's token: one node is no quorum, so it goes on waiting and
+    # keeps that node (its tries answer granted there; nothing releases it).
+    tokens = _holders(cluster3)
+    assert tokens[0] not in (None, lease.token.encode())
+    assert tokens[1:] == [lease.token.encode()] * 2
+    with pytest.raises(LockContended):
+        LockManager(cluster3.urls).acquire("handed", blocking=False)
+    time.sleep(0.5)
+    assert _holders(cluster3)[0] == tokens[0]
+    # The holder's keys on the other nodes run out: the waiter's tries take them.
+    thread.join(10.0)
+    assert got, "the waiter did not get the lock"
+    assert got[0].token.encode() == tokens[0]
+    assert _holders(cluster3) == [tokens[0]] * 3
+    got[0].release()
+    holder.close()
+    waiter.close()
+
+
+def test_a_waiter_that_gives_up_frees_its_grants(cluster3):
+    holder, waiter = LockManager(cluster3.urls), LockManager(cluster3.urls, retry_delay=30.0)
+    lease = holder.acquire("handed", ttl=30.0)
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            waiter.acquire("handed", timeout=1.5)
+        except LockContended as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    _wait_for(lambda: _registered(cluster3, 2))
+    assert _release_on(cluster3[0], lease.token) == 1
+    granted = _holders(cluster3)[0]
+    assert granted not in (None, lease.token.encode())
+    thread.join(10.0)
+    assert failed, "the waiter should have given up"
+    # Its leave freed the grant at once (not in 30 s), and its place.
+    _wait_for(lambda: _holders(cluster3)[0] is None, 2.0)
+    for node in cluster3:
+        with node_client(node) as client:
+            assert client.zcard(KEY + scripts.LINE) == 0
+            assert client.hlen(HAND) == 0
+    lease.release()
+    holder.close()
+    waiter.close()
+
+
+def test_a_node_paused_during_the_release_still_leaves_one_holder(cluster3):
+    holder, waiter = LockManager(cluster3.urls), LockManager(cluster3.urls, retry_delay=30.0)
+    lease = holder.acquire("handed", ttl=10.0)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire("handed", timeout=20.0)))
+    thread.start()
+    _wait_for(lambda: _registered(cluster3, 2))
+    with cluster3[2].paused_while():
+        lease.release()  # nodes 0 and 1 grant: a quorum of 3
+        thread.join(10.0)
+        assert got, "the waiter did not get the lock from two grants"
+        handed = got[0]
+        assert _holders([cluster3[0], cluster3[1]]) == [handed.token.encode()] * 2
+        with pytest.raises(LockContended):
+            LockManager(cluster3.urls, node_timeout=0.05).acquire("handed", blocking=False)
+    # Node 2 runs the release when it wakes: it grants the same waiter, never another.
+    _wait_for(lambda: _holders(cluster3)[2] != lease.token.encode())
+    assert _holders(cluster3)[2] in (None, handed.token.encode())
+    handed.release()
+    _wait_for(lambda: _holders(cluster3) == [None, None, None])
+    holder.close()
+    waiter.close()
+
+
+# -- the grant itself, one node, by the scripts ---------------------------------------------
+
+
+def _register(client, waiter: str, token: str, round_: int, lifetime_ms: int = 5_000) -> Any:
+    """A waiter's try (acquire.lua, as a waiter taking grants); the node's run_id given."""
+    run_id = client.info("server")["run_id"]
+    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    args = (token, 7_000, owner_arg(), 60_000, waiter, 1, lifetime_ms, round_, run_id, "")
+    return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
+
+
+def _hold(client, token: str) -> None:
+    client.set(KEY, f"{token} {owner_arg().split(' ', 1)[0]}", px=30_000)
+
+
+def test_the_grant_writes_the_waiters_token_and_names_its_round(node):
+    holder, hand = "a" * 40, "b" * 40
+    _hold(node, holder)
+    assert _register(node, "lsn.w1", hand, 3) > 0  # refused: the holder's ms left
+    pubsub = node.pubsub()
+    pubsub.subscribe(KEY + "\x00wlsn")
+    pubsub.get_message(timeout=1.0)  # the subscribe confirmation
+    assert _release_on_client(node, holder) == 1
+    message = pubsub.get_message(timeout=1.0)
+    assert message is not None
+    assert message["data"] == b"lsn.w1 3"
+    assert lock_token(node, KEY) == hand.encode()
+    assert 6_000 < node.pttl(KEY) <= 7_000  # the waiter's ttl
+    assert node.zcard(KEY + scripts.LINE) == 0  # it left the line: it holds
+    pubsub.close()
+
+
+def _release_on_client(client, token: str) -> int:
+    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+    return int(client.eval(scripts.RELEASE.source, 3, *keys, token, ""))
+
+
+def test_a_restarted_node_grants_nothing_it_only_wakes(node):
+    holder, hand = "a" * 40, "b" * 40
+    _hold(node, holder)
+    _register(node, "lsn.w1", hand, 1)
+    # A marker restored from a snapshot names the process that wrote it, not this one.
+    node.hset(scripts.NODE_KEY, "run", "f" * 40)
+    pubsub = node.pubsub()
+    pubsub.subscribe(KEY + "\x00wlsn")
+    pubsub.get_message(timeout=1.0)
+    assert _release_on_client(node, holder) == 1
+    message = pubsub.get_message(timeout=1.0)
+    assert message is not None
+    assert message["data"] == b"lsn.w1"  # a wake-up: its own try meets the quarantine
+    assert node.exists(KEY) == 0
+    pubsub.close()
+
+
+def test_a_waiter_whose_place_lapsed_is_not_granted(node):
+    holder, hand = "a" * 40, "b" * 40
+    _hold(node, holder)
+    _register(node, "lsn.w1", hand, 1, lifetime_ms=50)
+    time.sleep(0.1)
+    assert _release_on_client(node, holder) == 1
+    assert node.exists(KEY) == 0
