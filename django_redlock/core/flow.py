@@ -46,6 +46,7 @@ from django_redlock.wire.scripts import (
     LAPSE,
     LINE,
     Command,
+    hand_yield_command,
 )
 
 __all__ = [
@@ -397,20 +398,7 @@ class Acquire:
         )
         give_up = not self.blocking or (self.deadline is not None and end >= self.deadline)
         if self.hand:
-            # The waiter's token may be held (granted, or taken by a try as the head of the
-            # line) on some nodes: kept while it waits where a reply said so, so the nodes it
-            # has stay its own and the next round or grants add to them (left_line frees them
-            # when it gives up). Where the node failed or timed out, the try may still land
-            # late (a stalled node runs its queued input when it wakes, maybe after this
-            # waiter left, its leave sent on a newer connection): it is undone right behind
-            # it, on the same connection, as any failed try's SET, and that node's grants up
-            # to this round no longer count (see _note_round). A reply only not waited for
-            # (PENDING) comes from a node that answers in order: whatever follows on that
-            # connection, the leave included, runs after the try.
-            release = shape.release(self.token, "")
-            clean_up: list[Command | None] = [
-                None if reply is PENDING or heard(reply) else release for reply in results
-            ]
+            clean_up = self._hand_clean_up(results, give_up)
         else:
             clean_up = shape.clean_up(self.token, results, nodes.size)
         if give_up:
@@ -447,6 +435,40 @@ class Acquire:
         after subscribing covers a release that came between the last try and the
         subscription. Otherwise the channel was heard all along: :class:`Wait` ``delay``."""
         return None if fresh else Wait(delay, self.nodes.quorum if self.hand else 0)
+
+    def _hand_clean_up(self, results: Sequence[Any], give_up: bool) -> list[Command | None]:
+        """The clean-up of a failed round of a waiter taking grants (see :attr:`hand`).
+
+        Where a reply said the node holds its token (granted, or taken by the try as the
+        head of the line): yielded to an older waiter in line there, if any, else kept
+        (``scripts/hand_yield.lua``: the nodes may disagree on the head, and two waiters
+        each keeping a minority would wait out their keys). Such a node no longer counts
+        until a later reply. When it gives up, left_line frees its token everywhere.
+
+        Where the node failed or timed out, the try may still land late (a stalled node runs
+        its queued input when it wakes, maybe after this waiter left, its leave sent on a
+        newer connection): it is released right behind it, on the same connection, as any
+        failed try's SET, and that node's grants up to this round no longer count. A reply
+        only not waited for (PENDING) comes from a node that answers in order: whatever
+        follows on that connection, the leave included, runs after the try.
+        """
+        shape = self.kind
+        release = shape.release(self.token, "")
+        settle = hand_yield_command(
+            shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms
+        )
+        after = self.attempts + 0.5
+        clean_up: list[Command | None] = []
+        for index, reply in enumerate(results):
+            if reply == GRANTED:
+                self.held_since.pop(index, None)
+                self.answered[index] = after
+                clean_up.append(None if give_up else settle)
+            elif reply is PENDING or heard(reply):
+                clean_up.append(None)
+            else:
+                clean_up.append(release)
+        return clean_up
 
     def _note_round(self, results: Sequence[Any], start: float) -> None:
         """Remember what round ``self.attempts``, sent at ``start``, said of each node (a

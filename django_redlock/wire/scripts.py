@@ -277,3 +277,17 @@ HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS)
 """Loaded with SCRIPT LOAD on every new connection, so EVALSHA finds them at once."""
 for _script in HOT_SCRIPTS:
     _script.preloaded = True
+
+
+HAND_YIELD = load_script("hand_yield")
+
+
+def hand_yield_command(key: str, token: str, waiter: str, ticket: int, lifetime_ms: int) -> Command:
+    """After a failed round of a waiter taking hand-off grants: give the lock it holds with
+    ``token`` to an older waiter in line, if any (``scripts/hand_yield.lua``). Idempotent, so
+    its EVAL fallback is sent even after the operation is over."""
+    return HAND_YIELD.command(
+        (key, key + LINE, key + LAPSE),
+        (token, waiter, ticket, lifetime_ms),
+        fallback_when_over=True,
+    )

@@ -7,6 +7,7 @@ import pytest
 
 from django_redlock.core import flow
 from django_redlock.exceptions import LockContended, QuorumUnreachable
+from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.scripts import GRANTED
 
@@ -258,7 +259,7 @@ def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
 # -- a waiter that takes hand-off grants (scripts/hand_grant.lua) ---------------------------
 
 
-def test_a_waiter_keeps_one_token_numbers_its_rounds_and_keeps_what_it_heard_it_holds():
+def test_a_waiter_keeps_one_token_numbers_its_rounds_and_yields_only_to_older_waiters():
     attempt = acquire()
     assert attempt.hand
     first = attempt.next_round(60_000)[0][0]
@@ -266,13 +267,18 @@ def test_a_waiter_keeps_one_token_numbers_its_rounds_and_keeps_what_it_heard_it_
     assert first.endswith(b"$1\r\n1\r\n")  # ARGV[8]: round 1
     step = attempt.judge([GRANTED, 3_000, TIMED_OUT], 1, 100.0, 100.001)
     assert isinstance(step, flow.Failed)
-    # The node that granted it stays its own: no release there between rounds. The node that
-    # did not answer may run the try late: released right behind it.
+    # The node that granted it is not released: it is yielded to an older waiter there, if
+    # any (hand_yield.lua). The node that did not answer may run the try late: released
+    # right behind it. The one that refused holds nothing of it.
     granted, refused, silent = step.clean_up
-    assert granted is None
+    assert granted is not None
+    assert scripts.HAND_YIELD.sha in granted[0]
     assert refused is None
     assert silent is not None
+    assert scripts.RELEASE.sha in silent[0]
     assert token.encode() in silent[0]
+    # Neither counts until a later reply: grants naming round 1 from them are ignored.
+    assert attempt.hear_grants({0: 1, 2: 1}, 100.5) is None
     second = attempt.next_round(60_000)[0][0]
     assert attempt.token == token
     assert second.endswith(b"$1\r\n2\r\n")

@@ -35,7 +35,9 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 # The scripts the fair-line invariant watches (a lock's line: acquire.lua grants to its head;
 # these free the lock or move the head, and must wake the new head: wake_next.lua).
 _ACQUIRE = scripts.ACQUIRE.sha
-_WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
+_WAKERS = frozenset(
+    (scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha, scripts.HAND_YIELD.sha)
+)
 _HANDOFF = primitives.HANDOFF.sha
 _ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
@@ -281,6 +283,7 @@ class SimNode:
             held_before = lock_token(space.data.get(keys[0]))
         elif sha in _WAKERS:
             before = checker.line_state(space, keys[0], now_us // 1000)
+            order_before = checker.live_order(space, keys[0], now_us // 1000)
         elif sha == _ACQUIRE_MANY:
             before = _holding(space, keys[1::4], args[0])
         giver = None
@@ -298,11 +301,12 @@ class SimNode:
                 checker.granted_on_node(self, keys[0], before[1], args[4], args[0])
         elif sha in _WAKERS:
             after = checker.line_state(space, keys[0], now_us // 1000)
-            checker.freed_on_node(self, keys[0], before, after, world.engine.published)
+            order = (order_before, checker.live_order(space, keys[0], now_us // 1000))
+            checker.freed_on_node(self, keys[0], before, after, world.engine.published, order)
         elif sha == _ACQUIRE_MANY:
             checker.took_many(self, keys[1::4], before, _holding(space, keys[1::4], args[0]))
-        for _, waiter in world.engine.published:
-            world.publish(waiter.decode())
+        for _, message in world.engine.published:
+            world.publish(message.decode(), self.index)
         if world.now - self.last_snapshot >= 0.25:
             self.last_snapshot = world.now
             self.snapshot()
@@ -427,6 +431,7 @@ class Wait:
 
     seconds: float
     waiter: str
+    need: int = 0  # a waiter taking grants: this many nodes' grants end the wait too
 
 
 @dataclass
@@ -470,7 +475,10 @@ class SimClient:
     incarnation: int = 0
     listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
     woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
+    # Hand-off grants heard (scripts/hand_grant.lua): waiter -> node index -> round named.
+    grants: dict[str, dict[int, int]] = field(default_factory=dict)
     waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+    wait_need: int = 0  # the grants that end the wait in progress (0: only a wake-up)
     quarantine_ms: int = 0  # what its acquires send: its max_ttl, raised by what nodes report
     heard: set[int] = field(default_factory=set)  # nodes whose hello reported their quarantine
     db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
@@ -581,14 +589,19 @@ class World:
             wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.step(client, None, process))
         elif isinstance(request, Wait):
-            if request.waiter in client.woken:  # published while it was trying: kept
+            heard = len(client.grants.get(request.waiter, ()))
+            if request.waiter in client.woken or (request.need and heard >= request.need):
+                # Published while it was trying: kept.
                 client.woken.discard(request.waiter)
                 self.at(self.now, lambda: self.step(client, True, process))
                 return
             marker = (request.waiter, object())
             client.waiting = marker
+            client.wait_need = request.need
             wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.end_wait(client, marker, False, process))
+            if request.need and heard:
+                self._settle(client, marker, process)
         elif isinstance(request, Round):
             self.send_round(client, request)
         elif isinstance(request, Db):
@@ -629,9 +642,17 @@ class World:
         client.waiting = None
         self.step(client, woken, process)
 
-    def publish(self, waiter: str) -> None:
-        """A script published a wake-up for ``waiter`` (``wake_next.lua``): its client hears
+    def _settle(self, client: SimClient, marker: tuple[str, object], process: object) -> None:
+        """A first grant came: the wait ends a node timeout later at most (as
+        ``Subscriber.wait``'s ``settle``), if the other grants have not ended it."""
+        when = self.now + self.config.node_timeout / (1.0 + client.clock.rate)
+        self.at(when, lambda: self.end_wait(client, marker, True, process))
+
+    def publish(self, message: str, index: int) -> None:
+        """A script on node ``index`` published a wake-up (``wake_next.lua``: the waiter id)
+        or a hand-off grant (``hand_grant.lua``: the waiter id and a round): its client hears
         it over its pub/sub connection after one message delay."""
+        waiter, _, round_ = message.partition(" ")
         listener = waiter.split(".", 1)[0]
         for client in self.clients:
             if f"c{client.index}" != listener or not client.alive or not client.listens:
@@ -639,7 +660,17 @@ class World:
 
             def hear(client: SimClient = client) -> None:
                 waiting = client.waiting
-                if waiting is not None and waiting[0] == waiter:
+                if round_:
+                    grants = client.grants.setdefault(waiter, {})
+                    first = not grants
+                    grants[index] = max(grants.get(index, 0), int(round_))
+                    if waiting is None or waiting[0] != waiter or not client.wait_need:
+                        return
+                    if len(grants) >= client.wait_need:
+                        self.end_wait(client, waiting, True, client.process)
+                    elif first:
+                        self._settle(client, waiting, client.process)
+                elif waiting is not None and waiting[0] == waiter:
                     self.end_wait(client, waiting, True, client.process)
                 else:
                     client.woken.add(waiter)
@@ -938,6 +969,7 @@ class World:
             client.paused_until = 0.0
             client.waiting = None
             client.woken = set()
+            client.grants = {}
             client.connections = [None] * len(self.nodes)
             client.process = clients.client_process(client)
             self.log(f"c{client.index}", "restarted")
