@@ -387,12 +387,12 @@ class Acquire:
         shape = self.kind
         granted = self.votes = shape.votes(results, granted)
         left = validity(self.ttl, end - start, nodes.drift_factor)
-        if self.hand:
-            self._note_round(results, start)
         if granted >= nodes.quorum and left > 0:
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: the instant validity reaches 0.
             return Granted(self.token, acquired_at=end, expires_at=end + left)
+        if self.hand:
+            self._note_round(results, start)  # only a waiter that goes on needs it
         error = failure(
             nodes, self.name, results, granted, end - start, self.attempts, shape.refused_ms
         )
