@@ -5,8 +5,12 @@ and the waiter holds once a quorum granted it, without a round of its own
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,3 +275,64 @@ def test_a_waiter_whose_place_lapsed_is_not_granted(node):
     time.sleep(0.1)
     assert _release_on_client(node, holder) == 1
     assert node.exists(KEY) == 0
+
+
+def test_an_asyncio_waiter_cancelled_after_a_grant_frees_it(cluster3):
+    async def main() -> None:
+        holder = AsyncLockManager(cluster3.urls)
+        waiter = AsyncLockManager(cluster3.urls, retry_delay=30.0)
+        lease = await holder.acquire("handed", ttl=30.0)
+        task = asyncio.ensure_future(waiter.acquire("handed", timeout=20.0))
+        while not _registered(cluster3, 2):
+            await asyncio.sleep(0.005)
+        assert _release_on(cluster3[0], lease.token) == 1  # one grant: no quorum
+        granted = _holders(cluster3)[0]
+        assert granted not in (None, lease.token.encode())
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # The cancelled waiter's leave freed the grant at once (not in 30 s).
+        for _ in range(400):
+            if _holders(cluster3)[0] is None:
+                break
+            await asyncio.sleep(0.005)
+        assert _holders(cluster3)[0] is None
+        await lease.release()
+        await holder.aclose()
+        await waiter.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_waiter_that_died_at_the_head_holds_its_grant_only_until_its_ttl(cluster3, tmp_path):
+    # A waiter process killed (SIGKILL) while it heads the line: the release grants it the
+    # lock (its place has not lapsed yet), and nobody releases that grant. The cost is bounded
+    # by the dead waiter's ttl: the next waiter then gets the lock.
+    script = tmp_path / "waiter.py"
+    script.write_text(
+        "import sys\n"
+        "from django_redlock import LockManager\n"
+        "LockManager(sys.argv[1:], retry_delay=30.0).acquire('handed', ttl=1.5, timeout=60)\n"
+    )
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("handed", ttl=30.0)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}  # this checkout's package
+    dead = subprocess.Popen([sys.executable, str(script), *cluster3.urls], cwd=root, env=env)
+    try:
+        _wait_for(lambda: _registered(cluster3, 2), 30.0)
+    finally:
+        dead.kill()
+        dead.wait()
+    lease.release()  # granted to the dead waiter on every node
+    tokens = _holders(cluster3)
+    assert tokens[0] is not None
+    assert tokens == [tokens[0]] * 3
+    started = time.monotonic()
+    with LockManager(cluster3.urls) as late:
+        taken = late.acquire("handed", ttl=5.0, timeout=10.0)
+        waited = time.monotonic() - started
+        assert waited < 5.0  # the dead waiter's 1.5 s ttl, not the holder's 30 s
+        assert _holders(cluster3) == [taken.token.encode()] * 3
+        taken.release()
+    holder.close()
