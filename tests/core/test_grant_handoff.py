@@ -336,3 +336,43 @@ def test_a_waiter_that_died_at_the_head_holds_its_grant_only_until_its_ttl(clust
         assert _holders(cluster3) == [taken.token.encode()] * 3
         taken.release()
     holder.close()
+
+
+def test_nodes_that_disagree_on_the_head_converge_on_the_oldest_waiter(cluster5):
+    # Three waiters' first tries each took a free lock on different nodes before queueing
+    # elsewhere: W (oldest ticket) nodes 0-1, Y nodes 2-3, Z node 4. None has a quorum and no
+    # release is coming. Their failed rounds yield to an older waiter (hand_yield.lua): W gets
+    # every node, Y and Z keep their places behind it.
+    tokens = {"lsn.w": "w" * 40, "lsn.y": "y" * 40, "lsn.z": "z" * 40}
+    tickets = {"lsn.w": 1, "lsn.y": 2, "lsn.z": 3}
+    takes = {"lsn.w": (0, 1), "lsn.y": (2, 3), "lsn.z": (4,)}
+    clients = [node_client(node) for node in cluster5]
+    try:
+        for first, nodes in takes.items():
+            for index in nodes:
+                assert _try(clients[index], first, tokens[first], tickets[first]) == b"OK"
+        for waiter in tokens:
+            for index, client in enumerate(clients):
+                if index not in takes[waiter]:
+                    assert _try(client, waiter, tokens[waiter], tickets[waiter]) != b"OK"
+        for waiter in tokens:  # each waiter's failed round: a yield where it took the lock
+            for index in takes[waiter]:
+                _yield(clients[index], waiter, tokens[waiter], tickets[waiter])
+        assert [lock_token(client, KEY) for client in clients] == [b"w" * 40] * 5
+        for client in clients:
+            assert client.zrange(KEY + scripts.LINE, 0, -1) == [b"lsn.y", b"lsn.z"]
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _try(client, waiter: str, token: str, ticket: int) -> Any:
+    run_id = client.info("server")["run_id"]
+    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, 5_000, 1, run_id, "")
+    return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
+
+
+def _yield(client, waiter: str, token: str, ticket: int) -> Any:
+    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+    return client.eval(scripts.HAND_YIELD.source, 3, *keys, token, waiter, ticket, 5_000)
