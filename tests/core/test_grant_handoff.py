@@ -217,11 +217,13 @@ def test_a_node_paused_during_the_release_still_leaves_one_holder(cluster3):
 # -- the grant itself, one node, by the scripts ---------------------------------------------
 
 
-def _register(client, waiter: str, token: str, round_: int, lifetime_ms: int = 5_000) -> Any:
+def _register(
+    client, waiter: str, token: str, round_: int, lifetime_ms: int = 5_000, ticket: int = 1
+) -> Any:
     """A waiter's try (acquire.lua, as a waiter taking grants); the node's run_id given."""
     run_id = client.info("server")["run_id"]
     keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
-    args = (token, 7_000, owner_arg(), 60_000, waiter, 1, lifetime_ms, round_, run_id, "")
+    args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, lifetime_ms, round_, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
 
@@ -269,12 +271,13 @@ def test_a_restarted_node_grants_nothing_it_only_wakes(node):
 
 
 def test_a_waiter_whose_place_lapsed_is_not_granted(node):
-    holder, hand = "a" * 40, "b" * 40
+    holder, lapsed, live = "a" * 40, "b" * 40, "c" * 40
     _hold(node, holder)
-    _register(node, "lsn.w1", hand, 1, lifetime_ms=50)
+    _register(node, "lsn.w1", lapsed, 1, lifetime_ms=50)  # first in line, then stops
+    _register(node, "lsn.w2", live, 1, ticket=2)  # behind it (its place lasts 5 s)
     time.sleep(0.1)
     assert _release_on_client(node, holder) == 1
-    assert node.exists(KEY) == 0
+    assert lock_token(node, KEY) == live.encode()
 
 
 def test_an_asyncio_waiter_cancelled_after_a_grant_frees_it(cluster3):
