@@ -46,6 +46,7 @@ from django_redlock.wire.scripts import (
     LAPSE,
     LINE,
     Command,
+    hand_undo_command,
     hand_yield_command,
 )
 
@@ -314,8 +315,8 @@ class Acquire:
     listening: bool = False  # subscribed to the wake channel (see after)
     hand: bool = field(default=False, init=False)
     """A blocking acquire of a plain lock: it takes hand-off grants. Its token is its hand-off
-    token for every round (``scripts/hand_register.lua``), never cleaned up between rounds
-    (a partial grant keeps the waiter's place; see :meth:`judge`)."""
+    token for every round (``scripts/hand_register.lua``); what its failed rounds took is
+    kept or yielded to an older waiter, not released (see :meth:`_hand_clean_up`)."""
     rounds: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     """Round number -> its send time (the ``start`` given to :meth:`judge`)."""
     held_since: dict[int, float] = field(default_factory=dict, init=False, repr=False)
@@ -323,7 +324,7 @@ class Acquire:
     grant or a try that answered granted), for nodes that may hold it now."""
     answered: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     """Node index -> the last round whose reply from that node was heard (plus a half when
-    that round's reply was not heard and a clean-up followed it: its grants count no more)."""
+    that reply said it holds the token and a yield followed: its grants count no more)."""
     last_results: Sequence[Any] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -352,7 +353,9 @@ class Acquire:
         self.decider = shape.decider(self.nodes.quorum)
         if self.hand:
             # One token for every round: the hand-off token a release may grant (see
-            # `hand`); no clean-up of a failed round is ever sent for it while waiting.
+            # `hand`). A late clean-up cannot undo what a later round found: none deletes a
+            # key a reply said is there, and the one that follows a lost reply deletes
+            # nothing once a later try ran on that node (see _hand_clean_up).
             if not self.token:
                 self.token = secrets.token_hex(20)
             command = shape.acquire(
@@ -445,15 +448,17 @@ class Acquire:
         each keeping a minority would wait out their keys). Such a node no longer counts
         until a later reply. When it gives up, left_line frees its token everywhere.
 
-        Where the node failed or timed out, the try may still land late (a stalled node runs
-        its queued input when it wakes, maybe after this waiter left, its leave sent on a
-        newer connection): it is released right behind it, on the same connection, as any
-        failed try's SET, and that node's grants up to this round no longer count. A reply
-        only not waited for (PENDING) comes from a node that answers in order: whatever
-        follows on that connection, the leave included, runs after the try.
+        Where the reply was not heard (a node that failed or timed out, or one not waited
+        for), the try may still land late (a stalled node runs its queued input when it
+        wakes, maybe after this waiter left, its leave sent on a newer connection, or lost
+        with a connection dropped while the node stalled): what it took is deleted right
+        behind it, on the same connection, as any failed try's SET, unless a later try of
+        this waiter ran there first or the key is a grant (``scripts/hand_undo.lua``). So
+        nothing the waiter may count is deleted: it counts grants, and keys its tries took
+        only from replies it heard.
         """
         shape = self.kind
-        release = shape.release(self.token, "")
+        release = hand_undo_command(shape.key, self.token, self.waiter, self.attempts)
         settle = hand_yield_command(
             shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms
         )
@@ -464,10 +469,10 @@ class Acquire:
                 self.held_since.pop(index, None)
                 self.answered[index] = after
                 clean_up.append(None if give_up else settle)
-            elif reply is PENDING or heard(reply):
-                clean_up.append(None)
-            else:
+            elif reply is PENDING or not heard(reply):
                 clean_up.append(release)
+            else:
+                clean_up.append(None)
         return clean_up
 
     def _note_round(self, results: Sequence[Any], start: float) -> None:
@@ -479,13 +484,9 @@ class Acquire:
         for index, reply in enumerate(results):
             if isinstance(reply, NotSent):
                 continue  # never left: what was known stays
-            if reply is PENDING:
-                continue  # not waited for: the try runs, what it did is not known here
             if not heard(reply):
-                # The try may land late, and its clean-up (see judge) may delete a grant made
-                # up to this round: neither counts here until a later reply says so.
-                self.held_since.pop(index, None)
-                self.answered[index] = round_ + 0.5
+                # Not waited for, failed or timed out: what the try did is not known here;
+                # its clean-up (see _hand_clean_up) never deletes a grant.
                 continue
             self.answered[index] = round_
             if reply == GRANTED:

@@ -72,6 +72,7 @@ end
 
 local waiter = ARGV[5]
 local line, lapse = KEYS[3], KEYS[4]
+-- @include hand_register.lua
 
 -- The first waiter in line whose place has not lapsed (lapsed ones are dropped on the way).
 local function head()
@@ -89,7 +90,6 @@ local function head()
     return nil
 end
 
--- @include hand_register.lua
 local function wait_in_line()
     if waiter == '' then
         return

@@ -47,7 +47,9 @@ local function grant_next(key, line, lapse)
             if pcall(set_lock, key, token, owner, ttl) then
                 redis.call('ZREM', line, first)
                 redis.call('HDEL', lapse, first)
-                redis.call('HDEL', hand, first)
+                -- Marked granted ('g'): the clean-up of a try whose reply was lost never
+                -- deletes a grant the waiter may count (hand_undo.lua).
+                redis.call('HSET', hand, first, 'g' .. entry)
                 wake_member(key, first, first .. ' ' .. round)
                 return
             end

@@ -273,13 +273,14 @@ def extend_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
     return (EXTEND.evalsha(keys, args), Fallback(partial(EXTEND.eval, keys, args), False))
 
 
-HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS)
+# A waiter's clean-ups (core/flow.py: Acquire._hand_clean_up): preloaded, so they go as a
+# short EVALSHA behind the try they follow, never as the source to a node that may be stalled.
+HAND_YIELD = load_script("hand_yield")
+HAND_UNDO = load_script("hand_undo")
+HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS, HAND_YIELD, HAND_UNDO)
 """Loaded with SCRIPT LOAD on every new connection, so EVALSHA finds them at once."""
 for _script in HOT_SCRIPTS:
     _script.preloaded = True
-
-
-HAND_YIELD = load_script("hand_yield")
 
 
 def hand_yield_command(key: str, token: str, waiter: str, ticket: int, lifetime_ms: int) -> Command:
@@ -290,4 +291,13 @@ def hand_yield_command(key: str, token: str, waiter: str, ticket: int, lifetime_
         (key, key + LINE, key + LAPSE),
         (token, waiter, ticket, lifetime_ms),
         fallback_when_over=True,
+    )
+
+
+def hand_undo_command(key: str, token: str, waiter: str, round_: int) -> Command:
+    """After a try of round ``round_`` whose reply was lost: delete the key it may have taken
+    for ``token`` unless a later try of ``waiter`` ran there (``scripts/hand_undo.lua``).
+    Idempotent, so its EVAL fallback is sent even after the operation is over."""
+    return HAND_UNDO.command(
+        (key, key + LINE, key + LAPSE), (token, waiter, round_), fallback_when_over=True
     )

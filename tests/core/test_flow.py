@@ -269,13 +269,14 @@ def test_a_waiter_keeps_one_token_numbers_its_rounds_and_yields_only_to_older_wa
     assert isinstance(step, flow.Failed)
     # The node that granted it is not released: it is yielded to an older waiter there, if
     # any (hand_yield.lua). The node that did not answer may run the try late: released
-    # right behind it. The one that refused holds nothing of it.
+    # right behind it, unless a later try ran there (hand_undo.lua). The one that refused
+    # holds nothing of it.
     granted, refused, silent = step.clean_up
     assert granted is not None
     assert scripts.HAND_YIELD.sha in granted[0]
     assert refused is None
     assert silent is not None
-    assert scripts.RELEASE.sha in silent[0]
+    assert scripts.HAND_UNDO.sha in silent[0]
     assert token.encode() in silent[0]
     # Neither counts until a later reply: grants naming round 1 from them are ignored.
     assert attempt.hear_grants({0: 1, 2: 1}, 100.5) is None
@@ -367,13 +368,17 @@ def test_a_waiter_waits_for_a_quorum_of_grants():
     assert acquire(waiter="").after(step).__class__ is flow.Sleep
 
 
-def test_grants_up_to_a_round_whose_reply_was_not_heard_count_no_more():
+def test_a_grant_from_a_node_whose_reply_was_lost_counts_its_clean_up_spares_grants():
     attempt = acquire()
     attempt.next_round(60_000)
     attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.01)
     attempt.next_round(60_000)
     step = attempt.judge([3_000, TIMED_OUT, 3_000], 0, 101.0, 101.06)
     assert isinstance(step, flow.Failed)
-    # Node 1's clean-up may delete a grant made up to round 2: it does not count.
-    assert attempt.hear_grants({0: 2, 1: 2}, 101.5) is None
-    assert isinstance(attempt.hear_grants({2: 2}, 101.5), flow.Granted)
+    # Node 1's try may land late: undone behind it, but never a grant (hand_undo.lua).
+    assert step.clean_up[0] is None
+    assert step.clean_up[1] is not None
+    assert scripts.HAND_UNDO.sha in step.clean_up[1][0]
+    held = attempt.hear_grants({0: 2, 1: 1}, 101.5)
+    assert isinstance(held, flow.Granted)
+    assert held.expires_at == pytest.approx(100.0 + 10.0 - 0.102)  # from round 1

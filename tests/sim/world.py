@@ -36,7 +36,13 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 # these free the lock or move the head, and must wake the new head: wake_next.lua).
 _ACQUIRE = scripts.ACQUIRE.sha
 _WAKERS = frozenset(
-    (scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha, scripts.HAND_YIELD.sha)
+    (
+        scripts.RELEASE.sha,
+        scripts.FORCE_RELEASE.sha,
+        scripts.LEAVE.sha,
+        scripts.HAND_YIELD.sha,
+        scripts.HAND_UNDO.sha,
+    )
 )
 _HANDOFF = primitives.HANDOFF.sha
 _ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
