@@ -381,3 +381,29 @@ def _try(client, waiter: str, token: str, ticket: int) -> Any:
 def _yield(client, waiter: str, token: str, ticket: int) -> Any:
     keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
     return client.eval(scripts.HAND_YIELD.source, 3, *keys, token, waiter, ticket, 5_000)
+
+
+def _undo(client, waiter: str, token: str, round_: int) -> Any:
+    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+    return client.eval(scripts.HAND_UNDO.source, 3, *keys, token, waiter, round_)
+
+
+def test_the_undo_of_a_lost_reply_never_deletes_a_grant(node):
+    holder, hand = "a" * 40, "b" * 40
+    _hold(node, holder)
+    _register(node, "lsn.w1", hand, 1)  # its reply lost: the waiter sends an undo behind it
+    assert _release_on_client(node, holder) == 1  # ... but a release granted it first
+    assert _undo(node, "lsn.w1", hand, 1) == 0
+    assert lock_token(node, KEY) == hand.encode()  # the waiter may count this grant
+
+
+def test_the_undo_deletes_what_the_try_took_and_an_older_try_takes_nothing(node):
+    hand = "b" * 40
+    # Round 2's try took the free lock; its reply was lost: undone behind it.
+    assert _register(node, "lsn.w1", hand, 2) == b"OK"
+    assert _undo(node, "lsn.w1", hand, 2) == 1
+    assert node.exists(KEY) == 0
+    # Round 1's try, queued on a connection replaced while the node stalled, runs after
+    # round 2's: it takes nothing (its own undo would find round 2 recorded and keep it).
+    assert _register(node, "lsn.w1", hand, 1) == 0
+    assert node.exists(KEY) == 0
