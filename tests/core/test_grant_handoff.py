@@ -378,9 +378,10 @@ def _try(client, waiter: str, token: str, ticket: int) -> Any:
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
 
-def _yield(client, waiter: str, token: str, ticket: int) -> Any:
+def _yield(client, waiter: str, token: str, ticket: int, round_: int = 1) -> Any:
     keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
-    return client.eval(scripts.HAND_YIELD.source, 3, *keys, token, waiter, ticket, 5_000)
+    args = (token, waiter, ticket, 5_000, round_)
+    return client.eval(scripts.HAND_YIELD.source, 3, *keys, *args)
 
 
 def _undo(client, waiter: str, token: str, round_: int) -> Any:
@@ -407,3 +408,45 @@ def test_the_undo_deletes_what_the_try_took_and_an_older_try_takes_nothing(node)
     # round 2's: it takes nothing (its own undo would find round 2 recorded and keep it).
     assert _register(node, "lsn.w1", hand, 1) == 0
     assert node.exists(KEY) == 0
+
+
+def test_a_late_yield_never_takes_a_key_a_later_round_found(node):
+    # W took the free lock with its first try (the line was empty), and an older waiter O
+    # queued behind it. W's round 1 failed elsewhere, so a yield follows on this node... but
+    # it sits on a connection replaced while the node stalled, and W's round 2 try, on the
+    # new connection, runs first: it meets W's token (answers OK, renewed), and W may count
+    # this node for round 2. The yield of round 1 that runs after must leave the key to W.
+    mine, older = "w" * 40, "o" * 40
+    assert _try(node, "lsn.w", mine, 5) == b"OK"
+    assert _try(node, "lsn.o", older, 1) > 0  # queued: the holder's ms left
+    assert _register(node, "lsn.w", mine, 2, ticket=5) == b"OK"
+    _yield(node, "lsn.w", mine, 5, round_=1)
+    assert lock_token(node, KEY) == mine.encode()
+
+
+def test_late_yields_cannot_make_two_holders(cluster3):
+    # The same on three nodes, as the waiters see it. W's first try took nodes 0 and 1 (their
+    # lines empty), O's (the older ticket) took node 2, then each queued where the other
+    # holds. Round 1 fails for both; W's yields to nodes 0 and 1 are delayed (both nodes
+    # stalled, their connections replaced). W's round 2, on the new connections, renews
+    # nodes 0 and 1: a quorum, W holds. Were the late yields then to give nodes 0 and 1 to
+    # O, the head of their lines, O would hold all three nodes while W holds two.
+    mine, older = "w" * 40, "o" * 40
+    clients = [node_client(node) for node in cluster3]
+    try:
+        for index in (0, 1):
+            assert _try(clients[index], "lsn.w", mine, 5) == b"OK"
+        assert _try(clients[2], "lsn.o", older, 1) == b"OK"
+        for index in (0, 1):
+            assert _try(clients[index], "lsn.o", older, 1) != b"OK"
+        assert _try(clients[2], "lsn.w", mine, 5) != b"OK"
+        assert _yield(clients[2], "lsn.o", older, 1) == 1  # O is the oldest: it keeps node 2
+        for index in (0, 1):  # W's round 2: both its own keys renewed, a quorum
+            assert _register(clients[index], "lsn.w", mine, 2, ticket=5) == b"OK"
+        for index in (0, 1):  # round 1's yields, late
+            _yield(clients[index], "lsn.w", mine, 5, round_=1)
+        holders = [lock_token(client, KEY) for client in clients]
+        assert holders == [mine.encode(), mine.encode(), older.encode()]
+    finally:
+        for client in clients:
+            client.close()
