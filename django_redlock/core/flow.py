@@ -460,7 +460,7 @@ class Acquire:
         shape = self.kind
         release = hand_undo_command(shape.key, self.token, self.waiter, self.attempts)
         settle = hand_yield_command(
-            shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms
+            shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms, self.attempts
         )
         after = self.attempts + 0.5
         clean_up: list[Command | None] = []

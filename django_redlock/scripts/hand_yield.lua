@@ -9,6 +9,7 @@
 -- ARGV[2]  the waiter id
 -- ARGV[3]  the waiter's ticket (its place: the same number on every node)
 -- ARGV[4]  how long a place in line lasts without a new try, in milliseconds
+-- ARGV[5]  the round whose try answered with H here (the failed round this yield follows)
 --
 -- Returns 1 when the lock still holds H here, 0 otherwise (not held, or given away).
 --
@@ -21,6 +22,11 @@
 -- own ticket: every split resolves in favour of the oldest ticket, the order every node
 -- agrees on. The waiter does not count a node it sent this to until a later reply (it cannot
 -- know which way it went); hand_grant.lua has the safety argument of the grant itself.
+-- A yield can run late: sent behind its round's try, it may sit on a connection replaced
+-- while the node stalled, and the waiter's next try, on the new connection, may run first,
+-- renew H and be counted in a round that wins. So a yield does nothing once a later try of
+-- this waiter ran here (hand_register.lua records the round of every try from round 2 on),
+-- as hand_undo.lua: else it would give a counted key to another waiter (two holders).
 -- No `#!lua` shebang, as release.lua.
 -- @include wake_next.lua
 -- @include lock_key.lua
@@ -28,6 +34,10 @@
 -- @include hand_grant.lua
 if lock_token(KEYS[1]) ~= ARGV[1] then
     return 0
+end
+local entry = redis.call('HGET', KEYS[1] .. '\0h', ARGV[2])
+if entry and (tonumber(string.match(entry, '^g?(%d+) ')) or 0) > tonumber(ARGV[5]) then
+    return 1 -- a later try ran here: what it found is the waiter's to count
 end
 local first = live_head(KEYS[1], KEYS[2], KEYS[3])
 if first == nil or first == ARGV[2]

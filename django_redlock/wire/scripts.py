@@ -283,13 +283,16 @@ for _script in HOT_SCRIPTS:
     _script.preloaded = True
 
 
-def hand_yield_command(key: str, token: str, waiter: str, ticket: int, lifetime_ms: int) -> Command:
-    """After a failed round of a waiter taking hand-off grants: give the lock it holds with
-    ``token`` to an older waiter in line, if any (``scripts/hand_yield.lua``). Idempotent, so
-    its EVAL fallback is sent even after the operation is over."""
+def hand_yield_command(
+    key: str, token: str, waiter: str, ticket: int, lifetime_ms: int, round_: int
+) -> Command:
+    """After failed round ``round_`` of a waiter taking hand-off grants: give the lock it holds
+    with ``token`` to an older waiter in line, if any, unless a later try of ``waiter`` ran
+    there (``scripts/hand_yield.lua``). Idempotent, so its EVAL fallback is sent even after the
+    operation is over."""
     return HAND_YIELD.command(
         (key, key + LINE, key + LAPSE),
-        (token, waiter, ticket, lifetime_ms),
+        (token, waiter, ticket, lifetime_ms, round_),
         fallback_when_over=True,
     )
 
