@@ -4,17 +4,21 @@ many waiters at once, sync and asyncio."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from django_redlock import LockManager
+from django_redlock import AsyncLockManager, LockManager
+from django_redlock.core import flow
 from tests.helpers import lock_token, node_client
 
 KEY = "redlock:handed"
@@ -120,3 +124,144 @@ def test_a_waiter_paused_past_its_grants_never_counts_them_when_it_wakes(cluster
         if waiter.stdout is not None:
             waiter.stdout.close()
         holder.close()
+
+
+WORKERS = 5
+CYCLES = 8
+
+
+class _Exclusion:
+    """Counts the holders inside the critical section at once (it must never pass 1), and
+    checks each holder still has validity left when it enters."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+        self.entered = 0
+        self.spent: list[float] = []
+
+    def enter(self, validity: float) -> None:
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+            self.entered += 1
+            if validity <= 0:
+                self.spent.append(validity)
+
+    def leave(self) -> None:
+        with self.lock:
+            self.inside -= 1
+
+
+def _disrupt(cluster, stop: threading.Event) -> None:
+    """Pause one node at a time past the stall reset (1 s for a 50 ms node timeout), so
+    clean-ups, yields and undos sit on stalled connections while later tries go on new ones;
+    then set ``stop``."""
+    for index in (1, 2, 1):
+        with cluster[index].paused_while():
+            time.sleep(1.3)
+        time.sleep(0.3)
+    stop.set()
+
+
+def _count_hand_offs(monkeypatch) -> list[int]:
+    """Count the leases held from grants (a spy on the flow; the nodes real), so a test
+    that means to exercise the hand-off can tell that it did."""
+    counted = [0]
+    real = flow.Acquire.hear_grants
+
+    def spy(self: flow.Acquire, grants: Any, now: float) -> flow.Granted | None:
+        held = real(self, grants, now)
+        counted[0] += held is not None
+        return held
+
+    monkeypatch.setattr(flow.Acquire, "hear_grants", spy)
+    return counted
+
+
+def _check_free(cluster) -> None:
+    # Every lease was released and every grant freed or run out (ttl 5 s).
+    _wait_for(lambda: all(holder is None for holder in _holders(cluster)), 15.0)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_waiters_threads_through_paused_nodes_never_overlap_and_all_finish(
+    cluster3, cluster5, size, monkeypatch
+):
+    cluster = cluster3 if size == 3 else cluster5
+    handed = _count_hand_offs(monkeypatch)
+    seen = _Exclusion()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            with LockManager(cluster.urls, node_timeout=0.05, retry_delay=0.1) as manager:
+                done = 0
+                while done < CYCLES or not stop.is_set():  # through every pause
+                    done += 1
+                    lease = manager.acquire("handed", ttl=5.0, timeout=60.0)
+                    seen.enter(lease.validity)
+                    time.sleep(0.003)
+                    seen.leave()
+                    lease.release()
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    disruptor = threading.Thread(target=_disrupt, args=(cluster, stop))
+    workers = [threading.Thread(target=work) for _ in range(WORKERS)]
+    disruptor.start()
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join(120.0)  # a hang guard, not a speed bound
+    disruptor.join()
+    assert not any(thread.is_alive() for thread in workers), "a waiter never got the lock"
+    assert errors == []
+    assert seen.most == 1
+    assert seen.spent == []
+    assert seen.entered >= WORKERS * CYCLES
+    print(f"{seen.entered} critical sections, {handed[0]} from grants")
+    assert handed[0] > 0
+    _check_free(cluster)
+
+
+@pytest.mark.parametrize("size", [3, 5])
+def test_waiters_tasks_through_paused_nodes_never_overlap_and_all_finish(
+    cluster3, cluster5, size, monkeypatch
+):
+    cluster = cluster3 if size == 3 else cluster5
+    handed = _count_hand_offs(monkeypatch)
+    seen = _Exclusion()
+    stop = threading.Event()
+
+    async def work() -> None:
+        manager = AsyncLockManager(cluster.urls, node_timeout=0.05, retry_delay=0.1)
+        try:
+            done = 0
+            while done < CYCLES or not stop.is_set():  # through every pause
+                done += 1
+                lease = await manager.acquire("handed", ttl=5.0, timeout=60.0)
+                seen.enter(lease.validity)
+                await asyncio.sleep(0.003)
+                seen.leave()
+                await lease.release()
+        finally:
+            await manager.aclose()
+
+    async def main() -> None:
+        await asyncio.wait_for(asyncio.gather(*(work() for _ in range(WORKERS))), 120.0)
+
+    disruptor = threading.Thread(target=_disrupt, args=(cluster, stop))
+    disruptor.start()
+    try:
+        asyncio.run(main())
+    finally:
+        disruptor.join()
+    assert seen.most == 1
+    assert seen.spent == []
+    assert seen.entered >= WORKERS * CYCLES
+    print(f"{seen.entered} critical sections, {handed[0]} from grants")
+    assert handed[0] > 0
+    _check_free(cluster)
