@@ -265,3 +265,37 @@ def test_waiters_tasks_through_paused_nodes_never_overlap_and_all_finish(
     print(f"{seen.entered} critical sections, {handed[0]} from grants")
     assert handed[0] > 0
     _check_free(cluster)
+
+
+def test_a_node_restarted_from_a_snapshot_grants_nothing_and_the_others_hand_over(cluster3):
+    # Node 2 crashes and comes back from a snapshot taken while the waiter waited: the
+    # holder's key, the line and the waiter's registration are back, and the marker names the
+    # old process. The holder's release frees node 2's restored key but must not grant it to
+    # the waiter (that node may have forgotten a holder since the snapshot); nodes 0 and 1
+    # grant: a quorum of 3. Fails if hand_grant.lua skips the marker check.
+    holder, waiter = LockManager(cluster3.urls), LockManager(cluster3.urls, retry_delay=30.0)
+    lease = holder.acquire("handed", ttl=30.0)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire("handed", timeout=20.0)))
+    thread.start()
+    node = cluster3[2]
+    snapshot = Path(node.directory) / f"{node.name}.rdb"
+    try:
+        _wait_for(lambda: _registered(cluster3, 2))
+        with node_client(node) as client:
+            client.save()
+        node.restart(fresh=False)
+        lease.release()
+        thread.join(10.0)
+        assert got, "the waiter did not get the lock from the two other grants"
+        handed = got[0]
+        holders = _holders(cluster3)
+        assert holders[:2] == [handed.token.encode()] * 2
+        assert holders[2] is None  # freed by the release, granted to nobody
+        handed.release()
+        assert _holders(cluster3) == [None, None, None]
+    finally:
+        thread.join(10.0)
+        snapshot.unlink(missing_ok=True)  # later restarts of this node start empty
+        holder.close()
+        waiter.close()
