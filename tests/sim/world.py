@@ -28,6 +28,7 @@ from typing import Any
 from django_redlock.core import flow
 from django_redlock.wire import primitives, rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
+from django_redlock.wire.stall import stall_limits
 from tests.sim.fence import Table
 from tests.sim.invariants import Checker
 from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
@@ -372,7 +373,16 @@ class Exchange(rounds.Round):
 class Connection:
     """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
 
-    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed", "reload")
+    __slots__ = (
+        "greeted",
+        "held_since",
+        "incarnation",
+        "last_in",
+        "last_out",
+        "node",
+        "owed",
+        "reload",
+    )
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
@@ -382,6 +392,9 @@ class Connection:
         self.last_in = 0.0  # when its last command reaches the node
         self.last_out = 0.0  # when its last reply reaches the client
         self.owed: list[Exchange | None] = []
+        # When a paused node first held one of its commands unread (None: none held): past
+        # the stall reset the client replaces it (wire.stall), the held commands still run.
+        self.held_since: float | None = None
 
 
 _PARSED: dict[bytes, tuple[int, list[bytes]]] = {}
@@ -514,6 +527,7 @@ class World:
         self.steps = 0  # the events run: deliveries, timers, faults, client steps
         self.rng = random.Random(seed)
         self.config = config or draw_config(self.rng)
+        self.stall_reset = stall_limits(self.config.node_timeout)["stall_reset"]
         self.now = 0.0
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
@@ -754,6 +768,26 @@ class World:
                     self.landed(command[0])
                 return
             conn = client.connections[index] = Connection(node)
+        elif conn.held_since is not None and self.now - conn.held_since >= self.stall_reset:
+            # wire.stall: a connection owing a reply past the stall reset is replaced; a
+            # clean-up goes on the old one (behind what it undoes) and once more on the new
+            # one. What the old one holds still runs when the node wakes, in any order with
+            # the new one's commands (resume_node).
+            if exchange is None:
+                self._send_on(client, conn, index, command, exchange)
+            self.log(f"c{client.index}", f"stalled connection to {node.label} replaced")
+            conn = client.connections[index] = Connection(node)
+        self._send_on(client, conn, index, command, exchange)
+
+    def _send_on(
+        self,
+        client: SimClient,
+        conn: Connection,
+        index: int,
+        command: scripts.Command,
+        exchange: Exchange | None,
+    ) -> None:
+        node = self.nodes[index]
         data = command[0]
         if self.config.loss and self.rng.random() < self.config.loss:
             self.log(f"c{client.index}", f"message to {node.label} lost")
@@ -790,7 +824,9 @@ class World:
             )
             return
         if node.state == "paused":
-            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index, fallback))
+            if conn.held_since is None:
+                conn.held_since = self.now
+            node.inbox.append(partial(self.deliver, client, conn, data, exchange, index, fallback))
             return
         if not conn.greeted:
             self.hello(client, conn, index)
@@ -909,8 +945,20 @@ class World:
         node.state = "up"
         self.log(node.label, "resumed")
         held, node.inbox = node.inbox, []
+        # A server wakes to every connection's unread input at once and serves them in the
+        # order its event loop finds them: FIFO on each connection, any order across them.
+        queues: dict[int, list[Callable[[], None]]] = {}
         for deliver in held:
-            deliver()
+            conn = deliver.args[1] if isinstance(deliver, partial) else None
+            if isinstance(conn, Connection):
+                conn.held_since = None
+            queues.setdefault(id(conn), []).append(deliver)
+        order = list(queues.values())
+        while order:
+            queue = order[self.rng.randrange(len(order))]
+            queue.pop(0)()
+            if not queue:
+                order.remove(queue)
 
     def crash_node(self, node: SimNode, seconds: float, mode: str | None = None) -> None:
         if node.state == "down":
