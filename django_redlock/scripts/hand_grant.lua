@@ -16,10 +16,12 @@
 --     and the try left after its send time. So H lives here at least until that send time
 --     plus the ttl (less drift), and the waiter's validity, from the quorum-th latest such
 --     time among the granting nodes (core/flow.py: Acquire.heard), never outlasts its keys.
---   * Nothing but its expiry, its holder's release and an operator's force release removes
---     H here: a try of the waiter that meets H answers granted and renews it (acquire.lua,
---     the token's own branch); no clean-up of a failed round is sent for H while the waiter
---     still waits (a round token distinct from H would be needed otherwise).
+--   * Nothing removes H here while the waiter counts it but its expiry, the waiter's own
+--     release or leave, and an operator's force release: a try of the waiter that meets H
+--     answers granted and renews it (acquire.lua, the token's own branch); the clean-ups of
+--     its failed rounds never delete a grant or a key a later try found, even when they run
+--     late (hand_undo.lua skips a 'g' entry or a later round; hand_yield.lua only follows a
+--     reply after which the waiter stops counting the node, and skips a later round).
 --   * A node that restarted may have forgotten a holder: it grants only when the process
 --     running this script is the one its marker names as fit to vote (the run_id node_rule.lua
 --     records, compared with INFO server's here). A restored marker names an older process:
