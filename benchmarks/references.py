@@ -141,7 +141,7 @@ def redis_py_connections(urls: list[str]) -> PairRunner:
         for connection, (run_id, persistence) in zip(connections, identities, strict=True):
             connection.send_command(
                 "EVALSHA", ACQUIRE.sha, len(keys), *keys, token, TTL_MS, owner, QUARANTINE_MS,
-                "", 0, 0, run_id, persistence,
+                "", 0, 0, 0, run_id, persistence,
             )  # fmt: skip
         granted = sum(connection.read_response() == GRANTED for connection in connections)
         if granted < quorum:

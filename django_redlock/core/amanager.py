@@ -419,6 +419,7 @@ class AsyncLockManager(EngineConfigured):
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 action = engine.failed(attempt, step, checked.origin)
+                wait: flow.Wait | None = None
                 # What the flow said, awaited here (not in a helper coroutine), as the sync
                 # manager's _carry_out does it.
                 if isinstance(action, flow.Sleep):
@@ -428,12 +429,22 @@ class AsyncLockManager(EngineConfigured):
                 elif isinstance(action, flow.Subscribe):
                     fresh = await subscriber.subscribe(action.key, engine.node_timeout, waiter)
                     wait = attempt.subscribed(fresh, action.delay)
-                    if wait is not None:
-                        attempt.waited(await subscriber.wait(waiter, wait.delay))
                 elif isinstance(action, flow.Wait):
-                    attempt.waited(await subscriber.wait(waiter, action.delay))
+                    wait = action
                 else:  # the place in line is left below
                     raise action.error
+                if wait is not None:
+                    settle = engine.node_timeout
+                    attempt.waited(await subscriber.wait(waiter, wait.delay, wait.need, settle))
+                    if wait.need:
+                        held = attempt.hear_grants(subscriber.grants(waiter), clock())
+                        if held is not None:
+                            # A quorum of nodes granted the lock while it waited: no round.
+                            make = partial(AsyncLease, self)
+                            results = attempt.granted_results()
+                            return engine.grant(
+                                make, connections.post, attempt, held, results, scope, checked
+                            )
         except BaseException:
             leave = attempt.left_line()
             if leave is not None:

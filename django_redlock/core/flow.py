@@ -35,16 +35,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django_redlock.core.arguments import DRIFT_SECONDS
-from django_redlock.core.shapes import Shape, lock_refusal
+from django_redlock.core.shapes import Shape, heard, lock_refusal
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
-from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
+from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.primitives import handback_command, handoff_command
 from django_redlock.wire.scripts import (
     FORCE_RELEASE,
+    GRANTED,
     HOLDER,
     LAPSE,
     LINE,
     Command,
+    hand_undo_command,
+    hand_yield_command,
 )
 
 __all__ = [
@@ -159,10 +162,11 @@ def owns_round(size: int, shape: Shape, token: str) -> list[Command]:
     return [shape.owns(token)] * size
 
 
-def leave_round(size: int, shape: Shape, waiter: str) -> list[Command] | None:
+def leave_round(size: int, shape: Shape, waiter: str, token: str = "") -> list[Command] | None:
     """Leave the wait line on every node (``scripts/leave.lua`` for a lock); None for a
-    shape that never queues."""
-    command = shape.leave(waiter)
+    shape that never queues. ``token``: a waiter's hand-off token, freed where it is held
+    (see :meth:`Acquire.left_line`)."""
+    command = shape.leave(waiter, token)
     return None if command is None else [command] * size
 
 
@@ -256,12 +260,18 @@ class Subscribe:
 
 class Wait:
     """Wait up to ``delay`` seconds for the release that wakes this waiter (pub/sub), then
-    call :meth:`Acquire.waited` with whether it came, and try again."""
+    call :meth:`Acquire.waited` with whether it came, and try again.
 
-    __slots__ = ("delay",)
+    ``need``: for a waiter that takes hand-off grants (:attr:`Acquire.hand`), the wait also
+    ends once that many nodes granted it the lock (``scripts/hand_grant.lua``); the manager
+    then gives the grants heard to :meth:`Acquire.hear_grants`, which may hold the lease without
+    another round. 0: only a wake-up ends the wait."""
 
-    def __init__(self, delay: float) -> None:
+    __slots__ = ("delay", "need")
+
+    def __init__(self, delay: float, need: int = 0) -> None:
         self.delay = delay
+        self.need = need
 
 
 Action = GiveUp | Sleep | Subscribe | Wait
@@ -303,10 +313,24 @@ class Acquire:
     votes: int = 0  # the yes votes of the last round judged
     listens: bool = True
     listening: bool = False  # subscribed to the wake channel (see after)
+    hand: bool = field(default=False, init=False)
+    """A blocking acquire of a plain lock: it takes hand-off grants. Its token is its hand-off
+    token for every round (``scripts/hand_register.lua``); what its failed rounds took is
+    kept or yielded to an older waiter, not released (see :meth:`_hand_clean_up`)."""
+    rounds: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    """Round number -> its send time (the ``start`` given to :meth:`judge`)."""
+    held_since: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    """Node index -> the earliest instant its key of this waiter's token may date from (a
+    grant or a try that answered granted), for nodes that may hold it now."""
+    answered: dict[int, float] = field(default_factory=dict, init=False, repr=False)
+    """Node index -> the last round whose reply from that node was heard (plus a half when
+    that reply said it holds the token and a yield followed: its grants count no more)."""
+    last_results: Sequence[Any] = field(default=(), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.shape is None:
             self.shape = Shape(self.key)
+        self.hand = bool(self.waiter) and self.shape.kind == "lock"
 
     @property
     def kind(self) -> Shape:
@@ -326,11 +350,29 @@ class Acquire:
         failed attempt may reach a node late (pipelined, or re-sent after NOSCRIPT) and must
         never hit a later attempt's key."""
         self.attempts += 1
-        self.token = secrets.token_hex(20)
         shape = self.shape  # not self.kind: one call less per round
         assert shape is not None
         # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
         self.decider = shape.decider(self.nodes.quorum)
+        if self.hand:
+            # One token for every round: the hand-off token a release may grant (see
+            # `hand`). A late clean-up cannot undo what a later round found: none deletes a
+            # key a reply said is there, and the one that follows a lost reply deletes
+            # nothing once a later try ran on that node (see _hand_clean_up).
+            if not self.token:
+                self.token = secrets.token_hex(20)
+            command = shape.acquire(
+                self.token,
+                self.ttl,
+                self.owner,
+                quarantine_ms,
+                self.waiter,
+                self.ticket,
+                self.lifetime_ms,
+                self.attempts,
+            )
+            return [command] * self.nodes.size
+        self.token = secrets.token_hex(20)
         command = shape.acquire(
             self.token,
             self.ttl,
@@ -356,11 +398,17 @@ class Acquire:
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: the instant validity reaches 0.
             return Granted(self.token, acquired_at=end, expires_at=end + left)
+        if self.hand:
+            self._note_round(results, start)  # only a waiter that goes on needs it
         error = failure(
             nodes, self.name, results, granted, end - start, self.attempts, shape.refused_ms
         )
-        clean_up = shape.clean_up(self.token, results, nodes.size)
-        if not self.blocking or (self.deadline is not None and end >= self.deadline):
+        give_up = not self.blocking or (self.deadline is not None and end >= self.deadline)
+        if self.hand:
+            clean_up = self._hand_clean_up(results, give_up)
+        else:
+            clean_up = shape.clean_up(self.token, results, nodes.size)
+        if give_up:
             return Failed(error, clean_up, True, 0.0, end - self.started)
         quarantined = error.quarantined
         if quarantined is not None:
@@ -386,14 +434,107 @@ class Acquire:
         # Listening since before the last try (the channel was kept from an earlier wait,
         # of this manager's thread or task or another): any release since then was
         # published, and kept for this waiter.
-        return Wait(step.delay)
+        return Wait(step.delay, self.nodes.quorum if self.hand else 0)
 
     def subscribed(self, fresh: bool, delay: float) -> Wait | None:
         """A :class:`Subscribe` was carried out: ``fresh`` when the subscriber had to
         subscribe (the nodes confirmed just now). Then try at once (None): the try right
         after subscribing covers a release that came between the last try and the
         subscription. Otherwise the channel was heard all along: :class:`Wait` ``delay``."""
-        return None if fresh else Wait(delay)
+        return None if fresh else Wait(delay, self.nodes.quorum if self.hand else 0)
+
+    def _hand_clean_up(self, results: Sequence[Any], give_up: bool) -> list[Command | None]:
+        """The clean-up of a failed round of a waiter taking grants (see :attr:`hand`).
+
+        Where a reply said the node holds its token (granted, or taken by the try as the
+        head of the line): yielded to an older waiter in line there, if any, else kept
+        (``scripts/hand_yield.lua``: the nodes may disagree on the head, and two waiters
+        each keeping a minority would wait out their keys). Such a node no longer counts
+        until a later reply. When it gives up, left_line frees its token everywhere.
+
+        Where the reply was not heard (a node that failed or timed out, or one not waited
+        for), the try may still land late (a stalled node runs its queued input when it
+        wakes, maybe after this waiter left, its leave sent on a newer connection, or lost
+        with a connection dropped while the node stalled): what it took is deleted right
+        behind it, on the same connection, as any failed try's SET, unless a later try of
+        this waiter ran there first or the key is a grant (``scripts/hand_undo.lua``). So
+        nothing the waiter may count is deleted: it counts grants, and keys its tries took
+        only from replies it heard.
+        """
+        shape = self.kind
+        release = hand_undo_command(shape.key, self.token, self.waiter, self.attempts)
+        settle = hand_yield_command(
+            shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms, self.attempts
+        )
+        after = self.attempts + 0.5
+        clean_up: list[Command | None] = []
+        for index, reply in enumerate(results):
+            if reply == GRANTED:
+                self.held_since.pop(index, None)
+                self.answered[index] = after
+                clean_up.append(None if give_up else settle)
+            elif reply is PENDING or not heard(reply):
+                clean_up.append(release)
+            else:
+                clean_up.append(None)
+        return clean_up
+
+    def _note_round(self, results: Sequence[Any], start: float) -> None:
+        """Remember what round ``self.attempts``, sent at ``start``, said of each node (a
+        waiter taking grants): a grant heard later for this round dates from ``start``."""
+        round_ = self.attempts
+        self.rounds[round_] = start
+        self.last_results = results
+        for index, reply in enumerate(results):
+            if isinstance(reply, NotSent):
+                continue  # never left: what was known stays
+            if not heard(reply):
+                # Not waited for, failed or timed out: what the try did is not known here;
+                # its clean-up (see _hand_clean_up) never deletes a grant.
+                continue
+            self.answered[index] = round_
+            if reply == GRANTED:
+                self.held_since[index] = start
+            else:
+                # Refused (held by another, others ahead) or an error: nothing of ours here
+                # (the vote gate of acquire.lua runs before any write).
+                self.held_since.pop(index, None)
+
+    def hear_grants(self, grants: Mapping[int, int], now: float) -> Granted | None:
+        """Hand-off grants heard while waiting (node index -> the round each names, see
+        ``scripts/hand_grant.lua``): the lease when, with what the rounds said, a quorum of
+        nodes holds this waiter's token and some validity is left at ``now``; else None (the
+        waiter tries again: its try renews the grants it has and takes free nodes).
+
+        A grant naming round r was made after the node processed round r's try, so no
+        earlier than r's send time; a grant naming a round older than the last reply heard
+        from that node is stale (that reply said where things stand). The lease's validity
+        counts from the quorum-th latest such time among the nodes that hold it: a quorum
+        holds the token at least until then plus the ttl, less drift.
+        """
+        for index, round_ in grants.items():
+            sent = self.rounds.get(round_)
+            if sent is None or round_ < self.answered.get(index, 0):
+                continue
+            if sent > self.held_since.get(index, -math.inf):
+                self.held_since[index] = sent
+        quorum = self.nodes.quorum
+        if len(self.held_since) < quorum:
+            return None
+        since = sorted(self.held_since.values(), reverse=True)[quorum - 1]
+        left = validity(self.ttl, now - since, self.nodes.drift_factor)
+        if left <= 0:
+            return None  # too little left: one more round renews the grants (extend once)
+        self.votes = len(self.held_since)
+        return Granted(self.token, acquired_at=now, expires_at=now + left)
+
+    def granted_results(self) -> list[Any]:
+        """The replies a lease held from grants (:meth:`hear_grants`) reports: granted where this
+        waiter's token is known to be, else what the last round said."""
+        results = list(self.last_results) or [TIMED_OUT] * self.nodes.size
+        for index in self.held_since:
+            results[index] = GRANTED
+        return results
 
     def waited(self, woken: bool) -> None:
         """A wait between rounds ended, ``woken`` by a release or not (a poll, which makes
@@ -407,8 +548,17 @@ class Acquire:
         return self.kind.clean_up(self.token, None, self.nodes.size)
 
     def left_line(self) -> list[Command] | None:
-        """The commands that drop the waiter's place in line (None for a single try)."""
-        return leave_round(self.nodes.size, self.kind, self.waiter) if self.waiter else None
+        """The commands that drop the waiter's place in line (None for a single try), sent
+        on every exit that is not a grant. A waiter taking grants leaves with its token, on
+        every node: grants (and keys its tries took as the head of the line) may be there
+        whether or not a reply said so, and would otherwise hold the lock until they expire
+        (``scripts/leave.lua``)."""
+        if not self.waiter:
+            return None
+        if self.hand and self.token:
+            self.held_since.clear()
+            return leave_round(self.nodes.size, self.kind, self.waiter, self.token)
+        return leave_round(self.nodes.size, self.kind, self.waiter)
 
     def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
         """After a round won: the releases of grants outside the lease (see

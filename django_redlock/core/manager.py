@@ -408,14 +408,20 @@ class LockManager(EngineConfigured):
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.post(step.clean_up)
-            self._carry_out(
+            held = self._carry_out(
                 engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
             )
+            if held is not None:
+                # A quorum of nodes granted the lock while it waited (hand-off): no round.
+                make = partial(Lease, self)
+                results = attempt.granted_results()
+                return engine.grant(make, connections.post, attempt, held, results, scope, checked)
 
     def _carry_out(
         self, action: flow.Action, attempt: flow.Acquire, subscriber: Subscriber
-    ) -> None:
-        """Do what the flow said after a failed round, and tell it how the wait ended.
+    ) -> flow.Granted | None:
+        """Do what the flow said after a failed round, and tell it how the wait ended; the
+        lease's grant when a quorum of nodes handed the lock over meanwhile.
 
         Raises:
             LockNotAcquired: the flow gave up.
@@ -428,11 +434,22 @@ class LockManager(EngineConfigured):
             fresh = subscriber.subscribe(action.key, self.engine.node_timeout, attempt.waiter)
             wait = attempt.subscribed(fresh, action.delay)
             if wait is not None:
-                attempt.waited(subscriber.wait(attempt.waiter, wait.delay))
+                return self._wait(wait, attempt, subscriber)
         elif isinstance(action, flow.Wait):
-            attempt.waited(subscriber.wait(attempt.waiter, action.delay))
+            return self._wait(action, attempt, subscriber)
         else:
             raise action.error
+        return None
+
+    def _wait(
+        self, wait: flow.Wait, attempt: flow.Acquire, subscriber: Subscriber
+    ) -> flow.Granted | None:
+        """Wait for a wake-up or for hand-off grants (see :class:`flow.Wait`)."""
+        waiter = attempt.waiter
+        attempt.waited(subscriber.wait(waiter, wait.delay, wait.need, self.engine.node_timeout))
+        if not wait.need:
+            return None
+        return attempt.hear_grants(subscriber.grants(waiter), self.engine.clock())
 
     def _contact(self, connections: ConnectionSet, contact: flow.Contact) -> None:
         """Carry out the first contact (:class:`~django_redlock.core.flow.Contact`): one

@@ -92,9 +92,11 @@ class Shape:
         waiter: str,
         ticket: int,
         lifetime_ms: int,
+        hand_round: int = 0,
     ) -> Command:
         """The command of one acquire try on every node (post it with ``identify=True``);
-        ``ttl`` in seconds, the rest as ``acquire_command`` takes them."""
+        ``ttl`` in seconds, the rest as ``acquire_command`` takes them (``hand_round``: the
+        round of a waiter taking hand-off grants, ``scripts/hand_register.lua``)."""
         return acquire_command(
             self.key,
             token,
@@ -104,6 +106,7 @@ class Shape:
             waiter,
             ticket,
             lifetime_ms,
+            hand_round,
         )
 
     def decider(self, quorum: int) -> object:
@@ -169,9 +172,11 @@ class Shape:
         """Does a node still hold the lease for ``token``; reply 1 or 0."""
         return owns_command(self.key, token)
 
-    def leave(self, waiter: str) -> Command | None:
-        """Drop ``waiter``'s place in the line (None: this shape never queues)."""
-        return leave_command(self.key, waiter)
+    def leave(self, waiter: str, token: str = "") -> Command | None:
+        """Drop ``waiter``'s place in the line (None: this shape never queues); with
+        ``token``, a waiter's hand-off token, also free the lock where it holds it
+        (``scripts/leave.lua``)."""
+        return leave_command(self.key, waiter, token)
 
 
 Mutex = Shape
@@ -242,6 +247,7 @@ class Slots(Shape):
         waiter: str,
         ticket: int,
         lifetime_ms: int,
+        hand_round: int = 0,
     ) -> Command:
         return primitives.semaphore_acquire_command(
             self.key,
@@ -311,7 +317,7 @@ class Slots(Shape):
             raise RuntimeError("no slot was granted to this semaphore lease")
         return self.slot
 
-    def leave(self, waiter: str) -> Command | None:
+    def leave(self, waiter: str, token: str = "") -> Command | None:
         return primitives.semaphore_leave_command(self.key, self.limit, waiter)
 
 
@@ -338,6 +344,7 @@ class ReadWrite(Shape):
         waiter: str,
         ticket: int,
         lifetime_ms: int,
+        hand_round: int = 0,
     ) -> Command:
         return primitives.rw_acquire_command(
             self.key,
@@ -360,7 +367,7 @@ class ReadWrite(Shape):
     def owns(self, token: str) -> Command:
         return primitives.rw_owns_command(self.key, self.rw, token)
 
-    def leave(self, waiter: str) -> Command | None:
+    def leave(self, waiter: str, token: str = "") -> Command | None:
         return primitives.rw_leave_command(self.key, self.rw, waiter)
 
 
@@ -389,6 +396,7 @@ class Many(Shape):
         waiter: str,
         ticket: int,
         lifetime_ms: int,
+        hand_round: int = 0,
     ) -> Command:
         return primitives.acquire_many_command(
             self.keys, token, math.ceil(ttl * 1000), owner, quarantine_ms
@@ -403,5 +411,5 @@ class Many(Shape):
     def owns(self, token: str) -> Command:
         return primitives.owns_many_command(self.keys, token)
 
-    def leave(self, waiter: str) -> Command | None:
+    def leave(self, waiter: str, token: str = "") -> Command | None:
         return None

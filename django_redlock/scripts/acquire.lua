@@ -15,8 +15,10 @@
 -- ARGV[5]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[6]  the waiter's ticket: the same number on every node (its first try, in µs)
 -- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
--- ARGV[8]  the run_id of the server process this connection reached ("" when not known yet)
--- ARGV[9]  the node's persistence as this connection read it (node_rule.lua: 'always', ...)
+-- ARGV[8]  the round of a waiter that takes hand-off grants (1, 2, ...; "" or 0: none): its
+--          token is then its hand-off token for every round (hand_register.lua)
+-- ARGV[9]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[10] the node's persistence as this connection read it (node_rule.lua: 'always', ...)
 --
 -- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has
 -- the same order everywhere, and a free lock goes to the head of the line (a try that jumps
@@ -58,8 +60,8 @@ local longer = quarantine_longer(marker[2], quarantine)
 if longer ~= nil then
     return redis.error_reply(longer)
 end
-if marker[1] ~= ARGV[8] then
-    local refusal = node_rule(KEYS[2], quarantine, ARGV[9], true)
+if marker[1] ~= ARGV[9] then
+    local refusal = node_rule(KEYS[2], quarantine, ARGV[10], true)
     if refusal ~= nil then
         return redis.error_reply(refusal)
     end
@@ -70,6 +72,7 @@ end
 
 local waiter = ARGV[5]
 local line, lapse = KEYS[3], KEYS[4]
+-- @include hand_register.lua
 
 -- The first waiter in line whose place has not lapsed (lapsed ones are dropped on the way).
 local function head()
@@ -96,6 +99,7 @@ local function wait_in_line()
     redis.call('HSET', lapse, waiter, string.format('%d', clock() + lifetime))
     redis.call('PEXPIRE', line, lifetime)
     redis.call('PEXPIRE', lapse, lifetime)
+    register_hand()
 end
 
 if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then

@@ -275,6 +275,11 @@ class LoopSubscriber:
         self.channels: dict[str, None] = {}  # subscribed (or being subscribed), oldest first
         self.lock: asyncio.Lock | None = None  # one task at a time opens and subscribes
         self.waiting: dict[bytes, asyncio.Event] = {}
+        # Registered waiter: node index -> the round each hand-off grant heard names
+        # (scripts/hand_grant.lua), until taken by grants(); and the waiters woken by a
+        # plain wake-up since their last wait.
+        self.granted: dict[bytes, dict[int, int]] = {}
+        self.woken: set[bytes] = set()
         # Which channel each waiting task listens on, and how many listen on each: a channel
         # somebody listens on is never unsubscribed to make room (its wake-ups would be lost,
         # and that task left to its poll), so past KEEP only unheard channels go.
@@ -293,6 +298,8 @@ class LoopSubscriber:
         """Stop keeping ``waiter``'s wake-ups; its channel may be unsubscribed from now on."""
         ident = waiter.encode()
         self.waiting.pop(ident, None)
+        self.granted.pop(ident, None)
+        self.woken.discard(ident)
         channel = self.listening.pop(ident, None)
         if channel is not None:
             left = self.listeners.get(channel, 1) - 1
@@ -334,9 +341,16 @@ class LoopSubscriber:
                         continue
                     if not isinstance(reply, list) or len(reply) != 3:
                         continue
-                    if reply[0] == b"message":
-                        event = self.waiting.get(reply[2])
+                    if reply[0] == b"message" and isinstance(reply[2], bytes):
+                        # The waiter id (a wake-up), or the id and a round (a grant).
+                        ident, _, round_ = reply[2].partition(b" ")
+                        event = self.waiting.get(ident)
                         if event is not None:
+                            if round_.isdigit():
+                                grants = self.granted.setdefault(ident, {})
+                                grants[index] = max(grants.get(index, 0), int(round_))
+                            else:
+                                self.woken.add(ident)
                             event.set()
                     elif reply[0] == b"subscribe" and self.confirming[index]:
                         future = self.confirming[index].popleft()
@@ -413,19 +427,39 @@ class LoopSubscriber:
             self.channels[channel] = None
         return True
 
-    async def wait(self, waiter: str, timeout: float) -> bool:
+    async def wait(self, waiter: str, timeout: float, need: int = 0, settle: float = 0.0) -> bool:
         """Wait up to ``timeout`` seconds for a release that names ``waiter`` (an id from
-        :meth:`waiter_id`, not yet unregistered); True if one came since its last wait."""
-        event = self.waiting.get(waiter.encode())
+        :meth:`waiter_id`, not yet unregistered); True if one came since its last wait.
+        ``need`` and ``settle``: for a waiter taking hand-off grants, as the sync
+        :meth:`Subscriber.wait <django_redlock.wire.subscriber.Subscriber.wait>` (take
+        them with :meth:`grants`)."""
+        ident = waiter.encode()
+        event = self.waiting.get(ident)
         if event is None:
             await asyncio.sleep(timeout)
             return False
-        if not event.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), timeout)
-        woken = event.is_set()
-        event.clear()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if not event.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), max(0.0, deadline - loop.time()))
+            if not event.is_set():
+                break
+            event.clear()
+            grants = len(self.granted.get(ident, ()))
+            if ident in self.woken or not need or not grants or grants >= need:
+                break
+            # A first grant: the other nodes' come within the release's round trip.
+            deadline = min(deadline, loop.time() + settle)
+        woken = ident in self.woken or bool(self.granted.get(ident))
+        self.woken.discard(ident)
         return woken
+
+    def grants(self, waiter: str) -> dict[int, int]:
+        """The hand-off grants heard for ``waiter`` since this was last called (node index ->
+        the round each names)."""
+        return self.granted.pop(waiter.encode(), None) or {}
 
     def open_count(self) -> int:
         """How many pub/sub streams are open now (at most one per node)."""

@@ -177,7 +177,7 @@ EXTEND = load_script("extend")
 GRANTED = b"OK"
 # Two more arguments end every acquire: the connection's identity, appended per node by the
 # transport (see scripts/acquire.lua and wire.setup.Hello).
-_ACQUIRE_HEAD = ACQUIRE.head(5, 9)
+_ACQUIRE_HEAD = ACQUIRE.head(5, 10)
 LEAVE = load_script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
 # every lock key (names cannot contain control characters).
@@ -232,8 +232,9 @@ def acquire_command(
     waiter: str = "",
     ticket: int = 0,
     lifetime_ms: int = 0,
+    hand_round: int = 0,
 ) -> Command:
-    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms, hand_round)
     # Built only if a node answers NOSCRIPT (its keys too).
     fallback = Fallback(partial(_acquire_eval, key, args), False)
     if key.isascii() and owner.isascii():
@@ -249,17 +250,19 @@ def acquire_command(
             f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n{ttl}"
             f"${len(owner)}\r\n{owner}\r\n{quarantine}"
             f"${len(waiter)}\r\n{waiter}\r\n${len(ticket_text)}\r\n{ticket_text}\r\n"
-            f"{lifetime}"
+            f"{lifetime}{numbers.get(hand_round) or _bulk_number(hand_round)}"
         )
         return (text.encode(), fallback)
     keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
     return (ACQUIRE.evalsha(keys, args, trailing=2), fallback)
 
 
-def leave_command(key: str, waiter: str) -> Command:
-    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``). Idempotent,
+def leave_command(key: str, waiter: str, token: str = "") -> Command:
+    """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``); with
+    ``token`` (a waiter's hand-off token), also free the lock where it holds it. Idempotent,
     so its EVAL fallback is sent even after the operation is over."""
-    return LEAVE.command((key, key + LINE, key + LAPSE), (waiter,), fallback_when_over=True)
+    args = (waiter, token) if token else (waiter,)
+    return LEAVE.command((key, key + LINE, key + LAPSE), args, fallback_when_over=True)
 
 
 def release_command(key: str, token: str, waiter: str = "") -> Command:
@@ -294,7 +297,34 @@ def extend_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
     return (EXTEND.evalsha(keys, args), Fallback(partial(EXTEND.eval, keys, args), False))
 
 
-HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS)
+# A waiter's clean-ups (core/flow.py: Acquire._hand_clean_up): preloaded, so they go as a
+# short EVALSHA behind the try they follow, never as the source to a node that may be stalled.
+HAND_YIELD = load_script("hand_yield")
+HAND_UNDO = load_script("hand_undo")
+HOT_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, HOLDER, LEAVE, FORCE_RELEASE, OWNS, HAND_YIELD, HAND_UNDO)
 """Loaded with SCRIPT LOAD on every new connection, so EVALSHA finds them at once."""
 for _script in HOT_SCRIPTS:
     _script.preloaded = True
+
+
+def hand_yield_command(
+    key: str, token: str, waiter: str, ticket: int, lifetime_ms: int, round_: int
+) -> Command:
+    """After failed round ``round_`` of a waiter taking hand-off grants: give the lock it holds
+    with ``token`` to an older waiter in line, if any, unless a later try of ``waiter`` ran
+    there (``scripts/hand_yield.lua``). Idempotent, so its EVAL fallback is sent even after the
+    operation is over."""
+    return HAND_YIELD.command(
+        (key, key + LINE, key + LAPSE),
+        (token, waiter, ticket, lifetime_ms, round_),
+        fallback_when_over=True,
+    )
+
+
+def hand_undo_command(key: str, token: str, waiter: str, round_: int) -> Command:
+    """After a try of round ``round_`` whose reply was lost: delete the key it may have taken
+    for ``token`` unless a later try of ``waiter`` ran there (``scripts/hand_undo.lua``).
+    Idempotent, so its EVAL fallback is sent even after the operation is over."""
+    return HAND_UNDO.command(
+        (key, key + LINE, key + LAPSE), (token, waiter, round_), fallback_when_over=True
+    )

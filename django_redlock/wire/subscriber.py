@@ -87,6 +87,9 @@ class Subscriber:
         self.users: dict[str, int] = {}  # channel: acquires listening on it now
         self.listens: dict[bytes, str] = {}  # waiter: the channel it is counted on
         self.woken: dict[bytes, bool] = {}  # registered waiter: named since its last wait
+        # Registered waiter: node index -> the round each hand-off grant heard names
+        # (scripts/hand_grant.lua), until taken by grants().
+        self.granted: dict[bytes, dict[int, int]] = {}
         self.sleepers: dict[threading.Condition, Callable[[], bool]] = {}
         self.reading = False
         # Per node: SUBSCRIBE confirmations asked and heard on the current connection, and
@@ -123,6 +126,7 @@ class Subscriber:
         key = waiter.encode()
         with self.lock:
             self.woken.pop(key, None)
+            self.granted.pop(key, None)
             self.born.pop(key, None)
             channel = self.listens.pop(key, None)
             if channel is not None:
@@ -180,19 +184,39 @@ class Subscriber:
                 self._trim()
         return True
 
-    def wait(self, waiter: str, timeout: float) -> bool:
+    def wait(self, waiter: str, timeout: float, need: int = 0, settle: float = 0.0) -> bool:
         """Wait up to ``timeout`` seconds for a release that names ``waiter`` (an id from
-        :meth:`waiter_id`, not yet unregistered); True if one came since its last wait."""
+        :meth:`waiter_id`, not yet unregistered); True if one came since its last wait.
+
+        ``need`` > 0: a waiter taking hand-off grants; the wait also ends once ``need``
+        nodes granted it the lock, and at most ``settle`` seconds after the first grant (the
+        release reached every node at once: the others come within its round trip, or the
+        waiter's next try finds them). Take the grants with :meth:`grants`."""
         self._check_fork()
         key = waiter.encode()
         with self.lock:
             if key not in self.woken:  # pragma: no cover - the acquire loop registers first
                 self.woken[key] = False
-            self._progress(lambda: self.woken.get(key, False), time.monotonic() + timeout)
-            woken = self.woken.get(key, False)
+
+            def done() -> bool:
+                return self.woken.get(key, False) or (
+                    need > 0 and len(self.granted.get(key, ())) >= need
+                )
+
+            deadline = time.monotonic() + timeout
+            self._progress(lambda: done() or bool(self.granted.get(key)), deadline)
+            if need > 0 and self.granted.get(key) and not done():
+                self._progress(done, min(deadline, time.monotonic() + settle))
+            woken = self.woken.get(key, False) or bool(self.granted.get(key))
             if key in self.woken:
                 self.woken[key] = False
         return woken
+
+    def grants(self, waiter: str) -> dict[int, int]:
+        """The hand-off grants heard for ``waiter`` since this was last called: node index ->
+        the round the grant names (``scripts/hand_grant.lua``)."""
+        with self.lock:
+            return self.granted.pop(waiter.encode(), None) or {}
 
     def _trim(self) -> None:
         """Unsubscribe the oldest channels nobody listens on past :attr:`KEEP` (lock held)."""
@@ -337,17 +361,24 @@ class Subscriber:
                             conn.learn(conn.slots.popleft()[1], reply)
                         elif isinstance(reply, list) and len(reply) == 3:
                             if reply[0] == b"message" and isinstance(reply[2], bytes):
-                                self._wake(reply[2])
+                                self._wake(reply[2], index)
                             elif reply[0] == b"subscribe":
                                 self.heard[index] += 1
             except NodeError:
                 self._drop(index)
         self._notify_done()
 
-    def _wake(self, waiter: bytes) -> None:
-        """A release named ``waiter``: keep it for its next wait (if it is still registered:
-        a message for an acquire that is over is dropped)."""
-        if waiter in self.woken:
+    def _wake(self, message: bytes, index: int) -> None:
+        """A release on node ``index`` named a waiter: keep it for its next wait (if it is
+        still registered: a message for an acquire that is over is dropped). The message is
+        the waiter id (a wake-up), or the waiter id and a round (a hand-off grant)."""
+        waiter, _, round_ = message.partition(b" ")
+        if waiter not in self.woken:
+            return
+        if round_.isdigit():
+            grants = self.granted.setdefault(waiter, {})
+            grants[index] = max(grants.get(index, 0), int(round_))
+        else:
             self.woken[waiter] = True
 
     def open_count(self) -> int:

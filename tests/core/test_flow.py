@@ -7,6 +7,7 @@ import pytest
 
 from django_redlock.core import flow
 from django_redlock.exceptions import LockContended, QuorumUnreachable
+from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.scripts import GRANTED
 
@@ -66,7 +67,7 @@ def test_a_quorum_that_came_too_late_is_no_grant_and_is_released_where_it_landed
 
 
 def test_a_lost_round_cleans_up_only_where_its_set_may_have_landed():
-    attempt = acquire()
+    attempt = acquire(waiter="")  # a waiter keeps its token's keys (see the hand-off tests)
     attempt.next_round(60_000)
     step = attempt.judge([GRANTED, 3_000, NotSent("unreachable")], 1, 100.0, 100.001)
     assert isinstance(step, flow.Failed)
@@ -103,7 +104,7 @@ def test_a_blocking_acquire_retries_after_a_jittered_delay_then_gives_up_and_lea
 
 
 def test_each_round_has_a_fresh_token():
-    attempt = acquire()
+    attempt = acquire(waiter="")  # a waiter's token is its hand-off token (below)
     attempt.next_round(60_000)
     first = attempt.token
     attempt.next_round(60_000)
@@ -264,3 +265,131 @@ def test_a_grant_round_heard_from_every_node_or_not_waited_for_holds_everywhere(
         assert Shape("k").granted_on(replies) == (True,) * len(replies)
     # One reply that is neither (here a refusal) leaves the per-node rule to answer.
     assert Shape("k").granted_on([GRANTED, PENDING, 3_000]) == (True, True, False)
+
+
+# -- a waiter that takes hand-off grants (scripts/hand_grant.lua) ---------------------------
+
+
+def test_a_waiter_keeps_one_token_numbers_its_rounds_and_yields_only_to_older_waiters():
+    attempt = acquire()
+    assert attempt.hand
+    first = attempt.next_round(60_000)[0][0]
+    token = attempt.token
+    assert first.endswith(b"$1\r\n1\r\n")  # ARGV[8]: round 1
+    step = attempt.judge([GRANTED, 3_000, TIMED_OUT], 1, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    # The node that granted it is not released: it is yielded to an older waiter there, if
+    # any (hand_yield.lua). The node that did not answer may run the try late: released
+    # right behind it, unless a later try ran there (hand_undo.lua). The one that refused
+    # holds nothing of it.
+    granted, refused, silent = step.clean_up
+    assert granted is not None
+    assert scripts.HAND_YIELD.sha in granted[0]
+    assert refused is None
+    assert silent is not None
+    assert scripts.HAND_UNDO.sha in silent[0]
+    assert token.encode() in silent[0]
+    # Neither counts until a later reply: grants naming round 1 from them are ignored.
+    assert attempt.hear_grants({0: 1, 2: 1}, 100.5) is None
+    second = attempt.next_round(60_000)[0][0]
+    assert attempt.token == token
+    assert second.endswith(b"$1\r\n2\r\n")
+    # Leaving frees the token on every node (a grant may be anywhere) and drops the place.
+    leave = attempt.left_line()
+    assert leave is not None
+    assert len(leave) == 3
+    for command in leave:
+        assert token.encode() in command[0]
+        assert b"listener.nonce" in command[0]
+
+
+def test_a_semaphore_or_single_try_takes_no_grants():
+    assert not acquire(waiter="").hand
+    from django_redlock.core.shapes import Slots
+
+    assert not acquire(shape=Slots("redlock:job", 2, 3)).hand
+
+
+def test_grants_heard_count_from_the_send_time_of_the_round_they_name():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.01)  # round 1, sent at 100.0
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 101.0, 101.01)  # round 2, sent at 101.0
+    # One grant is not a quorum: keep waiting.
+    assert attempt.hear_grants({0: 2}, 102.0) is None
+    held = attempt.hear_grants({1: 2}, 102.5)
+    assert isinstance(held, flow.Granted)
+    assert held.token == attempt.token
+    assert held.acquired_at == 102.5
+    # From round 2's send time, not from when the grants were heard: 101 + ttl - drift.
+    assert held.expires_at == pytest.approx(101.0 + 10.0 - 0.102)
+    assert attempt.granted_results() == [GRANTED, GRANTED, 3_000]
+
+
+def test_the_validity_of_grants_is_that_of_the_quorum_th_latest_grant():
+    nodes = flow.Nodes(("n0", "n1", "n2", "n3", "n4"), 3, 0.05, 0.01, 0.2)
+    attempt = acquire(nodes=nodes)
+    attempt.next_round(60_000)
+    attempt.judge([3_000] * 5, 0, 100.0, 100.05)
+    for sent in (101.0, 102.0):
+        attempt.next_round(60_000)
+        attempt.judge([3_000, 3_000, NotSent("x"), 3_000, 3_000], 0, sent, sent + 0.05)
+    # Nodes 0 and 1 granted after round 3, node 2 after round 1 (its later tries never left).
+    held = attempt.hear_grants({0: 3, 1: 3, 2: 1}, 103.0)
+    assert isinstance(held, flow.Granted)
+    assert held.expires_at == pytest.approx(100.0 + 10.0 - 0.102)
+
+
+def test_a_grant_older_than_the_last_reply_heard_from_its_node_is_stale():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.01)
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 101.0, 101.01)
+    # Node 0's grant named round 1, but node 0 refused round 2 after it: that grant is gone
+    # (it expired, or was never ours to count).
+    assert attempt.hear_grants({0: 1, 1: 2}, 101.5) is None
+    # A grant naming no round of this acquire counts for nothing.
+    assert attempt.hear_grants({0: 7}, 101.5) is None
+    assert isinstance(attempt.hear_grants({0: 2}, 101.5), flow.Granted)
+
+
+def test_grants_with_no_validity_left_ask_for_one_more_round():
+    attempt = acquire(deadline=200.0)
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.01)
+    assert attempt.hear_grants({0: 1, 1: 1}, 109.95) is None
+    # That round answers granted where the grants are (its try renews them): held from it.
+    attempt.next_round(60_000)
+    step = attempt.judge([GRANTED, GRANTED, 3_000], 2, 110.0, 110.01)
+    assert isinstance(step, flow.Granted)
+
+
+def test_a_waiter_waits_for_a_quorum_of_grants():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    step = attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    action = attempt.after(step)
+    assert isinstance(action, flow.Subscribe)
+    wait = attempt.subscribed(False, action.delay)
+    assert isinstance(wait, flow.Wait)
+    assert wait.need == 2
+    assert acquire(waiter="").after(step).__class__ is flow.Sleep
+
+
+def test_a_grant_from_a_node_whose_reply_was_lost_counts_its_clean_up_spares_grants():
+    attempt = acquire()
+    attempt.next_round(60_000)
+    attempt.judge([3_000, 3_000, 3_000], 0, 100.0, 100.01)
+    attempt.next_round(60_000)
+    step = attempt.judge([3_000, TIMED_OUT, 3_000], 0, 101.0, 101.06)
+    assert isinstance(step, flow.Failed)
+    # Node 1's try may land late: undone behind it, but never a grant (hand_undo.lua).
+    assert step.clean_up[0] is None
+    assert step.clean_up[1] is not None
+    assert scripts.HAND_UNDO.sha in step.clean_up[1][0]
+    held = attempt.hear_grants({0: 2, 1: 1}, 101.5)
+    assert isinstance(held, flow.Granted)
+    assert held.expires_at == pytest.approx(100.0 + 10.0 - 0.102)  # from round 1

@@ -33,9 +33,11 @@ def acquire(
     ticket=0,
     run_id="",
     persistence="",
+    hand_round=0,
 ):
     keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
-    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, run_id, persistence)
+    args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, hand_round)
+    args += (run_id, persistence)  # type: ignore[assignment]
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
 
@@ -177,10 +179,10 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
     keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
-    args = (token, 1500, owner, 60000, "w1", 123, 4000)
+    args = (token, 1500, owner, 60000, "w1", 123, 4000, 2)
     identity = UNIDENTIFIED  # the transport appends each connection's own
     assert (
-        scripts.acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000)[0] + identity
+        scripts.acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000, 2)[0] + identity
         == scripts.ACQUIRE.evalsha(keys, args, trailing=2) + identity
         == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 5, *keys, *args, "", "")
     )

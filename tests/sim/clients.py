@@ -97,7 +97,10 @@ def client_process(client: SimClient) -> Process:
                 granted = step
                 break
             world.clean_up(client, step.clean_up)
-            world.checker.failed_try(client, attempt.token, step.clean_up, results)
+            if not attempt.hand:
+                # A waiter taking grants keeps its token's keys while it waits (flow.judge):
+                # checked once it left, below.
+                world.checker.failed_try(client, attempt.token, step.clean_up, results)
             # Engine.failed: a node that has seen a longer quarantine refused with it.
             for ms in flow.longer_quarantines(step.error.node_errors).values():
                 client.quarantine_ms = max(client.quarantine_ms, ms)
@@ -106,6 +109,8 @@ def client_process(client: SimClient) -> Process:
                 left = attempt.left_line()
                 if left is not None:
                     world.clean_up(client, left)
+                if attempt.hand:
+                    world.checker.failed_try(client, attempt.token, step.clean_up, results)
                 world.checker.gave_up(client, attempt, end, client.pauses != pauses)
                 break
             # LockManager._rounds: a client given a sleep function sleeps the delay; otherwise
@@ -118,7 +123,18 @@ def client_process(client: SimClient) -> Process:
             elif not listening:
                 listening = True  # subscribed: the next try covers a release meanwhile
             else:
-                attempt.waited((yield Wait(step.delay, waiter)))
+                # A waiter taking hand-off grants also ends its wait at a quorum of them, and
+                # may then hold without a round (LockManager._wait).
+                need = world.flow_nodes.quorum if attempt.hand else 0
+                attempt.waited((yield Wait(step.delay, waiter, need)))
+                if need:
+                    held = attempt.hear_grants(client.grants.pop(waiter, {}), client.now())
+                    if held is not None:
+                        client.log(f"handed {name} ({attempt.votes} grants)")
+                        results = attempt.granted_results()
+                        world.checker.ended(client, attempt, client.now(), client.pauses != pauses)
+                        granted = held
+                        break
         if granted is None:
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue

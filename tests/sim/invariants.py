@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import flow
 from django_redlock.wire.primitives import RELEASE_MANY, RW_RELEASE, SEMAPHORE_RELEASE
-from django_redlock.wire.scripts import NODE_KEY, RELEASE
+from django_redlock.wire.scripts import LEAVE, NODE_KEY, RELEASE
 from tests.sim.lua_node import Hash, ZSet
 
 if TYPE_CHECKING:
@@ -52,7 +52,8 @@ if TYPE_CHECKING:
 
 _NODE_KEY = NODE_KEY.encode()
 _OWNER_KEY = b"\x00o:"  # owner records (scripts/lock_key.lua): "\\0o:<id>:django_redlock:node"
-_RELEASES = (RELEASE.sha, SEMAPHORE_RELEASE.sha, RW_RELEASE.sha, RELEASE_MANY.sha)
+# LEAVE: a waiter taking hand-off grants leaves with its token, which it frees (leave.lua).
+_RELEASES = (RELEASE.sha, SEMAPHORE_RELEASE.sha, RW_RELEASE.sha, RELEASE_MANY.sha, LEAVE.sha)
 
 
 class Violation(AssertionError):
@@ -308,6 +309,14 @@ class Checker:
                     break
         return held, head
 
+    def live_order(self, space: Any, key: bytes, now_ms: int) -> list[bytes]:
+        """The live members of lock ``key``'s wait line, in ticket order (read only)."""
+        line = _live(space, key + b"\0q", now_ms)
+        lapse = _live(space, key + b"\0e", now_ms)
+        if type(line) is not ZSet or type(lapse) is not Hash:
+            return []
+        return [m for m, _ in line.ordered() if int(lapse.get(m, b"0")) > now_ms]
+
     def granted_on_node(
         self, node: SimNode, key: bytes, head: bytes | None, waiter: bytes, token: bytes
     ) -> None:
@@ -326,9 +335,23 @@ class Checker:
         before: tuple[bool, bytes | None],
         after: tuple[bool, bytes | None],
         published: Sequence[tuple[bytes, bytes]],
+        order: tuple[list[bytes], list[bytes]] = ([], []),
     ) -> None:
         """A release, force release or leave ran on ``node``: ``before`` and ``after`` are
-        :meth:`line_state` around it, ``published`` its PUBLISHes."""
+        :meth:`line_state` around it, ``published`` its PUBLISHes, ``order`` the live line
+        (:meth:`live_order`) before and after it. A hand-off grant (``hand_grant.lua``:
+        "<waiter> <round>") goes to a waiter live in line before the script, none of those
+        ahead of it still live in line after it, and leaves the lock held."""
+        for _, message in published:
+            waiter, space, _ = message.partition(b" ")
+            if not space:
+                continue
+            ahead = order[0][: order[0].index(waiter)] if waiter in order[0] else None
+            if ahead is None or any(m in order[1] for m in ahead) or not after[0]:
+                self.violate(
+                    f"{node.label}: {key!r} granted to {waiter!r} past the live head of its "
+                    f"line (before: {order[0]!r}, after: {order[1]!r}, held: {after[0]})"
+                )
         held, head = after
         if held or head is None or (not before[0] and before[1] == head):
             return  # held, nobody waits, or the free lock's head did not change

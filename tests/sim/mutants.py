@@ -122,7 +122,7 @@ def _wake_skipped() -> Iterator[dict[bytes, bytes]]:
     """``wake_next.lua`` finds the head of the line but publishes nothing: a release (a
     force release, a waiter ahead leaving) leaves the lock free and the head asleep until its
     poll delay."""
-    publish = "redis.call('PUBLISH', key .. '\\0w' .. listener, waiter)"
+    publish = "redis.call('PUBLISH', key .. '\\0w' .. listener, message or waiter)"
     overrides: dict[bytes, bytes] = {}
     for script in (scripts.RELEASE, scripts.FORCE_RELEASE, scripts.LEAVE):
         overrides.update(_replace(script, publish, "local _ = listener"))
@@ -132,6 +132,32 @@ def _wake_skipped() -> Iterator[dict[bytes, bytes]]:
 def _line_jump() -> Iterator[dict[bytes, bytes]]:
     """``acquire.lua`` gives a free lock to whoever asks, the live head of its line or not."""
     yield _replace(scripts.ACQUIRE, "if first ~= nil and first ~= waiter then", "if false then")
+
+
+def _grant_held() -> Iterator[dict[bytes, bytes]]:
+    """A leave (``leave.lua``) grants the new head of the line the lock even when another
+    holder has it (``hand_grant.lua`` then writes over that holder's key)."""
+    yield _replace(
+        scripts.LEAVE,
+        "if (removed == 1 or freed) and redis.call('EXISTS', KEYS[1]) == 0 then",
+        "if removed == 1 or freed then",
+    )
+
+
+def _grant_counted_late() -> Iterator[dict[bytes, bytes]]:
+    """The waiter counts a hand-off grant from when it heard it, not from the send time of
+    the round the grant names: its validity may outlast the keys."""
+    saved = flow.Acquire.hear_grants
+
+    def late(self: flow.Acquire, grants: Any, now: float) -> flow.Granted | None:
+        self.rounds = dict.fromkeys(self.rounds, now)
+        return saved(self, grants, now)
+
+    flow.Acquire.hear_grants = late  # type: ignore[method-assign]
+    try:
+        yield {}
+    finally:
+        flow.Acquire.hear_grants = saved  # type: ignore[method-assign]
 
 
 def _handoff_kept() -> Iterator[dict[bytes, bytes]]:
@@ -165,6 +191,8 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "wake-skipped": _wake_skipped,
     "line-jump": _line_jump,
     "handoff-kept": _handoff_kept,
+    "grant-held": _grant_held,
+    "grant-counted-late": _grant_counted_late,
     "many-partial": _many_partial,
 }
 

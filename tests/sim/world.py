@@ -28,6 +28,7 @@ from typing import Any
 from django_redlock.core import flow
 from django_redlock.wire import primitives, rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
+from django_redlock.wire.stall import stall_limits
 from tests.sim.fence import Table
 from tests.sim.invariants import Checker
 from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
@@ -35,7 +36,15 @@ from tests.sim.lua_node import Hash, Keyspace, LuaEngine, Server
 # The scripts the fair-line invariant watches (a lock's line: acquire.lua grants to its head;
 # these free the lock or move the head, and must wake the new head: wake_next.lua).
 _ACQUIRE = scripts.ACQUIRE.sha
-_WAKERS = frozenset((scripts.RELEASE.sha, scripts.FORCE_RELEASE.sha, scripts.LEAVE.sha))
+_WAKERS = frozenset(
+    (
+        scripts.RELEASE.sha,
+        scripts.FORCE_RELEASE.sha,
+        scripts.LEAVE.sha,
+        scripts.HAND_YIELD.sha,
+        scripts.HAND_UNDO.sha,
+    )
+)
 _HANDOFF = primitives.HANDOFF.sha
 _ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
@@ -281,6 +290,7 @@ class SimNode:
             held_before = lock_token(space.data.get(keys[0]))
         elif sha in _WAKERS:
             before = checker.line_state(space, keys[0], now_us // 1000)
+            order_before = checker.live_order(space, keys[0], now_us // 1000)
         elif sha == _ACQUIRE_MANY:
             before = _holding(space, keys[1::4], args[0])
         giver = None
@@ -298,11 +308,12 @@ class SimNode:
                 checker.granted_on_node(self, keys[0], before[1], args[4], args[0])
         elif sha in _WAKERS:
             after = checker.line_state(space, keys[0], now_us // 1000)
-            checker.freed_on_node(self, keys[0], before, after, world.engine.published)
+            order = (order_before, checker.live_order(space, keys[0], now_us // 1000))
+            checker.freed_on_node(self, keys[0], before, after, world.engine.published, order)
         elif sha == _ACQUIRE_MANY:
             checker.took_many(self, keys[1::4], before, _holding(space, keys[1::4], args[0]))
-        for _, waiter in world.engine.published:
-            world.publish(waiter.decode())
+        for _, message in world.engine.published:
+            world.publish(message.decode(), self.index)
         if world.now - self.last_snapshot >= 0.25:
             self.last_snapshot = world.now
             self.snapshot()
@@ -362,7 +373,16 @@ class Exchange(rounds.Round):
 class Connection:
     """A client's connection to one node: FIFO both ways (TCP), bound to one server process."""
 
-    __slots__ = ("greeted", "incarnation", "last_in", "last_out", "node", "owed", "reload")
+    __slots__ = (
+        "greeted",
+        "held_since",
+        "incarnation",
+        "last_in",
+        "last_out",
+        "node",
+        "owed",
+        "reload",
+    )
 
     def __init__(self, node: SimNode) -> None:
         self.node = node
@@ -372,6 +392,9 @@ class Connection:
         self.last_in = 0.0  # when its last command reaches the node
         self.last_out = 0.0  # when its last reply reaches the client
         self.owed: list[Exchange | None] = []
+        # When a paused node first held one of its commands unread (None: none held): past
+        # the stall reset the client replaces it (wire.stall), the held commands still run.
+        self.held_since: float | None = None
 
 
 _PARSED: dict[bytes, tuple[int, list[bytes]]] = {}
@@ -427,6 +450,7 @@ class Wait:
 
     seconds: float
     waiter: str
+    need: int = 0  # a waiter taking grants: this many nodes' grants end the wait too
 
 
 @dataclass
@@ -470,7 +494,10 @@ class SimClient:
     incarnation: int = 0
     listens: bool = False  # hears wake-ups (pub/sub), else sleeps the retry delay
     woken: set[str] = field(default_factory=set)  # wake-ups kept for a waiter not waiting yet
+    # Hand-off grants heard (scripts/hand_grant.lua): waiter -> node index -> round named.
+    grants: dict[str, dict[int, int]] = field(default_factory=dict)
     waiting: tuple[str, object] | None = None  # (waiter, process) of the wait in progress
+    wait_need: int = 0  # the grants that end the wait in progress (0: only a wake-up)
     quarantine_ms: int = 0  # what its acquires send: its max_ttl, raised by what nodes report
     heard: set[int] = field(default_factory=set)  # nodes whose hello reported their quarantine
     db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
@@ -500,6 +527,7 @@ class World:
         self.steps = 0  # the events run: deliveries, timers, faults, client steps
         self.rng = random.Random(seed)
         self.config = config or draw_config(self.rng)
+        self.stall_reset = stall_limits(self.config.node_timeout)["stall_reset"]
         self.now = 0.0
         self.queue: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = 0
@@ -581,14 +609,19 @@ class World:
             wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.step(client, None, process))
         elif isinstance(request, Wait):
-            if request.waiter in client.woken:  # published while it was trying: kept
+            heard = len(client.grants.get(request.waiter, ()))
+            if request.waiter in client.woken or (request.need and heard >= request.need):
+                # Published while it was trying: kept.
                 client.woken.discard(request.waiter)
                 self.at(self.now, lambda: self.step(client, True, process))
                 return
             marker = (request.waiter, object())
             client.waiting = marker
+            client.wait_need = request.need
             wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.end_wait(client, marker, False, process))
+            if request.need and heard:
+                self._settle(client, marker, process)
         elif isinstance(request, Round):
             self.send_round(client, request)
         elif isinstance(request, Db):
@@ -629,9 +662,17 @@ class World:
         client.waiting = None
         self.step(client, woken, process)
 
-    def publish(self, waiter: str) -> None:
-        """A script published a wake-up for ``waiter`` (``wake_next.lua``): its client hears
+    def _settle(self, client: SimClient, marker: tuple[str, object], process: object) -> None:
+        """A first grant came: the wait ends a node timeout later at most (as
+        ``Subscriber.wait``'s ``settle``), if the other grants have not ended it."""
+        when = self.now + self.config.node_timeout / (1.0 + client.clock.rate)
+        self.at(when, lambda: self.end_wait(client, marker, True, process))
+
+    def publish(self, message: str, index: int) -> None:
+        """A script on node ``index`` published a wake-up (``wake_next.lua``: the waiter id)
+        or a hand-off grant (``hand_grant.lua``: the waiter id and a round): its client hears
         it over its pub/sub connection after one message delay."""
+        waiter, _, round_ = message.partition(" ")
         listener = waiter.split(".", 1)[0]
         for client in self.clients:
             if f"c{client.index}" != listener or not client.alive or not client.listens:
@@ -639,7 +680,17 @@ class World:
 
             def hear(client: SimClient = client) -> None:
                 waiting = client.waiting
-                if waiting is not None and waiting[0] == waiter:
+                if round_:
+                    grants = client.grants.setdefault(waiter, {})
+                    first = not grants
+                    grants[index] = max(grants.get(index, 0), int(round_))
+                    if waiting is None or waiting[0] != waiter or not client.wait_need:
+                        return
+                    if len(grants) >= client.wait_need:
+                        self.end_wait(client, waiting, True, client.process)
+                    elif first:
+                        self._settle(client, waiting, client.process)
+                elif waiting is not None and waiting[0] == waiter:
                     self.end_wait(client, waiting, True, client.process)
                 else:
                     client.woken.add(waiter)
@@ -717,6 +768,26 @@ class World:
                     self.landed(command[0])
                 return
             conn = client.connections[index] = Connection(node)
+        elif conn.held_since is not None and self.now - conn.held_since >= self.stall_reset:
+            # wire.stall: a connection owing a reply past the stall reset is replaced; a
+            # clean-up goes on the old one (behind what it undoes) and once more on the new
+            # one. What the old one holds still runs when the node wakes, in any order with
+            # the new one's commands (resume_node).
+            if exchange is None:
+                self._send_on(client, conn, index, command, exchange)
+            self.log(f"c{client.index}", f"stalled connection to {node.label} replaced")
+            conn = client.connections[index] = Connection(node)
+        self._send_on(client, conn, index, command, exchange)
+
+    def _send_on(
+        self,
+        client: SimClient,
+        conn: Connection,
+        index: int,
+        command: scripts.Command,
+        exchange: Exchange | None,
+    ) -> None:
+        node = self.nodes[index]
         data = command[0]
         if self.config.loss and self.rng.random() < self.config.loss:
             self.log(f"c{client.index}", f"message to {node.label} lost")
@@ -753,7 +824,9 @@ class World:
             )
             return
         if node.state == "paused":
-            node.inbox.append(lambda: self.deliver(client, conn, data, exchange, index, fallback))
+            if conn.held_since is None:
+                conn.held_since = self.now
+            node.inbox.append(partial(self.deliver, client, conn, data, exchange, index, fallback))
             return
         if not conn.greeted:
             self.hello(client, conn, index)
@@ -872,8 +945,20 @@ class World:
         node.state = "up"
         self.log(node.label, "resumed")
         held, node.inbox = node.inbox, []
+        # A server wakes to every connection's unread input at once and serves them in the
+        # order its event loop finds them: FIFO on each connection, any order across them.
+        queues: dict[int, list[Callable[[], None]]] = {}
         for deliver in held:
-            deliver()
+            conn = deliver.args[1] if isinstance(deliver, partial) else None
+            if isinstance(conn, Connection):
+                conn.held_since = None
+            queues.setdefault(id(conn), []).append(deliver)
+        order = list(queues.values())
+        while order:
+            queue = order[self.rng.randrange(len(order))]
+            queue.pop(0)()
+            if not queue:
+                order.remove(queue)
 
     def crash_node(self, node: SimNode, seconds: float, mode: str | None = None) -> None:
         if node.state == "down":
@@ -938,6 +1023,7 @@ class World:
             client.paused_until = 0.0
             client.waiting = None
             client.woken = set()
+            client.grants = {}
             client.connections = [None] * len(self.nodes)
             client.process = clients.client_process(client)
             self.log(f"c{client.index}", "restarted")

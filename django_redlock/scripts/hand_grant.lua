@@ -1,0 +1,61 @@
+-- Included by release.lua after wake_next.lua, lock_key.lua and lock_write.lua: give a lock
+-- that just became free on this node to the live head of its line outright, instead of
+-- waking it for a try of its own (one round trip to N nodes less per hand-off).
+--
+-- The grant writes the lock key as the head's own try would (set_lock: '<H> <owner tag>',
+-- PX its ttl), removes the head from the line, and publishes "<waiter id> <round>" on its
+-- channel (hand_register.lua). The head holds once a quorum of nodes granted H.
+--
+-- Why no two holders overlap within their validity:
+--   * A node grants only a key that is free here: after the compare-and-delete of the
+--     releaser's own token, or when nothing holds it (no key, no live reader of the
+--     read-write lock of this name). So each node holds at most one token at a time, as
+--     with a try; a quorum of H is a Redlock quorum like any other.
+--   * The waiter counts node i's grant from the send time of round r (the round in the
+--     message): this node processed that try before the grant (the registration names r),
+--     and the try left after its send time. So H lives here at least until that send time
+--     plus the ttl (less drift), and the waiter's validity, from the quorum-th latest such
+--     time among the granting nodes (core/flow.py: Acquire.heard), never outlasts its keys.
+--   * Nothing removes H here while the waiter counts it but its expiry, the waiter's own
+--     release or leave, and an operator's force release: a try of the waiter that meets H
+--     answers granted and renews it (acquire.lua, the token's own branch); the clean-ups of
+--     its failed rounds never delete a grant or a key a later try found, even when they run
+--     late (hand_undo.lua skips a 'g' entry or a later round; hand_yield.lua only follows a
+--     reply after which the waiter stops counting the node, and skips a later round).
+--   * A node that restarted may have forgotten a holder: it grants only when the process
+--     running this script is the one its marker names as fit to vote (the run_id node_rule.lua
+--     records, compared with INFO server's here). A restored marker names an older process:
+--     no grant, only the wake-up, and the waiter's own try meets the quarantine.
+-- Fewer than a quorum of grants: the waiter keeps its place and goes on trying; its tries
+-- answer granted where H is, and take free nodes where it heads the line. If it gives up,
+-- it releases H on every node (core/flow.py: Acquire.judge). A waiter that died keeps its
+-- grants until they expire (its ttl): only a head whose place has not lapsed is granted, and
+-- a place lapses when its waiter stops trying.
+local function grant_next(key, line, lapse)
+    local first, now = live_head(key, line, lapse)
+    if first == nil then
+        return
+    end
+    local hand = key .. '\0h'
+    local entry = redis.call('HGET', hand, first)
+    if entry then
+        local round, ttl, token, owner = string.match(entry, '^(%d+) (%d+) (%S+) (.+)$')
+        local readers = redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
+        local marker = redis.call('HGET', '\0django_redlock:node', 'run')
+        if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
+            and marker == string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') then
+            -- pcall: a node out of memory refuses the SET (this script has no shebang, so
+            -- its DEL went through); the head is then woken as before.
+            if pcall(set_lock, key, token, owner, ttl) then
+                redis.call('ZREM', line, first)
+                redis.call('HDEL', lapse, first)
+                -- Marked granted ('g'): the clean-up of a try whose reply was lost never
+                -- deletes a grant the waiter may count (hand_undo.lua).
+                redis.call('HSET', hand, first, 'g' .. entry)
+                wake_member(key, first, first .. ' ' .. round)
+                return
+            end
+        end
+    end
+    wake_member(key, first)
+end
