@@ -196,18 +196,18 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
 def test_the_acquire_encoder_matches_the_generic_one_for_any_numbers_and_cached_ones(key):
-    """The acquire's constant numbers (ttl, quarantine, line lifetime) are encoded once and
-    cached: every value, seen first or again, and the EVAL fallback (built only on NOSCRIPT)
-    still encode as the generic encoder does."""
+    """The acquire's constant numbers (ttl, quarantine, line lifetime, hand-off round) are
+    encoded once and cached: every value, seen first or again, and the EVAL fallback (built
+    only on NOSCRIPT) still encode as the generic encoder does."""
     token = "e" * 40
     keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
     for _ in range(2):  # the second time from the cache
-        for ttl, quarantine, waiter, ticket, lifetime in (
-            (1, 0, "", 0, 0),
-            (10_000, 60_000, "", 1_700_000_000_123_456, 4000),
-            (999_999_999, 10**12, "waiter-1", 7, 1),
+        for ttl, quarantine, waiter, ticket, lifetime, hand_round in (
+            (1, 0, "", 0, 0, 0),
+            (10_000, 60_000, "", 1_700_000_000_123_456, 4000, 0),
+            (999_999_999, 10**12, "waiter-1", 7, 1, 12),
         ):
-            args = (token, ttl, "abcdefg0 {}", quarantine, waiter, ticket, lifetime)
+            args = (token, ttl, "abcdefg0 {}", quarantine, waiter, ticket, lifetime, hand_round)
             command, fallback = scripts.acquire_command(key, *args)
             assert command + UNIDENTIFIED == encode_command(
                 b"EVALSHA", scripts.ACQUIRE.sha, 5, *keys, *args, "", ""
