@@ -13,8 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
+
+# CPython's atomic "delete this key if its weak reference is dead", which
+# weakref.WeakValueDictionary uses (not in typeshed).
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeGuard, TypeVar
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar
 
 from django_redlock.core import extender, flow
 from django_redlock.core.arguments import clip_origin
@@ -34,6 +39,7 @@ __all__ = [
     "Holder",
     "LeaseEvents",
     "LeaseHost",
+    "Reentry",
     "expired_before_renewal",
     "forget_scope",
     "held_on",
@@ -52,6 +58,7 @@ __all__ = [
 ]
 
 _K = TypeVar("_K", bound="BaseLease")
+_V = TypeVar("_V")
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -87,6 +94,59 @@ _State = tuple[
     float | None,  # 11 renew_until
     tuple[str, ...] | None,  # 12 names
 ]
+
+
+class Reentry(Generic[_V]):
+    """Held leases by key (the engine's re-entry registry: (owner scope, name)), held weakly:
+    what a ``weakref.WeakValueDictionary`` does, for the three calls the engine makes (``get``,
+    ``[key] = lease``, ``del``) and ``len``, at less cost to the garbage collector and to
+    each acquire.
+
+    A ``WeakValueDictionary`` keeps a ``KeyedRef`` per entry: an instance of a Python class,
+    made by Python code, that each full collection visits with its key, callback and class.
+    Here an entry is a plain weak reference with no callback (the one ``weakref.ref(lease)``
+    that CPython shares with the extender's), in which a collection visits nothing. A lease
+    dropped without release leaves a dead reference: ``get`` returns None for it, and dead
+    entries are removed each time the dict has doubled since the last sweep (so the work is
+    constant per entry added) and by ``len``.
+    """
+
+    __slots__ = ("_data", "_sweep_at")
+
+    _FIRST_SWEEP = 64
+
+    def __init__(self) -> None:
+        self._data: dict[object, weakref.ref[_V]] = {}
+        self._sweep_at = self._FIRST_SWEEP
+
+    def get(self, key: object) -> _V | None:
+        """The live value under ``key``, or None."""
+        ref = self._data.get(key)
+        return None if ref is None else ref()
+
+    def __setitem__(self, key: object, value: _V) -> None:
+        data = self._data
+        data[key] = weakref.ref(value)
+        if len(data) >= self._sweep_at:
+            self._sweep()
+
+    def __delitem__(self, key: object) -> None:
+        """Remove ``key``'s entry. Raises KeyError if it has none."""
+        del self._data[key]
+
+    def __len__(self) -> int:
+        """The live entries (dead ones are swept first: O(entries))."""
+        self._sweep()
+        return len(self._data)
+
+    def _sweep(self) -> None:
+        data = self._data
+        # Another thread may put a live lease under a dead entry's key meanwhile (the keys
+        # are per owner thread, the sweep is anyone's): removed only if still dead, at once.
+        for key, ref in list(data.items()):
+            if ref() is None:
+                _remove_dead_weakref(data, key)
+        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(data))
 
 
 class LeaseEvents(Protocol):
