@@ -75,7 +75,7 @@ def test_an_entry_is_one_plain_weak_reference_with_nothing_to_visit():
     # The engine's registry now: a KeyedRef, whose key, callback and class a collection visits.
     old: weakref.WeakValueDictionary[str, Value] = weakref.WeakValueDictionary()
     old["k"] = value
-    assert len(gc.get_referents(old.data["k"])) == 3
+    assert len(gc.get_referents(old.data["k"])) == 3  # type: ignore[attr-defined]
 
 
 def test_the_engine_reenters_releases_and_forgets_leases_through_it(cluster3):
