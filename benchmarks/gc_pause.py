@@ -1,7 +1,7 @@
 """W8: the garbage collector's pause in a process holding many leases (issue 28, item 4).
 
-``python -m benchmarks.gc_pause [N] [--async]`` starts 3 nodes, takes N leases (default
-50,000) on distinct names and holds them, then prints the objects the collector tracks and
+``python -m benchmarks.gc_pause [N] [--async] [--auto-extend]`` starts 3 nodes, takes N leases
+(default 50,000) on distinct names and holds them, then prints the objects the collector tracks and
 the references it visits per lease (exact), and the time of a full collection
 (``gc.collect()``) before and while holding them, of 21 in a row: the median and the minimum,
 on the wall clock and in this thread's CPU time (the minimum and CPU time move least on a
@@ -28,6 +28,9 @@ from django_redlock.aredlock import AsyncLease, AsyncLockManager
 from django_redlock.localnodes import LocalCluster
 
 TTL = 300.0  # the leases must outlive the run
+# Auto-extended leases are first renewed after a third of their ttl: long enough that the
+# extender renews none while the run takes and times them on a loaded machine.
+AUTO_TTL = 3600.0
 
 
 def _census() -> tuple[int, int]:
@@ -101,10 +104,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_pause")
     parser.add_argument("count", nargs="?", type=int, default=50_000)
     parser.add_argument("--async", dest="asyncio", action="store_true")
+    parser.add_argument(
+        "--auto-extend", action="store_true", help="hold auto-extended leases (guard, renewal)"
+    )
     args = parser.parse_args()
     count: int = args.count
     with LocalCluster(3) as cluster:
-        manager = LockManager(cluster.urls, ttl=TTL, node_timeout=0.2)
+        ttl = AUTO_TTL if args.auto_extend else TTL
+        manager = LockManager(cluster.urls, ttl=ttl, max_ttl=ttl, node_timeout=0.2)
+        auto: bool = args.auto_extend
         manager.acquire("warm-up").release()
         gc.collect()
         objects, references = _census()
@@ -118,19 +126,24 @@ def main() -> None:
 
         async def take() -> None:
             for i in range(count):
-                async_leases.append(await shared.acquire(f"w8-{i}", blocking=False))
+                async_leases.append(
+                    await shared.acquire(f"w8-{i}", blocking=False, auto_extend=auto)
+                )
 
         try:
             if args.asyncio:
                 runner.run(take())
             else:
-                sync_leases = [manager.acquire(f"w8-{i}", blocking=False) for i in range(count)]
+                sync_leases = [
+                    manager.acquire(f"w8-{i}", blocking=False, auto_extend=auto)
+                    for i in range(count)
+                ]
         finally:
             gc.callbacks.remove(pauses)
         gc.collect()
         held_objects, held_references = _census()
         holding = _Collections()
-        kind = "asyncio" if args.asyncio else "sync"
+        kind = ("asyncio" if args.asyncio else "sync") + (" auto-extended" if auto else "")
         print(f"Python {sys.version.split()[0]}, {count} held {kind} leases on 3 nodes")
         print(
             f"per lease: {(held_objects - objects) / count:.2f} objects tracked, "
