@@ -111,6 +111,20 @@ def test_holding_leases_costs_at_most_two_tracked_objects_each(cluster3):
         lease.release()
 
 
+def test_holding_auto_extended_leases_costs_at_most_four_tracked_objects_each(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
+    before = tracked()
+    # First renewed after 20 s: none while the test runs.
+    leases = [manager.acquire(f"auto-{i}", ttl=60.0, auto_extend=True) for i in range(COUNT)]
+    after = tracked()
+    # The lease, its re-entry entry, its guard, and the extender's weak reference to it; not
+    # the extender's heap entry, a pair of numbers the collector does not track.
+    assert after - before <= 4 * COUNT + 100
+    for lease in leases:
+        lease.release()
+
+
 def test_holding_leases_costs_few_references_to_visit_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()
