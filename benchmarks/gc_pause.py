@@ -1,10 +1,11 @@
 """W8: the garbage collector's pause in a process holding many leases (issue 28, item 4).
 
-``python -m benchmarks.gc_pause [N] [--async]`` starts 3 nodes, takes N leases (default
-50,000) on distinct names and holds them, then prints the objects the collector tracks and
+``python -m benchmarks.gc_pause [N] [--async] [--auto-extend]`` starts 3 nodes, takes N leases
+(default 50,000) on distinct names and holds them, then prints the objects the collector tracks and
 the references it visits per lease (exact), and the time of a full collection
-(``gc.collect()``) before and while holding them: the minimum of 21, on the wall clock and in
-this thread's CPU time (the minimum and CPU time move least on a shared machine). It also
+(``gc.collect()``) before and while holding them, of 21 in a row: the median and the minimum,
+on the wall clock and in this thread's CPU time (the minimum and CPU time move least on a
+shared machine). The growth (held minus none held, CPU medians) is what the leases add. It also
 reports the longest automatic full collection while the leases were taken, and then the same
 figures for as many of redis-py's ``Lock`` held on one node (the reference: what a process
 holding that many locks pays with the lock users would pick instead), with the ratio.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import statistics
 import sys
 import time
 from typing import Any
@@ -26,6 +28,9 @@ from django_redlock.aredlock import AsyncLease, AsyncLockManager
 from django_redlock.localnodes import LocalCluster
 
 TTL = 300.0  # the leases must outlive the run
+# Auto-extended leases are first renewed after a third of their ttl: long enough that the
+# extender renews none while the run takes and times them on a loaded machine.
+AUTO_TTL = 3600.0
 
 
 def _census() -> tuple[int, int]:
@@ -34,25 +39,35 @@ def _census() -> tuple[int, int]:
     return len(tracked), sum(len(gc.get_referents(obj)) for obj in tracked)
 
 
-def _full_collection_ms(repeat: int = 21) -> tuple[float, float]:
-    """The fastest full collection of ``repeat``: (wall ms, CPU ms of this thread)."""
-    wall, cpu = [], []
-    for _ in range(repeat):
-        start, start_cpu = time.perf_counter(), time.thread_time()
-        gc.collect()
-        wall.append((time.perf_counter() - start) * 1000)
-        cpu.append((time.thread_time() - start_cpu) * 1000)
-    return min(wall), min(cpu)
+class _Collections:
+    """``repeat`` full collections in a row, timed in ms: on the wall clock and in this
+    thread's CPU time, the median and the fastest of each."""
+
+    def __init__(self, repeat: int = 21) -> None:
+        wall, cpu = [], []
+        for _ in range(repeat):
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            gc.collect()
+            wall.append((time.perf_counter() - start) * 1000)
+            cpu.append((time.thread_time() - start_cpu) * 1000)
+        self.wall, self.cpu = statistics.median(wall), statistics.median(cpu)
+        self.fastest_wall, self.fastest_cpu = min(wall), min(cpu)
+
+    def __str__(self) -> str:
+        return (
+            f"median {self.wall:.2f} ms wall, {self.cpu:.2f} ms CPU "
+            f"(fastest {self.fastest_wall:.2f}, {self.fastest_cpu:.2f})"
+        )
 
 
 def _reference(url: str, count: int) -> tuple[float, float, float]:
     """redis-py's ``Lock``, ``count`` of them held on the node at ``url``: objects tracked
-    and references visited per lock, and the CPU ms a full collection gains while they are
-    held."""
+    and references visited per lock, and the CPU ms (medians) a full collection gains while
+    they are held."""
     client = redis.Redis.from_url(url)
     gc.collect()
     objects, references = _census()
-    idle = _full_collection_ms()[1]
+    idle = _Collections().cpu
     locks = []
     for i in range(count):
         lock = client.lock(f"w8-ref-{i}", timeout=TTL)
@@ -60,7 +75,7 @@ def _reference(url: str, count: int) -> tuple[float, float, float]:
         locks.append(lock)
     gc.collect()
     held_objects, held_references = _census()
-    holding = _full_collection_ms()[1]
+    holding = _Collections().cpu
     for lock in locks:
         lock.release()
     client.close()
@@ -89,14 +104,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gc_pause")
     parser.add_argument("count", nargs="?", type=int, default=50_000)
     parser.add_argument("--async", dest="asyncio", action="store_true")
+    parser.add_argument(
+        "--auto-extend", action="store_true", help="hold auto-extended leases (guard, renewal)"
+    )
     args = parser.parse_args()
     count: int = args.count
     with LocalCluster(3) as cluster:
-        manager = LockManager(cluster.urls, ttl=TTL, node_timeout=0.2)
+        ttl = AUTO_TTL if args.auto_extend else TTL
+        manager = LockManager(cluster.urls, ttl=ttl, max_ttl=ttl, node_timeout=0.2)
+        auto: bool = args.auto_extend
         manager.acquire("warm-up").release()
         gc.collect()
         objects, references = _census()
-        idle = _full_collection_ms()
+        idle = _Collections()
         pauses = _Pauses()
         gc.callbacks.append(pauses)
         runner = asyncio.Runner()
@@ -106,26 +126,35 @@ def main() -> None:
 
         async def take() -> None:
             for i in range(count):
-                async_leases.append(await shared.acquire(f"w8-{i}", blocking=False))
+                async_leases.append(
+                    await shared.acquire(f"w8-{i}", blocking=False, auto_extend=auto)
+                )
 
         try:
             if args.asyncio:
                 runner.run(take())
             else:
-                sync_leases = [manager.acquire(f"w8-{i}", blocking=False) for i in range(count)]
+                sync_leases = [
+                    manager.acquire(f"w8-{i}", blocking=False, auto_extend=auto)
+                    for i in range(count)
+                ]
         finally:
             gc.callbacks.remove(pauses)
         gc.collect()
         held_objects, held_references = _census()
-        holding = _full_collection_ms()
-        kind = "asyncio" if args.asyncio else "sync"
+        holding = _Collections()
+        kind = ("asyncio" if args.asyncio else "sync") + (" auto-extended" if auto else "")
         print(f"Python {sys.version.split()[0]}, {count} held {kind} leases on 3 nodes")
         print(
             f"per lease: {(held_objects - objects) / count:.2f} objects tracked, "
             f"{(held_references - references) / count:.2f} references visited"
         )
-        print(f"full collection, no lease held: {idle[0]:.2f} ms wall, {idle[1]:.2f} ms CPU")
-        print(f"full collection, leases held:   {holding[0]:.2f} ms wall, {holding[1]:.2f} ms CPU")
+        print(f"full collection, no lease held: {idle}")
+        print(f"full collection, leases held:   {holding}")
+        print(
+            f"growth: {holding.cpu - idle.cpu:.2f} ms CPU, {holding.wall - idle.wall:.2f} ms "
+            "wall (medians)"
+        )
         print(
             f"automatic full collections while taking them: {len(pauses.full)}, longest "
             f"{max(pauses.full, default=0.0):.2f} ms wall"
@@ -142,7 +171,7 @@ def main() -> None:
         sync_leases.clear()
         async_leases.clear()
         print(f"unreachable objects found after the release: {gc.collect()}")
-        ours = holding[1] - idle[1]
+        ours = holding.cpu - idle.cpu
         objects_each, references_each, theirs = _reference(cluster.urls[0], count)
         print(
             f"redis-py Lock, {count} held on 1 node: {objects_each:.2f} objects tracked, "

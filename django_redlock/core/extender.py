@@ -38,13 +38,21 @@ class _Extender:
     def __init__(self) -> None:
         self.pid = current_pid()
         self.condition = threading.Condition()
-        self.heap: list[tuple[float, int, weakref.ref[Renewable]]] = []
+        # (due, number) pairs, and the lease of each number: a tuple holding only a float and
+        # an int is one the garbage collector stops tracking, where one holding the weak
+        # reference would stay one more tracked object per auto-extended lease for every full
+        # collection to visit (see test_lease_footprint.py).
+        self.heap: list[tuple[float, int]] = []
+        self.leases: dict[int, weakref.ref[Renewable]] = {}
         self.counter = itertools.count()
         self.thread: threading.Thread | None = None
 
     def schedule(self, lease: Renewable, due: float) -> None:
         with self.condition:
-            heapq.heappush(self.heap, (due, next(self.counter), weakref.ref(lease)))
+            number = next(self.counter)
+            # The plain weak reference, which CPython shares among all made to one object.
+            self.leases[number] = weakref.ref(lease)
+            heapq.heappush(self.heap, (due, number))
             if self.thread is None:
                 self.thread = threading.Thread(
                     target=self._run, name="django_redlock-extender", daemon=True
@@ -58,7 +66,7 @@ class _Extender:
                 while True:
                     now = time.monotonic()
                     if self.heap and self.heap[0][0] <= now:
-                        _, _, ref = heapq.heappop(self.heap)
+                        ref = self.leases.pop(heapq.heappop(self.heap)[1])
                         break
                     timeout = self.heap[0][0] - now if self.heap else None
                     self.condition.wait(timeout)

@@ -13,8 +13,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
+
+# CPython's atomic "delete this key if its weak reference is dead", which
+# weakref.WeakValueDictionary uses (not in typeshed).
+from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeGuard, TypeVar
+from typing import Any, Generic, Protocol, TypeGuard, TypeVar
 
 from django_redlock.core import extender, flow
 from django_redlock.core.arguments import clip_origin
@@ -34,6 +39,7 @@ __all__ = [
     "Holder",
     "LeaseEvents",
     "LeaseHost",
+    "Reentry",
     "expired_before_renewal",
     "forget_scope",
     "held_on",
@@ -52,6 +58,7 @@ __all__ = [
 ]
 
 _K = TypeVar("_K", bound="BaseLease")
+_V = TypeVar("_V")
 
 # The held-nodes tuples in use, one object each (see held_on); at most 2**N of them.
 _HELD: dict[tuple[bool, ...], tuple[bool, ...]] = {}
@@ -69,6 +76,77 @@ def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
     if len(_HELD) < _HELD_KEPT:
         _HELD[held] = held
     return held
+
+
+# A lease's own values, as ``BaseLease._state`` holds them (see there).
+_State = tuple[
+    str,  # 0 name
+    str,  # 1 key
+    str,  # 2 token
+    float,  # 3 ttl
+    float,  # 4 acquired_at
+    str | None,  # 5 origin
+    str,  # 6 owner record
+    float,  # 7 expires_at
+    str | None,  # 8 missed
+    str,  # 9 waiter
+    int,  # 10 pid
+    float | None,  # 11 renew_until
+    tuple[str, ...] | None,  # 12 names
+]
+
+
+class Reentry(Generic[_V]):
+    """Held leases by key (the engine's re-entry registry: (owner scope, name)), held weakly:
+    what a ``weakref.WeakValueDictionary`` does, for the three calls the engine makes (``get``,
+    ``[key] = lease``, ``del``) and ``len``, at less cost to the garbage collector and to
+    each acquire.
+
+    A ``WeakValueDictionary`` keeps a ``KeyedRef`` per entry: an instance of a Python class,
+    made by Python code, that each full collection visits with its key, callback and class.
+    Here an entry is a plain weak reference with no callback (the one ``weakref.ref(lease)``
+    that CPython shares with the extender's), in which a collection visits nothing. A lease
+    dropped without release leaves a dead reference: ``get`` returns None for it, and dead
+    entries are removed each time the dict has doubled since the last sweep (so the work is
+    constant per entry added) and by ``len``.
+    """
+
+    __slots__ = ("_data", "_sweep_at")
+
+    _FIRST_SWEEP = 64
+
+    def __init__(self) -> None:
+        self._data: dict[object, weakref.ref[_V]] = {}
+        self._sweep_at = self._FIRST_SWEEP
+
+    def get(self, key: object) -> _V | None:
+        """The live value under ``key``, or None."""
+        ref = self._data.get(key)
+        return None if ref is None else ref()
+
+    def __setitem__(self, key: object, value: _V) -> None:
+        data = self._data
+        data[key] = weakref.ref(value)
+        if len(data) >= self._sweep_at:
+            self._sweep()
+
+    def __delitem__(self, key: object) -> None:
+        """Remove ``key``'s entry. Raises KeyError if it has none."""
+        del self._data[key]
+
+    def __len__(self) -> int:
+        """The live entries (dead ones are swept first: O(entries))."""
+        self._sweep()
+        return len(self._data)
+
+    def _sweep(self) -> None:
+        data = self._data
+        # Another thread may put a live lease under a dead entry's key meanwhile (the keys
+        # are per owner thread, the sweep is anyone's): removed only if still dead, at once.
+        for key, ref in list(data.items()):
+            if ref() is None:
+                _remove_dead_weakref(data, key)
+        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(data))
 
 
 class LeaseEvents(Protocol):
@@ -146,29 +224,37 @@ class BaseLease:
     """
 
     # Slots, no __dict__: a process may hold tens of thousands of leases, and every full
-    # garbage collection visits each of them (see test_lease_footprint.py). No attribute of
-    # a lease refers back to it, so a dropped lease is freed by reference counting alone.
+    # garbage collection visits each of them and each object they refer to (see
+    # test_lease_footprint.py and benchmarks/gc_pause.py). So a held lease has few slots, and
+    # what is its own (strings, floats: each one more object to visit, and a cache miss at
+    # that) lives in one tuple of atomics, ``_state``, which the collector does not track:
+    # the other slots refer only to objects shared by many leases (the engine, None, small
+    # ints, shared tuples) while the lease is plain. No attribute of a lease refers back to
+    # it, so a dropped lease is freed by reference counting alone.
     __slots__ = (
         "__weakref__",  # the re-entry registry and the extender hold leases weakly
-        "_depth",
-        "_expires_at",
-        "_fixed",
-        "_guard",
+        "_depth",  # holds by the owner (re-entries); 0 once released
+        "_end",  # None, or once it was found lost: (reason, cause, at on the host's clock)
+        "_guard",  # auto-extended leases only: see __init__
         "_held",
         "_host",
-        "_lost_at",
-        "_lost_cause",
-        "_lost_reason",
-        "_missed",
-        "_names",
-        "_pid",
-        "_released",
-        "_renew_until",
         "_scope",
         "_special_shape",
-        "_waiter",
+        "_state",
         "fencing_token",
     )
+
+    # What ``_state`` holds, by index (see _State; literal indices below: a name would cost
+    # a global read on the hot path): 0 name, 1 key, 2 token, 3 ttl, 4 acquired_at, 5 origin
+    # never change; 6 owner record is set by the grant (or once by the first renewal of an
+    # adopted lease); 7 expires_at (host clock, seconds) and 8 missed (why the last renewal
+    # reached no quorum, or None) by each renewal; 9 waiter (the blocking acquire's waiter
+    # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
+    # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
+    # owner's (names: under the guard). The tuple is replaced whole, never changed in
+    # place; once the lease is its owner's, only by a renewal, which the guard serialises
+    # with the owner's extend when the lease is auto-extended (only the owner renews it
+    # otherwise), so no update is lost.
 
     def __init__(
         self,
@@ -191,41 +277,36 @@ class BaseLease:
         self._special_shape = (
             None if shape is None or (type(shape) is Shape and shape.key == key) else shape
         )
-        # What never changes once the lease is made (but the owner record, set once after:
-        # see _owner), as one tuple of strings and floats: the garbage collector does not
-        # track such a tuple, and visits it as one object where it would visit seven.
-        self._fixed: tuple[str, str, str, float, float, str | None, str] = (
+        self._state: _State = (
             name,
             key,
             token,
             ttl,
             acquired_at,
-            clip_origin(origin),
+            None if origin is None else clip_origin(origin),
+            "",  # the owner record: see _owner
+            expires_at,
+            None,
             "",
+            # The process that took the lease owns it; a forked child has a copy of this
+            # object but not the lease (see _refuse_inherited).
+            current_pid(),
+            None,
+            None,
         )
-        self._names: tuple[str, ...] | None = None  # a lock_many lease's locks (see names)
-        self._expires_at = expires_at
         self.fencing_token: int | None = None
-        self._released = False
-        self._lost_reason: str | None = None
-        self._lost_cause = ""
-        self._lost_at: float | None = None
-        # Why the last renewal reached no quorum (cleared by a successful one): the words of
-        # the loss if the validity runs out before a renewal gets through.
-        self._missed: str | None = None
+        self._depth = 1
+        self._end: tuple[str, str, float] | None = None
         # Set for auto-extended leases only: serialises the extender's renewals with the
         # owner's extend and release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
-        self._renew_until: float | None = None
-        self._depth = 1
         self._scope: tuple[object, ...] | None = None
-        self._waiter = ""  # the waiter id of a blocking acquire, dropped from the line at release
         # Which nodes held the lease after the round that granted or last renewed it (None:
-        # not known, every node): judge_extend tells a lost key from one never granted.
+        # not known, every node): judge_extend tells a lost key from one never granted. Its
+        # own slot, not in _state: the tuple is shared (see held_on), so visiting it costs
+        # little, and a new one, tracked until its first collection, would keep _state
+        # tracked as long.
         self._held: tuple[bool, ...] | None = None
-        # The process that took the lease owns it; a forked child has a copy of this object
-        # but not the lease (see _refuse_inherited).
-        self._pid = current_pid()
 
     @property
     def host(self) -> LeaseHost:
@@ -236,59 +317,103 @@ class BaseLease:
     @property
     def name(self) -> str:
         """The lock name (of ``lock_many``: its names, sorted, joined by ``" + "``)."""
-        return self._fixed[0]
+        return self._state[0]
 
     @property
     def key(self) -> str:
         """The Redis key on every node."""
-        return self._fixed[1]
+        return self._state[1]
 
     @property
     def ttl(self) -> float:
         """The lease length in seconds."""
-        return self._fixed[3]
+        return self._state[3]
 
     @property
     def acquired_at(self) -> float:
         """When the lease was taken, on the manager's monotonic clock (seconds)."""
-        return self._fixed[4]
+        return self._state[4]
 
     @property
     def origin(self) -> str | None:
         """Where the lease was taken (free text for operators), or None."""
-        return self._fixed[5]
+        return self._state[5]
 
     @property
     def _owner(self) -> str:
         """The owner record stored with the keys (JSON; never the token): what a renewal
         stores where it re-creates a key a node lost. Set by the acquire; made on first use
         for a lease built otherwise (adopted, or from a Celery message); "" until then."""
-        return self._fixed[6]
+        return self._state[6]
 
     @_owner.setter
     def _owner(self, owner: str) -> None:
-        self._fixed = (*self._fixed[:6], owner)
+        s = self._state
+        self._state = (*s[:6], owner, *s[7:])
+
+    @property
+    def _expires_at(self) -> float:
+        """When the validity runs out, on the host's clock (seconds)."""
+        return self._state[7]
+
+    @property
+    def _missed(self) -> str | None:
+        """Why the last renewal reached no quorum (None after a successful one): the words
+        of the loss if the validity runs out before a renewal gets through."""
+        return self._state[8]
+
+    @property
+    def _pid(self) -> int:
+        """The process that took the lease (see :attr:`inherited`)."""
+        return self._state[10]
+
+    @property
+    def _released(self) -> bool:
+        return self._depth == 0
+
+    @property
+    def _lost_reason(self) -> str | None:
+        end = self._end
+        return None if end is None else end[0]
+
+    @property
+    def _lost_cause(self) -> str:
+        end = self._end
+        return "" if end is None else end[1]
+
+    @property
+    def _lost_at(self) -> float | None:
+        end = self._end
+        return None if end is None else end[2]
 
     @property
     def _shape(self) -> Shape:
         """What the lease is on the nodes: its commands for each round."""
         shape = self._special_shape
-        return Shape(self.key) if shape is None else shape
+        return Shape(self._state[1]) if shape is None else shape
 
     @property
     def names(self) -> tuple[str, ...]:
         """The lock names the lease holds, sorted: ``(name,)`` but for ``lock_many``."""
-        names = self._names
-        return (self.name,) if names is None else names
+        state = self._state
+        names: tuple[str, ...] | None = state[12]
+        return (state[0],) if names is None else names
 
     @names.setter
     def names(self, names: tuple[str, ...]) -> None:
-        self._names = names
+        # Set by lock_many once the lease is its owner's: the extender may already renew it,
+        # so under the guard, lest this and a renewal each replace _state and one be lost.
+        guard = self._guard
+        if guard is None:
+            self._state = (*self._state[:12], names)
+            return
+        with guard:
+            self._state = (*self._state[:12], names)
 
     @property
     def token(self) -> str:
         """The random lease token. A bearer secret: never logged, never shown."""
-        return self._fixed[2]
+        return self._state[2]
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
@@ -312,9 +437,9 @@ class BaseLease:
         """Seconds the lease is still known valid by the local monotonic clock (≥ 0); 0 once
         it was found lost (a quorum no longer holds it), whatever time its last renewal
         left."""
-        if self._lost_reason is not None:
+        if self._end is not None:
             return 0.0
-        return max(0.0, self._expires_at - self._host.clock())
+        return max(0.0, self._state[7] - self._host.clock())
 
     def remaining(self) -> float:
         """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
@@ -326,9 +451,9 @@ class BaseLease:
         """True once the lease may no longer be held: its validity ran out, or a round found a
         quorum of nodes no longer holding it (see :attr:`lost_cause`). A renewal that merely
         failed to reach a quorum does not make it lost. A released lease is not lost."""
-        if self._released:
+        if self._depth == 0:
             return False
-        return self._lost_reason is not None or self._expires_at <= self._host.clock()
+        return self._end is not None or self._state[7] <= self._host.clock()
 
     @property
     def lost_cause(self) -> str | None:
@@ -336,9 +461,10 @@ class BaseLease:
         of nodes holds it for another token) or ``"gone"`` (a quorum no longer holds it);
         None while it has not (and for a lease released while it still held). Kept after a
         release that found it lost."""
-        if self._lost_reason is not None:
-            return self._lost_cause or flow.EXPIRED
-        if not self._released and self._expires_at <= self._host.clock():
+        end = self._end
+        if end is not None:
+            return end[1] or flow.EXPIRED
+        if self._depth != 0 and self._state[7] <= self._host.clock():
             return flow.EXPIRED
         return None
 
@@ -349,28 +475,29 @@ class BaseLease:
         while :attr:`lost_cause` is None."""
         if self.lost_cause is None:
             return None
-        return self._expires_at if self._lost_at is None else self._lost_at
+        end = self._end
+        return self._state[7] if end is None else end[2]
 
     @property
     def released(self) -> bool:
         """True once ``release()`` was called on this lease."""
-        return self._released
+        return self._depth == 0
 
     @property
     def inherited(self) -> bool:
         """True in a process forked from the lease's owner: there the lease cannot be
         released, extended or checked (:class:`LeaseInherited`)."""
-        return self._pid != current_pid()
+        return self._state[10] != current_pid()
 
     @property
     def auto_extended(self) -> bool:
         """True while a background thread renews this lease (see ``auto_extend``)."""
-        return self._guard is not None and not self._released and self._lost_reason is None
+        return self._guard is not None and self._depth != 0 and self._end is None
 
     @property
     def depth(self) -> int:
         """How many times the owner holds it (re-entries in the same thread or task)."""
-        return 0 if self._released else self._depth
+        return self._depth
 
     def check(self) -> None:
         """Raise unless the lease is still valid.
@@ -381,12 +508,14 @@ class BaseLease:
             LeaseInherited: called in a forked child (it cannot know its parent's lease).
         """
         self._refuse_inherited()
-        if self._released:
+        if self._depth == 0:
             raise LeaseReleased(self.name)
-        if self._lost_reason is None and self._expires_at <= self._host.clock():
-            self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
-        if self._lost_reason is not None:
-            raise self._lost_error()
+        if self._end is None:
+            expires_at = self._state[7]
+            if expires_at > self._host.clock():
+                return
+            self._mark_lost(self._expiry_reason(), flow.EXPIRED, expires_at)
+        raise self._lost_error()
 
     def handle(self) -> LeaseHandle:
         """Give this lease to another process: returns a :class:`LeaseHandle` (picklable;
@@ -417,7 +546,7 @@ class BaseLease:
         )
         # No guard: a renewal in flight may still extend the old token's keys, which only
         # gives the adopter more time; the extender starts no renewal of a released lease.
-        self._released = True
+        self._depth = 0
         self._host.forget(self)
         self._host.reporter.handed_off(self, self._host.clock() - self.acquired_at)
         return handle
@@ -436,10 +565,11 @@ class BaseLease:
         if guard is None:
             return None
         with guard:
-            if self._released or self._lost_reason is not None:
+            if self._depth == 0 or self._end is not None:
                 return None
             reporter = self._host.reporter
-            if self._renew_until is not None and time.monotonic() >= self._renew_until:
+            until = self._state[11]
+            if until is not None and time.monotonic() >= until:
                 reporter.renewal_stopped(self)
                 return None
             try:
@@ -468,37 +598,39 @@ class BaseLease:
         have held the guard at the instant of the fork, and the child's copy of it then stays
         locked forever.
         """
-        if self._pid != current_pid():
-            raise LeaseInherited(self.name, self._pid, current_pid())
+        pid = self._state[10]
+        if pid != current_pid():
+            raise LeaseInherited(self.name, pid, current_pid())
 
     def _left_inherited(self) -> bool:
         """True (with a warning) when a ``with`` block of this lease ends in a forked child,
         which must leave the parent's keys alone (sync and asyncio alike)."""
-        if self._pid == current_pid():
+        pid = self._state[10]
+        if pid == current_pid():
             return False
-        self._host.reporter.left_inherited(self, current_pid(), self._pid)
+        self._host.reporter.left_inherited(self, current_pid(), pid)
         return True
 
     def _mark_lost(self, reason: str, cause: str, at: float | None = None) -> None:
         """Record once that the lease ended (``cause`` as ``LockLost.cause``; ``at`` on the
         manager's clock, now when not given) and report it."""
-        if self._lost_reason is None:
-            self._lost_reason = reason
-            self._lost_cause = cause
-            self._lost_at = self._host.clock() if at is None else at
+        if self._end is None:
+            self._end = (reason, cause, self._host.clock() if at is None else at)
             self._host.reporter.lost(self, reason)
 
     def _lost_error(self) -> LockLost:
         """The :class:`LockLost` of this lease's end (also after its release noticed it)."""
-        reason = self._lost_reason or self._expiry_reason()
-        at = self._expires_at if self._lost_at is None else self._lost_at
-        return LockLost(self.name, reason, self._lost_cause or flow.EXPIRED, at)
+        end = self._end
+        if end is None:  # not marked lost (yet): it can only have run out
+            return LockLost(self.name, self._expiry_reason(), flow.EXPIRED, self._state[7])
+        return LockLost(self.name, end[0] or self._expiry_reason(), end[1] or flow.EXPIRED, end[2])
 
     def _expiry_reason(self) -> str:
-        if self._missed is not None:
+        missed = self._state[8]
+        if missed is not None:
             return (
                 "the lease expired: its validity ran out before a renewal reached a quorum "
-                f"(last: {self._missed})"
+                f"(last: {missed})"
             )
         return "the lease expired: its validity ran out"
 
@@ -509,14 +641,15 @@ class BaseLease:
         Raises:
             LeaseReleased: released already.
         """
-        if self._released:
+        depth = self._depth
+        if depth == 0:
             raise LeaseReleased(self.name)
-        if self._depth > 1:
-            self._depth -= 1
+        if depth > 1:
+            self._depth = depth - 1
             return False
         # Released from now on, whatever happens to the round: the extender starts no more
         # renewals of it, and a second release raises.
-        self._released = True
+        self._depth = 0
         self._host.forget(self)
         return True
 
@@ -529,10 +662,10 @@ class BaseLease:
         """
         host = self._host
         verdict = flow.judge_release(host.nodes, results, deleted, expired)
-        host.reporter.released(self, host.clock() - self.acquired_at)
+        host.reporter.released(self, host.clock() - self._state[4])
         if verdict.lost is not None:
             cause = flow.EXPIRED if expired else flow.GONE
-            self._mark_lost(verdict.lost, cause, self._expires_at if expired else None)
+            self._mark_lost(verdict.lost, cause, self._state[7] if expired else None)
             raise self._lost_error()
         host.reporter.released_cleanly(self, deleted, verdict.partial)
 
@@ -540,9 +673,10 @@ class BaseLease:
         """True (the lease now marked lost) when its validity ran out before a renewal round
         could start: no round is sent then. A renewal re-creates keys a node lost; sent for
         a lease already ended it would only set keys that the clean-up must delete again."""
-        if self._expires_at > self._host.clock():
+        expires_at = self._state[7]
+        if expires_at > self._host.clock():
             return False
-        self._mark_lost(self._expiry_reason(), flow.EXPIRED, self._expires_at)
+        self._mark_lost(self._expiry_reason(), flow.EXPIRED, expires_at)
         return True
 
     def _settle_extend(self, start: float, now: float, results: Sequence[Any]) -> float:
@@ -557,35 +691,34 @@ class BaseLease:
                 validity and its keys (the caller frees nothing).
         """
         host = self._host
-        outcome = flow.judge_extend(
-            host.nodes, self.ttl, self._expires_at, start, now, results, self._held
-        )
+        s = self._state
+        expires_at, previous, missed = s[7], self._held, s[8]
+        outcome = flow.judge_extend(host.nodes, s[3], expires_at, start, now, results, previous)
         if isinstance(outcome, flow.Lost):
-            at = self._expires_at if outcome.cause == flow.EXPIRED else now
-            if outcome.cause == flow.EXPIRED and self._missed is not None:
-                reason = f"{outcome.reason}; the renewal before: {self._missed}"
+            at = expires_at if outcome.cause == flow.EXPIRED else now
+            if outcome.cause == flow.EXPIRED and missed is not None:
+                reason = f"{outcome.reason}; the renewal before: {missed}"
             else:
                 reason = outcome.reason
             self._mark_lost(reason, outcome.cause, at)
             raise self._lost_error()
         if isinstance(outcome, flow.Missed):
-            self._missed = outcome.reason
+            self._state = (*s[:8], outcome.reason, *s[9:])
             raise LeaseNotExtended(
                 self.name,
                 outcome.renewed,
                 host.nodes.quorum,
                 outcome.node_errors,
-                max(0.0, self._expires_at - now),
+                max(0.0, expires_at - now),
                 outcome.refused,
                 outcome.reason,
             )
-        self._missed = None
-        self._expires_at = now + outcome
-        previous = self._held
-        self._held = held_on(
+        held = held_on(
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
+        self._state = (*s[:7], now + outcome, None, *s[9:])
+        self._held = held
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -622,7 +755,7 @@ class BaseLease:
 def reenter(lease: BaseLease, kind: type[_K]) -> TypeGuard[_K]:
     """Count one more hold of ``lease`` by its owner (re-entry) when it is a ``kind`` that
     is still held (not released, not lost); False, changing nothing, otherwise."""
-    if isinstance(lease, kind) and not lease._released and not lease.lost:
+    if isinstance(lease, kind) and lease._depth != 0 and not lease.lost:
         lease._depth += 1
         return True
     return False
@@ -632,9 +765,24 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
     """Record what the round that granted (or handed over) ``lease`` left: its owner record
     ("" when not known yet: made at its first renewal), which nodes hold it, and the waiter
     id whose place in line its release drops."""
-    lease._owner = owner
+    s = lease._state
+    # Written out, not sliced: this is on every acquire's path.
+    lease._state = (
+        s[0],
+        s[1],
+        s[2],
+        s[3],
+        s[4],
+        s[5],
+        owner,
+        s[7],
+        s[8],
+        waiter,
+        s[10],
+        s[11],
+        s[12],
+    )
     lease._held = held
-    lease._waiter = waiter
 
 
 def take_over(
@@ -646,7 +794,7 @@ def take_over(
     if auto_extend:
         lease._guard = threading.Lock()
         if hold is not None:
-            lease._renew_until = time.monotonic() + hold
+            lease._state = (*lease._state[:11], time.monotonic() + hold, lease._state[12])
         # A third of what the lease has left, not of its ttl: an adopted lease keeps only the
         # validity its giver had, which may be less than ttl / 3 (it would run out before its
         # first renewal). For a new lease the two are all but equal.
@@ -658,7 +806,7 @@ def take_over(
 def let_go(lease: BaseLease) -> None:
     """The owner never gets ``lease`` (its acquire failed after the grant): it counts as
     released, so the extender renews it no more."""
-    lease._released = True
+    lease._depth = 0
 
 
 def forget_scope(lease: BaseLease) -> tuple[object, ...] | None:
@@ -689,15 +837,18 @@ def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] 
 def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
     """After :func:`settle_extend` raised ``LockLost``: the releases its round's ``results``
     call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
-    return flow.lost_clean_up(lease._shape, lease.token, lease._lost_cause, results)
+    return flow.lost_clean_up(lease._shape, lease._state[2], lease._lost_cause, results)
 
 
 def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool]:
     """The release round of ``lease`` on ``size`` nodes: its commands, the reply that counts
     as released, and whether the lease had run out before it (for :func:`settle_release`)."""
-    shape = lease._shape
-    expired = lease._expires_at <= lease._host.clock()
-    return flow.release_round(size, shape, lease.token, lease._waiter), shape.release_yes, expired
+    s = lease._state
+    shape = lease._special_shape
+    if shape is None:
+        shape = Shape(s[1])
+    expired = s[7] <= lease._host.clock()
+    return flow.release_round(size, shape, s[2], s[9]), shape.release_yes, expired
 
 
 def owns_round(lease: BaseLease, size: int) -> list[Command]:

@@ -4,9 +4,10 @@ A full collection visits every object the collector tracks and every reference i
 process holding tens of thousands of leases paid pauses that grew with them (57 ms at ~52k
 leases of 3 tracked objects each). These tests check the structure, not timings
 (``python -m benchmarks.gc_pause`` measures those): a lease has no ``__dict__``, refers to no
-object of its own that the collector tracks, costs at most two tracked objects while held
-(itself and the re-entry registry's weak reference), is in no reference cycle, and is freed by
-reference counting alone once dropped.
+object of its own that the collector tracks, keeps its own values (strings, floats) in one
+tuple the collector does not track, so that a collection visits few references per lease,
+costs at most two tracked objects while held (itself and the re-entry registry's weak
+reference), is in no reference cycle, and is freed by reference counting alone once dropped.
 """
 
 from __future__ import annotations
@@ -46,6 +47,20 @@ def tracked() -> int:
     return len(gc.get_objects())
 
 
+def visited() -> int:
+    """The references a full collection visits in the objects it tracks."""
+    gc.collect()
+    return sum(len(gc.get_referents(obj)) for obj in gc.get_objects())
+
+
+# What a full collection visits in a held plain lock's lease: its 9 slots (not __weakref__,
+# which it does not visit): the engine, the untracked tuple of its own values, and objects
+# many leases share (None, small ints, the held-nodes tuple, the thread's owner scope); and
+# its class. Each is a call, and each of the lease's own objects a likely cache miss: there
+# were 19, two of them its own, before issue 28 item 4.
+LEASE_REFERENCES = 10
+
+
 def test_a_held_lease_has_no_dict_and_refers_to_nothing_tracked_of_its_own(cluster3):
     manager = LockManager(cluster3.urls)
     lease = manager.acquire("footprint", ttl=10.0)
@@ -65,6 +80,24 @@ def test_a_held_lease_has_no_dict_and_refers_to_nothing_tracked_of_its_own(clust
     other.release()
 
 
+def test_a_held_lease_keeps_its_own_values_in_one_untracked_tuple(cluster3):
+    manager = LockManager(cluster3.urls)
+    lease = manager.acquire("own-values", ttl=10.0, origin="tests")
+    gc.collect()
+    assert len(gc.get_referents(lease)) <= LEASE_REFERENCES
+    # The strings and floats that are the lease's own (name, key, token, owner record,
+    # expiry...) are one object to visit, which the collector does not even track.
+    assert not gc.is_tracked(lease._state)
+    own = {id(value) for value in (lease.name, lease.key, lease.token, lease.ttl, lease.origin)}
+    assert not own & {id(ref) for ref in gc.get_referents(lease)}
+    # A renewal replaces the tuple with another of atomics: still untracked after a collection.
+    lease.extend()
+    gc.collect()
+    assert not gc.is_tracked(lease._state)
+    assert len(gc.get_referents(lease)) <= LEASE_REFERENCES
+    lease.release()
+
+
 def test_holding_leases_costs_at_most_two_tracked_objects_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()  # connections, caches, owner prefix
@@ -74,6 +107,33 @@ def test_holding_leases_costs_at_most_two_tracked_objects_each(cluster3):
     # The lease and the weak reference by which its owner may re-enter it; a little slack
     # for what else the rounds allocate (replies, log records).
     assert after - before <= 2 * COUNT + 100
+    for lease in leases:
+        lease.release()
+
+
+def test_holding_auto_extended_leases_costs_at_most_four_tracked_objects_each(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
+    before = tracked()
+    # First renewed after 20 s: none while the test runs.
+    leases = [manager.acquire(f"auto-{i}", ttl=60.0, auto_extend=True) for i in range(COUNT)]
+    after = tracked()
+    # The lease, its re-entry entry, its guard, and the extender's weak reference to it; not
+    # the extender's heap entry, a pair of numbers the collector does not track.
+    assert after - before <= 4 * COUNT + 100
+    for lease in leases:
+        lease.release()
+
+
+def test_holding_leases_costs_few_references_to_visit_each(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm-up", ttl=10.0).release()
+    before = visited()
+    leases = [manager.acquire(f"visits-{i}", ttl=10.0) for i in range(COUNT)]
+    after = visited()
+    # The lease's own (LEASE_REFERENCES); the re-entry registry's: its dict's key and value,
+    # and in the weak reference its key, callback and class; the list here: 1.
+    assert after - before <= (LEASE_REFERENCES + 2 + 3 + 1) * COUNT + 500
     for lease in leases:
         lease.release()
 
