@@ -27,22 +27,9 @@ import secrets
 import socket
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar
-
-try:
-    # What WeakValueDictionary's callbacks use on CPython: deletes an entry only if it is a
-    # dead reference, atomically (a new lease under the same key is never removed).
-    from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - other Pythons: the same rule, in Python
-
-    def _remove_dead_weakref(table: dict[Any, Any], key: object) -> None:
-        ref = table.get(key)
-        if ref is not None and ref() is None:
-            del table[key]
-
 
 from django_redlock.core import flow
 from django_redlock.core.arguments import (
@@ -59,6 +46,7 @@ from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.health import declare_fresh
 from django_redlock.core.lease import (
     BaseLease,
+    Reentry,
     expired_before_renewal,
     forget_scope,
     held_on,
@@ -112,39 +100,6 @@ stuck holder surfaces as an error instead of a hung request."""
 _L = TypeVar("_L", bound=BaseLease)
 
 logger = logging.getLogger("django_redlock")
-
-
-class _Held(dict[tuple[tuple[object, ...], str], "_HeldRef"]):
-    """The re-entry registry's table: (owner scope, name) -> a weak reference to the lease.
-
-    What ``weakref.WeakValueDictionary`` does, with the entries read and written by the
-    engine in C-level dict operations: its ``get``, ``__setitem__`` (and its ``KeyedRef``
-    constructor) and ``__delitem__`` are Python calls, six per acquire and release. A dict
-    subclass only so that the entries' callback can hold it weakly (no cycle through it)."""
-
-    __slots__ = ("__weakref__",)
-
-    def remover(self) -> Callable[[_HeldRef], None]:
-        """The callback of this table's references: the entry of a lease that died (dropped
-        without release) goes, unless a later lease took its place (checked and removed
-        in one C call, as ``WeakValueDictionary`` does)."""
-        table = weakref.ref(self)
-
-        def remove(ref: _HeldRef) -> None:
-            held = table()
-            if held is not None:
-                _remove_dead_weakref(held, ref.key)
-
-        return remove
-
-
-class _HeldRef(weakref.ref):  # type: ignore[type-arg]
-    """A weak reference to a registered lease that knows its key in the table (as the
-    standard library's ``KeyedRef``, whose key is set by a Python ``__new__``; here the
-    key is set after the C constructor)."""
-
-    __slots__ = ("key",)
-    key: tuple[tuple[object, ...], str]
 
 
 class Quarantine:
@@ -264,13 +219,12 @@ class Engine:
         self._contact = flow.Contact([PING] * len(self.addresses), self.quorum)
         # A place in line lapses after a few polls without a try (see flow.retry_delay).
         self._line_lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
-        self.held = _Held()
+        self.held: Reentry[BaseLease] = Reentry()
         """Leases by (owner scope, name), for re-entry (weak references: see :meth:`own`).
         The scope names the process, thread and asyncio task, so another thread, task or a
         forked child is never the owner. Weak values: a lease dropped without release must
         not be kept alive (and renewed by the extender, which holds leases weakly too) by
         this registry; it then runs out within its ttl, and its entry goes."""
-        self._forget_dead = self.held.remover()
         # A partial, not a bound method: the connections must not hold the engine, so that
         # an engine dropped without close() is freed by reference counting (no cycle) and
         # its sockets are closed at once rather than whenever the cycle collector runs.
@@ -428,10 +382,7 @@ class Engine:
     def reenter(self, scope: tuple[object, ...], name: str, kind: type[_L]) -> _L | None:
         """The lease of type ``kind`` that ``scope`` already holds on ``name``, counted once
         more (re-entry by the same thread or asyncio task), or None."""
-        ref = self.held.get((scope, name))
-        if ref is None:  # the usual case: one dict lookup
-            return None
-        held = ref()
+        held = self.held.get((scope, name))
         if held is not None and reenter(held, kind):
             return held
         return None
@@ -518,10 +469,7 @@ class Engine:
         """
         try:
             if take_over(lease, scope, auto_extend, hold):
-                key = (scope, lease.name)
-                ref = _HeldRef(lease, self._forget_dead)
-                ref.key = key
-                self.held[key] = ref
+                self.held[(scope, lease.name)] = lease
             reporter = self.reporter
             if reporter.observer is not None:  # nobody listens, usually: no call then
                 reporter.acquired(lease, waited)
@@ -567,10 +515,9 @@ class Engine:
         if scope is None:
             return
         key = (scope, lease.name)
-        ref = self.held.get(key)
-        if ref is not None and ref() is lease:
+        if self.held.get(key) is lease:
             # Only this thread or task registers under its scope, so the entry checked is
-            # the one deleted (a dead lease's callback deletes only a dead entry).
+            # the one deleted (a sweep deletes only a dead entry).
             del self.held[key]
 
     # -- adopt -----------------------------------------------------------------------------

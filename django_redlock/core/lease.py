@@ -14,12 +14,20 @@ import logging
 import threading
 import time
 import weakref
-
-# CPython's atomic "delete this key if its weak reference is dead", which
-# weakref.WeakValueDictionary uses (not in typeshed).
-from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeGuard, TypeVar
+
+try:
+    # CPython's atomic "delete this key if its weak reference is dead", which
+    # weakref.WeakValueDictionary uses (not in typeshed).
+    from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - other Pythons: the same rule, in Python
+
+    def _remove_dead_weakref(table: dict[Any, Any], key: object) -> None:
+        ref = table.get(key)
+        if ref is not None and ref() is None:
+            del table[key]
+
 
 from django_redlock.core import extender, flow
 from django_redlock.core.arguments import clip_origin
@@ -133,6 +141,11 @@ class Reentry(Generic[_V]):
     def __delitem__(self, key: object) -> None:
         """Remove ``key``'s entry. Raises KeyError if it has none."""
         del self._data[key]
+
+    def __bool__(self) -> bool:
+        """Whether any entry is there, live or not yet swept (O(1): the managers ask it
+        before every lookup, so that a process holding nothing does no lookup)."""
+        return bool(self._data)
 
     def __len__(self) -> int:
         """The live entries (dead ones are swept first: O(entries))."""
