@@ -354,25 +354,12 @@ class Acquire:
         assert shape is not None
         # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
         self.decider = shape.decider(self.nodes.quorum)
-        if self.hand:
-            # One token for every round: the hand-off token a release may grant (see
-            # `hand`). A late clean-up cannot undo what a later round found: none deletes a
-            # key a reply said is there, and the one that follows a lost reply deletes
-            # nothing once a later try ran on that node (see _hand_clean_up).
-            if not self.token:
-                self.token = secrets.token_hex(20)
-            command = shape.acquire(
-                self.token,
-                self.ttl,
-                self.owner,
-                quarantine_ms,
-                self.waiter,
-                self.ticket,
-                self.lifetime_ms,
-                self.attempts,
-            )
-            return [command] * self.nodes.size
-        self.token = secrets.token_hex(20)
+        if not (self.hand and self.token):
+            # A hand-off waiter keeps one token for every round: the hand-off token a release
+            # may grant (see `hand`). A late clean-up cannot undo what a later round found:
+            # none deletes a key a reply said is there, and the one that follows a lost reply
+            # deletes nothing once a later try ran on that node (see _hand_clean_up).
+            self.token = secrets.token_hex(20)
         command = shape.acquire(
             self.token,
             self.ttl,
@@ -381,6 +368,7 @@ class Acquire:
             self.waiter,
             self.ticket,
             self.lifetime_ms,
+            self.attempts if self.hand else 0,
         )
         return [command] * self.nodes.size
 
@@ -555,10 +543,10 @@ class Acquire:
         (``scripts/leave.lua``)."""
         if not self.waiter:
             return None
-        if self.hand and self.token:
+        token = self.token if self.hand else ""
+        if token:
             self.held_since.clear()
-            return leave_round(self.nodes.size, self.kind, self.waiter, self.token)
-        return leave_round(self.nodes.size, self.kind, self.waiter)
+        return leave_round(self.nodes.size, self.kind, self.waiter, token)
 
     def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
         """After a round won: the releases of grants outside the lease (see

@@ -48,7 +48,13 @@ from django_redlock.wire.setup import (
     warm_tls,
 )
 from django_redlock.wire.stall import StallRule
-from django_redlock.wire.waking import new_listener_id, new_waiter_id, wake_channel
+from django_redlock.wire.waking import (
+    hear_message,
+    new_listener_id,
+    new_waiter_id,
+    note_grant,
+    wake_channel,
+)
 
 __all__ = ["LoopConnections", "LoopSubscriber"]
 
@@ -343,12 +349,11 @@ class LoopSubscriber:
                         continue
                     if reply[0] == b"message" and isinstance(reply[2], bytes):
                         # The waiter id (a wake-up), or the id and a round (a grant).
-                        ident, _, round_ = reply[2].partition(b" ")
+                        ident, round_ = hear_message(reply[2])
                         event = self.waiting.get(ident)
                         if event is not None:
-                            if round_.isdigit():
-                                grants = self.granted.setdefault(ident, {})
-                                grants[index] = max(grants.get(index, 0), int(round_))
+                            if round_ is not None:
+                                note_grant(self.granted, ident, index, round_)
                             else:
                                 self.woken.add(ident)
                             event.set()

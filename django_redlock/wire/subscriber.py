@@ -19,7 +19,13 @@ from django_redlock.wire.node_socket import POLL_ERR, POLL_IN, NodeSocket, close
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import encode_command
-from django_redlock.wire.waking import new_listener_id, new_waiter_id, wake_channel
+from django_redlock.wire.waking import (
+    hear_message,
+    new_listener_id,
+    new_waiter_id,
+    note_grant,
+    wake_channel,
+)
 
 __all__ = ["Subscriber"]
 
@@ -372,12 +378,11 @@ class Subscriber:
         """A release on node ``index`` named a waiter: keep it for its next wait (if it is
         still registered: a message for an acquire that is over is dropped). The message is
         the waiter id (a wake-up), or the waiter id and a round (a hand-off grant)."""
-        waiter, _, round_ = message.partition(b" ")
+        waiter, round_ = hear_message(message)
         if waiter not in self.woken:
             return
-        if round_.isdigit():
-            grants = self.granted.setdefault(waiter, {})
-            grants[index] = max(grants.get(index, 0), int(round_))
+        if round_ is not None:
+            note_grant(self.granted, waiter, index, round_)
         else:
             self.woken[waiter] = True
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 
-__all__ = ["new_listener_id", "new_waiter_id", "wake_channel"]
+__all__ = ["hear_message", "new_listener_id", "new_waiter_id", "note_grant", "wake_channel"]
 
 
 def new_listener_id() -> str:
@@ -27,3 +27,19 @@ def wake_channel(key: str, listener: str) -> str:
 def new_waiter_id(listener: str) -> str:
     """A fresh id for one blocking acquire of ``listener``: ``<listener>.<nonce>``."""
     return f"{listener}.{secrets.token_hex(4)}"
+
+
+def hear_message(message: bytes) -> tuple[bytes, int | None]:
+    """What a release published to a waiter (``scripts/wake_next.lua``, ``hand_grant.lua``):
+    its waiter id, and the round a hand-off grant names (None for a plain wake-up)."""
+    waiter, _, round_ = message.partition(b" ")
+    return waiter, int(round_) if round_.isdigit() else None
+
+
+def note_grant(
+    granted: dict[bytes, dict[int, int]], waiter: bytes, index: int, round_: int
+) -> None:
+    """Record that node ``index`` granted ``waiter`` the lock naming ``round_`` (the latest
+    round a node names is the one that counts: see ``flow.Acquire.hear_grants``)."""
+    grants = granted.setdefault(waiter, {})
+    grants[index] = max(grants.get(index, 0), round_)
