@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import select
-import ssl
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -57,6 +56,7 @@ __all__ = ["ConnectionSet", "ThreadConnections"]
 _IDLE = 0.005
 _POLLOUT = select.POLLOUT
 _READABLE = POLL_IN | POLL_ERR
+_POLLIN = select.POLLIN
 
 
 class ConnectionSet:
@@ -264,48 +264,63 @@ class ConnectionSet:
                 reader.feed(data)
                 if len(data) < READ_SIZE:
                     break
+        if self._replies(index, conn) and hung_up:
+            self._drop(index, "connection closed by the server")
+
+    def _replies(self, index: int, conn: NodeSocket) -> bool:
+        """Hand each complete reply in ``conn``'s reader to what waits for it; False if the
+        node was dropped (its owed replies are errors then). The same loop is inlined in
+        :meth:`_poll_once` for a ready connection (one call less per node and round): a
+        change here goes there too."""
+        reader = conn.reader
         slots = conn.slots
         while slots:
             try:
                 reply = reader.gets()
             except PROTOCOL_ERRORS:
                 self._drop(index, BAD_REPLY)
-                return
+                return False
             if reply is False:
                 break
-            answer, slot_index, fallback, _ = slots.popleft()
-            if answer is None:
-                try:
-                    out = conn.learn(slot_index, reply)
-                except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
-                    self._drop(index, str(exc))
-                    return
-                if out and not self._write(index, conn, out):
-                    return
-                continue
-            if type(reply) is ReplyError:
-                action = on_reply(reply, fallback, answer.closed)
-                if action == RESEND:
-                    assert fallback is not None  # on_reply resends only a fallback
-                    if not self._resend(index, conn, fallback, answer, slot_index):
-                        return
-                    continue
-                if action == RELOAD:  # too late to run, not to load
-                    for command, kind in conn.reload_commands():
-                        if not self._write_expecting(index, conn, command, kind):
-                            return
-                    continue
-                reply = NodeError(str(reply))
-            if not answer.closed:  # a late reply is dropped here: no call on the hot path
+            slot = slots.popleft()
+            answer = slot[0]
+            if answer is None or type(reply) is ReplyError:
+                if not self._unusual(index, conn, reply, slot):
+                    return False
+            elif not answer.closed:  # a late reply is dropped here: no call on the hot path
                 # Round.record inlined (one call less per reply).
-                answer.results[slot_index] = reply
+                answer.results[slot[1]] = reply
                 answer.pending -= 1
                 if reply == answer.yes_value:
                     answer.yes += 1
                 else:
                     answer.no += 1
-        if hung_up:
-            self._drop(index, "connection closed by the server")
+        return True
+
+    def _unusual(self, index: int, conn: NodeSocket, reply: object, slot: Slot) -> bool:
+        """A reply to a set-up command (``slot`` names no round), or an error reply: learn
+        from it, re-send a script's EVAL fallback or reload the scripts (NOSCRIPT), or
+        record the error. False if the node was dropped."""
+        answer, slot_index, fallback, _ = slot
+        if answer is None:
+            try:
+                out = conn.learn(slot_index, reply)
+            except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
+                self._drop(index, str(exc))
+                return False
+            return not out or self._write(index, conn, out)
+        assert type(reply) is ReplyError
+        action = on_reply(reply, fallback, answer.closed)
+        if action == RESEND:
+            assert fallback is not None  # on_reply resends only a fallback
+            return self._resend(index, conn, fallback, answer, slot_index)
+        if action == RELOAD:  # too late to run, not to load
+            for command, kind in conn.reload_commands():
+                if not self._write_expecting(index, conn, command, kind):
+                    return False
+            return True
+        answer.record(slot_index, NodeError(str(reply)))
+        return True
 
     def _write(self, index: int, conn: NodeSocket, data: bytes) -> bool:
         """Write ``data`` (no reply expected of its own) on ``conn``; False if that failed
@@ -401,57 +416,91 @@ class ConnectionSet:
             self._poll_once(0)
         self.last_post = now
         connections = self.connections
+        results = answer.results
         stall = self.stall
         # A node owing fewer than max_outstanding replies, the oldest not past the stall
         # reset, is not judged (StallRule.judged is False then): checked here, so the usual
         # node that still owes the last round's late reply costs no call.
         cap = stall.max_outstanding
         fresh = now - stall.stall_reset
-        for index, command in enumerate(commands):
+        sent = 0  # slots added on the fast path below, counted into `pending` at the end
+        index = -1
+        for command in commands:
+            index += 1
             if command is None:
-                answer.results[index] = None
+                results[index] = None
                 continue
             conn = connections[index]
-            if conn is None or (
-                conn.slots
-                and not (len(conn.slots) < cap and conn.slots[0][3] >= fresh)
-                and not (queue_behind and stall.room(len(conn.slots), now - conn.slots[0][3]))
+            if (
+                conn is None
+                or not conn.ready
+                or conn.out
+                or (conn.slots and (len(conn.slots) >= cap or conn.slots[0][3] < fresh))
             ):
-                try:
-                    conn = self._connection(index, now)
-                except NodeError as exc:
-                    # Stored without its traceback: frames hold this set, and a cycle through
-                    # them would leave the sockets to the garbage collector.
-                    answer.refuse(index, NotSent(str(exc)))
-                    continue
-            answer.pending += 1
-            body, fallback = command
-            slot = (answer, index, fallback, now)
-            if conn.held is not None or conn.out or conn.connecting or conn.tls_handshaking:
-                try:
-                    conn.send(body, slot, identify)
-                except NodeError as exc:
-                    # Records the error for this slot (and any other still owed) on this node.
-                    self._drop(index, str(exc))
-                    continue
-                if conn.out:  # includes a connect or TLS handshake still under way
-                    self._rearm(index, conn)
+                self._send_one(answer, index, command, now, identify, queue_behind)
                 continue
-            # NodeSocket.send's common case inlined (one call less per node and round): the
-            # hello answered, nothing buffered, so the bytes go straight to the socket.
-            conn.slots.append(slot)
+            # The usual node: connected, plain, its hello answered, nothing buffered, owing
+            # at most a few fresh replies. NodeSocket.send's common case inlined (one call
+            # less per node and round): the bytes go straight to the socket.
+            body = command[0]
+            conn.slots.append((answer, index, command[1], now))
+            sent += 1
             data = body + conn.identity if identify else body
             try:
-                sent = conn.sock.send(data)
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                sent = 0
+                written = conn.sock.send(data)
+            except BlockingIOError:
+                written = 0
             except OSError as exc:
+                answer.pending += sent
+                sent = 0
                 self._drop(index, describe(exc))
                 continue
-            if sent < len(data):
-                conn.out += data[sent:]
+            if written < len(data):
+                conn.out += data[written:]
                 self._rearm(index, conn)
+        answer.pending += sent
         return answer
+
+    def _send_one(
+        self,
+        answer: Round,
+        index: int,
+        command: Command,
+        now: float,
+        identify: bool,
+        queue_behind: bool,
+    ) -> None:
+        """Send ``command`` for ``answer`` to node ``index`` whatever state its connection is
+        in (none yet, connecting, TLS, its hello unanswered, bytes buffered, owing many
+        replies): :meth:`send_round` for all but the usual node."""
+        conn = self.connections[index]
+        stall = self.stall
+        if conn is None or (
+            conn.slots
+            and not (
+                len(conn.slots) < stall.max_outstanding
+                and conn.slots[0][3] >= now - stall.stall_reset
+            )
+            and not (queue_behind and stall.room(len(conn.slots), now - conn.slots[0][3]))
+        ):
+            try:
+                conn = self._connection(index, now)
+            except NodeError as exc:
+                # Stored without its traceback: frames hold this set, and a cycle through
+                # them would leave the sockets to the garbage collector.
+                answer.refuse(index, NotSent(str(exc)))
+                return
+        answer.pending += 1
+        body, fallback = command
+        slot = (answer, index, fallback, now)
+        try:
+            conn.send(body, slot, identify)
+        except NodeError as exc:
+            # Records the error for this slot (and any other still owed) on this node.
+            self._drop(index, str(exc))
+            return
+        if conn.out:  # includes a connect or TLS handshake still under way
+            self._rearm(index, conn)
 
     def post(self, commands: Commands) -> None:
         """Send ``commands[i]`` to node ``i`` and read their replies later, unused (``None``
@@ -583,6 +632,46 @@ class ConnectionSet:
                 continue
             conn = connections[index]
             if conn is None:  # pragma: no cover - dropped earlier in this same loop
+                continue
+            if event == _POLLIN and conn.ready:
+                # The usual event: replies on a ready connection. _read and _replies
+                # inlined (no call per node and round); anything else goes through them.
+                try:
+                    data = conn.sock.recv(READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:
+                    self._drop(index, describe(exc))
+                    continue
+                if not data:
+                    self._drop(index, "connection closed by the server")
+                    continue
+                reader = conn.reader
+                reader.feed(data)
+                if len(data) == READ_SIZE:  # maybe more: read on, the general way
+                    self._read(index, conn)
+                    continue
+                slots = conn.slots
+                while slots:
+                    try:
+                        reply = reader.gets()
+                    except PROTOCOL_ERRORS:
+                        self._drop(index, BAD_REPLY)
+                        break
+                    if reply is False:
+                        break
+                    slot = slots.popleft()
+                    answer = slot[0]
+                    if answer is None or type(reply) is ReplyError:
+                        if not self._unusual(index, conn, reply, slot):
+                            break
+                    elif not answer.closed:
+                        answer.results[slot[1]] = reply
+                        answer.pending -= 1
+                        if reply == answer.yes_value:
+                            answer.yes += 1
+                        else:
+                            answer.no += 1
                 continue
             if event & _POLLOUT:
                 try:

@@ -66,6 +66,9 @@ class NodeSocket(Handshake):
         self.reader = make_reader()
         self.tls_handshaking = False
         self.connecting = True
+        self.ready = False
+        """Connected, plain (no TLS) and its hello answered (or none asked): the one flag the
+        transport's hot path tests instead of four (see :meth:`_settle`)."""
         setup = self.setup_commands()  # before the socket: a failing provider leaks nothing
         self.targets = resolve(address)
         self.sock = self._open()
@@ -79,6 +82,25 @@ class NodeSocket(Handshake):
         for command, kind in setup:
             self.out += command
             self.slots.append((None, kind, None, now))
+        self._settle()
+
+    def _settle(self) -> None:
+        # Every state below only moves one way (connecting -> connected, handshaking -> done,
+        # holding -> hello answered; a reconnect is a new NodeSocket), so `ready` is set
+        # where one of them changes and never has to be cleared.
+        self.ready = not (
+            self.connecting or self.tls or self.tls_handshaking or self.held is not None
+        )
+
+    def learn(self, kind: int, reply: object) -> bytes:
+        """:meth:`Handshake.learn`, and the connection may be :attr:`ready` after it.
+
+        Raises:
+            NodeError: the login (AUTH or SELECT) was refused: the connection is useless.
+        """
+        out = super().learn(kind, reply)
+        self._settle()
+        return out
 
     def _open(self) -> socket.socket:
         """Start a non-blocking connect to the next address not tried yet; TLS is layered on
@@ -188,6 +210,7 @@ class NodeSocket(Handshake):
             self.connecting = False
             if self.tls:
                 self._start_tls()
+            self._settle()
         if self.tls_handshaking:
             assert isinstance(self.sock, ssl.SSLSocket)
             try:
