@@ -389,33 +389,33 @@ class AsyncLockManager(EngineConfigured):
             await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
         queues = checked.blocking and shape.wake_key is not None
         waiter = subscriber.waiter_id() if queues else ""
-        attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
+        # The first round without the flow object (flow.FirstTry), as the sync manager: the
+        # flow takes over, judging that round again, only when it was not won.
+        first = engine.first_try(name, checked, waiter, shape)
+        attempt: flow.Acquire | None = None
         clock = engine.clock
         quarantine = engine.quarantine
         try:
+            start = clock()
+            try:
+                exchange = await connections.run(
+                    first.commands, engine.node_timeout, first.decider, first.need, identify=True
+                )
+            except BaseException:
+                # As for any later round (below).
+                connections.post(first.interrupted())
+                raise
+            end = clock()
+            results = exchange.results
+            left = first.judge(results, exchange.yes, start, end)
+            if left:
+                granted = flow.Granted(first.token, end, end + left)
+                return self._granted(connections, first, granted, results, scope, checked)
+            attempt = engine.resume(first, checked, self._sleep is None)
             while True:
-                commands = attempt.next_round(quarantine.ms)
-                start = clock()
-                try:
-                    exchange = await connections.run(
-                        commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
-                    )
-                except BaseException:
-                    # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
-                    # still land on a slow node. The releases go out now, without awaiting,
-                    # queued behind the SETs on each connection.
-                    connections.post(attempt.interrupted())
-                    raise
-                end = clock()
-                results = exchange.results
                 step = attempt.judge(results, exchange.yes, start, end)
                 if isinstance(step, flow.Granted):
-                    strays = attempt.strays(results)
-                    if strays is not None:
-                        connections.post(strays)
-                    make = partial(AsyncLease, self)
-                    free = connections.post
-                    return engine.grant(make, free, attempt, step, results, scope, checked)
+                    return self._granted(connections, attempt, step, results, scope, checked)
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 action = engine.failed(attempt, step, checked.origin)
@@ -445,7 +445,23 @@ class AsyncLockManager(EngineConfigured):
                             return engine.grant(
                                 make, connections.post, attempt, held, results, scope, checked
                             )
+                commands = attempt.next_round(quarantine.ms)
+                start = clock()
+                try:
+                    exchange = await connections.run(
+                        commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
+                    )
+                except BaseException:
+                    # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
+                    # still land on a slow node. The releases go out now, without awaiting,
+                    # queued behind the SETs on each connection.
+                    connections.post(attempt.interrupted())
+                    raise
+                end = clock()
+                results = exchange.results
         except BaseException:
+            if attempt is None:  # the first round was cancelled, or its grant failed
+                attempt = engine.resume(first, checked, self._sleep is None)
             leave = attempt.left_line()
             if leave is not None:
                 # Gave up, cancelled or interrupted: leave the line now (no await). A place
@@ -456,6 +472,26 @@ class AsyncLockManager(EngineConfigured):
         finally:
             if waiter:
                 subscriber.unregister(waiter)
+
+    def _granted(
+        self,
+        connections: LoopConnections,
+        attempt: flow.Acquire | flow.FirstTry,
+        granted: flow.Granted,
+        results: list[Any],
+        scope: tuple[object, ...],
+        checked: Checked,
+    ) -> AsyncLease:
+        """The lease a round of ``attempt`` won: grants outside it freed (a semaphore's other
+        slots), then made, registered and reported by the engine (no await: a cancellation
+        cannot come between the grant and the lease)."""
+        shape = attempt.shape
+        assert shape is not None
+        strays = shape.won(attempt.token, results)
+        if strays is not None:
+            connections.post(strays)
+        make = partial(AsyncLease, self)
+        return self.engine.grant(make, connections.post, attempt, granted, results, scope, checked)
 
     async def adopt(
         self,

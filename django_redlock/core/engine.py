@@ -387,13 +387,44 @@ class Engine:
             return held
         return None
 
+    def first_try(self, name: str, checked: Checked, waiter: str, shape: Shape) -> flow.FirstTry:
+        """The first round of a new acquire of ``name`` as ``shape`` (sync and asyncio alike),
+        built without its flow (see :class:`~django_redlock.core.flow.FirstTry`): it starts
+        now on the engine's clock, so what came before (the first contact) does not count
+        against its timeout."""
+        return flow.FirstTry(
+            self.nodes,
+            name,
+            self.key_prefix + name,
+            shape,
+            checked.ttl,
+            self.owners.record(checked.origin),
+            checked.blocking,
+            self.clock(),
+            waiter,
+            # The place in line: the same number on every node (this first try, in µs).
+            time.time_ns() // 1000,
+            self._line_lifetime_ms,
+            self.quarantine.ms,
+        )
+
+    def resume(self, first: flow.FirstTry, checked: Checked, listens: bool) -> flow.Acquire:
+        """The flow of the acquire whose first round was ``first`` (not won, or interrupted):
+        see :meth:`~django_redlock.core.flow.Acquire.after_first`. ``listens``: the manager
+        hears releases."""
+        started = first.started
+        wait = checked.wait
+        deadline = None if (checked.blocking and wait is None) else started + (wait or 0.0)
+        return flow.Acquire.after_first(first, deadline, listens)
+
     def begin(
         self, name: str, checked: Checked, waiter: str, shape: Shape, listens: bool = True
     ) -> flow.Acquire:
         """The flow of a new acquire of ``name`` as ``shape`` (sync and asyncio alike); it
         starts now on the engine's clock, so what came before (the first contact) does not
         count against its timeout. ``listens``: the manager hears releases (see
-        :class:`~django_redlock.core.flow.Acquire`)."""
+        :class:`~django_redlock.core.flow.Acquire`). The managers start with
+        :meth:`first_try` instead, and come here through :meth:`resume`."""
         owner = self.owners.record(checked.origin)
         started = self.clock()
         wait = checked.wait
@@ -418,7 +449,7 @@ class Engine:
         self,
         make: Callable[..., _L],
         free: Callable[[list[Command | None]], None],
-        attempt: flow.Acquire,
+        attempt: flow.Acquire | flow.FirstTry,
         granted: flow.Granted,
         results: Sequence[Any],
         scope: tuple[object, ...],

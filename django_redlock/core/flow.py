@@ -61,6 +61,7 @@ __all__ = [
     "Contact",
     "ExtendTally",
     "Failed",
+    "FirstTry",
     "GiveUp",
     "Granted",
     "Lost",
@@ -92,7 +93,9 @@ __all__ = [
     "release_round",
     "retry_delay",
     "summarise",
+    "takes_grants",
     "validity",
+    "won",
 ]
 
 
@@ -118,6 +121,21 @@ def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
     """Seconds a lease of ``ttl`` seconds is good for after a round of ``elapsed`` seconds:
     ``ttl - elapsed - (ttl * drift_factor + 2 ms)`` (the Redlock spec's step 3)."""
     return ttl - elapsed - (ttl * drift_factor + DRIFT_SECONDS)
+
+
+def won(nodes: Nodes, ttl: float, votes: int, elapsed: float) -> float:
+    """The Redlock spec's step 3, the one rule every acquire round is judged by: the validity
+    in seconds of a lease of ``ttl`` seconds whose round had ``votes`` yes votes and took
+    ``elapsed`` seconds, when the round won it (a quorum, and some validity left); else 0.0.
+    Used by :meth:`Acquire.judge` and by the managers' first try (:class:`FirstTry`)."""
+    left = validity(ttl, elapsed, nodes.drift_factor)
+    return left if votes >= nodes.quorum and left > 0 else 0.0
+
+
+def takes_grants(waiter: str, shape: Shape) -> bool:
+    """Whether an acquire of ``shape`` with place in line ``waiter`` takes hand-off grants
+    (see :attr:`Acquire.hand`): a blocking acquire of a plain lock."""
+    return bool(waiter) and shape.kind == "lock"
 
 
 def retry_delay(
@@ -278,6 +296,95 @@ Action = GiveUp | Sleep | Subscribe | Wait
 """What to do after a failed round (:meth:`Acquire.after`)."""
 
 
+class FirstTry:
+    """The first round of an acquire, built and judged without an :class:`Acquire` (the
+    managers' fast path: most acquires are won by their first round). The round is the one
+    :meth:`Acquire.next_round` would build first, judged by the same rule (:func:`won`);
+    when it does not win, the managers continue with :meth:`Acquire.after_first`, which
+    judges that very round again (and so cleans up, reports and waits) as if it had built
+    it. Times in seconds on the manager's clock; ``started`` when the acquire began.
+
+    Also what :meth:`~django_redlock.core.engine.Engine.grant` reads of a won acquire: the
+    attributes it shares with :class:`Acquire` (name, key, ttl, owner, waiter, started,
+    shape, votes, :meth:`interrupted`).
+    """
+
+    __slots__ = (
+        "blocking",
+        "commands",
+        "decider",
+        "key",
+        "lifetime_ms",
+        "name",
+        "need",
+        "nodes",
+        "owner",
+        "shape",
+        "started",
+        "ticket",
+        "token",
+        "ttl",
+        "votes",
+        "waiter",
+    )
+
+    def __init__(
+        self,
+        nodes: Nodes,
+        name: str,
+        key: str,
+        shape: Shape,
+        ttl: float,
+        owner: str,
+        blocking: bool,
+        started: float,
+        waiter: str,
+        ticket: int,
+        lifetime_ms: int,
+        quarantine_ms: int,
+    ) -> None:
+        self.nodes = nodes
+        self.name = name
+        self.key = key  # the lease's (several locks: not the shape's first key)
+        self.shape = shape
+        self.ttl = ttl
+        self.owner = owner
+        self.blocking = blocking
+        self.started = started
+        self.waiter = waiter
+        self.ticket = ticket
+        self.lifetime_ms = lifetime_ms
+        self.votes = 0
+        quorum = nodes.quorum
+        self.decider = shape.decider(quorum)
+        self.need = shape.need(quorum)
+        # Acquire.next_round's first round: a fresh token (a hand-off waiter keeps it for
+        # every later round), round number 1 for a waiter taking grants.
+        self.token = token = secrets.token_hex(20)
+        command = shape.acquire(
+            token,
+            ttl,
+            owner,
+            quarantine_ms,
+            waiter,
+            ticket,
+            lifetime_ms,
+            1 if takes_grants(waiter, shape) else 0,
+        )
+        self.commands = [command] * nodes.size
+
+    def judge(self, results: Sequence[Any], yes: int, start: float, end: float) -> float:
+        """The validity in seconds the round, sent at ``start`` and with ``yes`` yes votes
+        known at ``end``, won (:func:`won`); 0.0 when it did not win (then continue with
+        :meth:`Acquire.after_first`)."""
+        votes = self.votes = self.shape.votes(results, yes)
+        return won(self.nodes, self.ttl, votes, end - start)
+
+    def interrupted(self) -> list[Command | None]:
+        """As :meth:`Acquire.interrupted`: the releases of what the round may have set."""
+        return self.shape.clean_up(self.token, None, self.nodes.size)
+
+
 @dataclass
 class Acquire:
     """One acquire of lock ``name``, from its first round to its outcome.
@@ -330,7 +437,31 @@ class Acquire:
     def __post_init__(self) -> None:
         if self.shape is None:
             self.shape = Shape(self.key)
-        self.hand = bool(self.waiter) and self.shape.kind == "lock"
+        self.hand = takes_grants(self.waiter, self.shape)
+
+    @classmethod
+    def after_first(cls, first: FirstTry, deadline: float | None, listens: bool) -> Acquire:
+        """The flow of the acquire whose first round ``first`` was (sent, not judged yet):
+        as if :meth:`next_round` had built that round. Its :meth:`judge` of that round comes
+        next, or, when the round was interrupted, :meth:`interrupted` and :meth:`left_line`."""
+        return cls(
+            first.nodes,
+            first.name,
+            first.key,
+            first.ttl,
+            first.owner,
+            first.blocking,
+            first.started,
+            deadline,
+            first.waiter,
+            first.ticket,
+            first.lifetime_ms,
+            attempts=1,
+            token=first.token,
+            shape=first.shape,
+            decider=first.decider,
+            listens=listens,
+        )
 
     @property
     def kind(self) -> Shape:
@@ -381,8 +512,8 @@ class Acquire:
         shape = self.shape  # not self.kind: one call less per round
         assert shape is not None
         granted = self.votes = shape.votes(results, granted)
-        left = validity(self.ttl, end - start, nodes.drift_factor)
-        if granted >= nodes.quorum and left > 0:
+        left = won(nodes, self.ttl, granted, end - start)
+        if left:
             # The keys were set no earlier than `start`, so they live (on the nodes' clocks,
             # less drift) until start + ttl - drift: the instant validity reaches 0.
             return Granted(self.token, acquired_at=end, expires_at=end + left)

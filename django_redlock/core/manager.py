@@ -70,6 +70,7 @@ from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.rounds import Round
 from django_redlock.wire.scripts import NODE_KEY
 from django_redlock.wire.subscriber import Subscriber
 
@@ -346,10 +347,42 @@ class LockManager(EngineConfigured):
         # another thread reads the shared pub/sub sockets and this one is not waiting yet.
         waiter = connections.subscriber.waiter_id() if queues else ""
         try:
-            attempt = engine.begin(name, checked, waiter, shape, self._sleep is None)
+            # The first round without the flow object (flow.FirstTry): most acquires are won
+            # there; the flow takes over, judging that round again, only when it was not.
+            first = engine.first_try(name, checked, waiter, shape)
+            attempt: flow.Acquire | None = None
             try:
-                return self._rounds(connections, attempt, scope, checked)
+                clock = engine.clock
+                start = clock()
+                try:
+                    exchange = connections.run(
+                        first.commands,
+                        engine.node_timeout,
+                        first.decider,
+                        first.need,
+                        identify=True,
+                    )
+                    end = clock()
+                except BaseException:
+                    # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
+                    # have landed, and nobody else will release them.
+                    connections.post(first.interrupted())
+                    raise
+                left = first.judge(exchange.results, exchange.yes, start, end)
+                if left:
+                    return self._granted(
+                        connections,
+                        first,
+                        flow.Granted(first.token, end, end + left),
+                        exchange.results,
+                        scope,
+                        checked,
+                    )
+                attempt = engine.resume(first, checked, self._sleep is None)
+                return self._rounds(connections, attempt, scope, checked, (exchange, start, end))
             except BaseException:
+                if attempt is None:  # the first round was interrupted, or its grant failed
+                    attempt = engine.resume(first, checked, self._sleep is None)
                 leave = attempt.left_line()
                 if leave is not None:
                     # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
@@ -364,14 +397,36 @@ class LockManager(EngineConfigured):
                 # listens on it (the subscriber counts the listeners of each channel).
                 connections.subscriber.unregister(waiter)
 
+    def _granted(
+        self,
+        connections: ConnectionSet,
+        attempt: flow.Acquire | flow.FirstTry,
+        granted: flow.Granted,
+        results: list[Any],
+        scope: tuple[object, ...],
+        checked: Checked,
+    ) -> Lease:
+        """The lease a round of ``attempt`` won: grants outside it freed (a semaphore's other
+        slots), then made, registered and reported by the engine."""
+        shape = attempt.shape
+        assert shape is not None
+        strays = shape.won(attempt.token, results)
+        if strays is not None:
+            connections.post(strays)
+        make = partial(Lease, self)
+        return self.engine.grant(make, connections.post, attempt, granted, results, scope, checked)
+
     def _rounds(
         self,
         connections: ConnectionSet,
         attempt: flow.Acquire,
         scope: tuple[object, ...],
         checked: Checked,
+        first: tuple[Round, float, float],
     ) -> Lease:
-        """The tries of :meth:`_take` until one is granted or the acquire gives up.
+        """The tries of :meth:`_take` from its first round (``first``: its replies, send and
+        decision times, already sent and judged not won by the first try) until one is
+        granted or the acquire gives up.
 
         Raises:
             LockNotAcquired: gave up (the caller leaves the line).
@@ -380,7 +435,22 @@ class LockManager(EngineConfigured):
         clock = engine.clock
         node_timeout = engine.node_timeout
         quarantine = engine.quarantine
+        exchange, start, end = first
         while True:
+            step = attempt.judge(exchange.results, exchange.yes, start, end)
+            if isinstance(step, flow.Granted):
+                return self._granted(connections, attempt, step, exchange.results, scope, checked)
+            # Unlock wherever our SET may have landed; pipelined on the same connections as
+            # the SETs, so a stalled node applies it after the SET when it wakes up.
+            connections.post(step.clean_up)
+            held = self._carry_out(
+                engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
+            )
+            if held is not None:
+                # A quorum of nodes granted the lock while it waited (hand-off): no round.
+                make = partial(Lease, self)
+                results = attempt.granted_results()
+                return engine.grant(make, connections.post, attempt, held, results, scope, checked)
             commands = attempt.next_round(quarantine.ms)
             start = clock()
             try:
@@ -397,25 +467,6 @@ class LockManager(EngineConfigured):
                 # have landed, and nobody else will release them.
                 connections.post(attempt.interrupted())
                 raise
-            step = attempt.judge(exchange.results, exchange.yes, start, end)
-            if isinstance(step, flow.Granted):
-                strays = attempt.strays(exchange.results)
-                if strays is not None:
-                    connections.post(strays)
-                make = partial(Lease, self)
-                free = connections.post
-                return engine.grant(make, free, attempt, step, exchange.results, scope, checked)
-            # Unlock wherever our SET may have landed; pipelined on the same connections as
-            # the SETs, so a stalled node applies it after the SET when it wakes up.
-            connections.post(step.clean_up)
-            held = self._carry_out(
-                engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
-            )
-            if held is not None:
-                # A quorum of nodes granted the lock while it waited (hand-off): no round.
-                make = partial(Lease, self)
-                results = attempt.granted_results()
-                return engine.grant(make, connections.post, attempt, held, results, scope, checked)
 
     def _carry_out(
         self, action: flow.Action, attempt: flow.Acquire, subscriber: Subscriber
