@@ -409,13 +409,15 @@ class AsyncLockManager(EngineConfigured):
             results = exchange.results
             left = first.judge(results, exchange.yes, start, end)
             if left:
-                granted = flow.Granted(first.token, end, end + left)
-                return self._granted(connections, first, granted, results, scope, checked)
+                return self._granted(connections, first, end, end + left, results, scope, checked)
             attempt = engine.resume(first, checked, self._sleep is None)
             while True:
                 step = attempt.judge(results, exchange.yes, start, end)
                 if isinstance(step, flow.Granted):
-                    return self._granted(connections, attempt, step, results, scope, checked)
+                    acquired_at, expires_at = step.acquired_at, step.expires_at
+                    return self._granted(
+                        connections, attempt, acquired_at, expires_at, results, scope, checked
+                    )
                 # Written now, no await, so a cancellation cannot skip it.
                 connections.post(step.clean_up)
                 action = engine.failed(attempt, step, checked.origin)
@@ -443,7 +445,14 @@ class AsyncLockManager(EngineConfigured):
                             make = partial(AsyncLease, self)
                             results = attempt.granted_results()
                             return engine.grant(
-                                make, connections.post, attempt, held, results, scope, checked
+                                make,
+                                connections.post,
+                                attempt,
+                                held.acquired_at,
+                                held.expires_at,
+                                results,
+                                scope,
+                                checked,
                             )
                 commands = attempt.next_round(quarantine.ms)
                 start = clock()
@@ -477,12 +486,14 @@ class AsyncLockManager(EngineConfigured):
         self,
         connections: LoopConnections,
         attempt: flow.Acquire | flow.FirstTry,
-        granted: flow.Granted,
+        acquired_at: float,
+        expires_at: float,
         results: list[Any],
         scope: tuple[object, ...],
         checked: Checked,
     ) -> AsyncLease:
-        """The lease a round of ``attempt`` won: grants outside it freed (a semaphore's other
+        """The lease a round of ``attempt`` won (taken at ``acquired_at``, valid until
+        ``expires_at``): grants outside it freed (a semaphore's other
         slots), then made, registered and reported by the engine (no await: a cancellation
         cannot come between the grant and the lease)."""
         shape = attempt.shape
@@ -491,7 +502,9 @@ class AsyncLockManager(EngineConfigured):
         if strays is not None:
             connections.post(strays)
         make = partial(AsyncLease, self)
-        return self.engine.grant(make, connections.post, attempt, granted, results, scope, checked)
+        engine = self.engine
+        post = connections.post
+        return engine.grant(make, post, attempt, acquired_at, expires_at, results, scope, checked)
 
     async def adopt(
         self,

@@ -450,15 +450,17 @@ class Engine:
         make: Callable[..., _L],
         free: Callable[[list[Command | None]], None],
         attempt: flow.Acquire | flow.FirstTry,
-        granted: flow.Granted,
+        acquired_at: float,
+        expires_at: float,
         results: Sequence[Any],
         scope: tuple[object, ...],
         checked: Checked,
     ) -> _L:
-        """The lease a round of ``attempt`` won, made by ``make`` (``Lease`` or
-        ``AsyncLease`` bound to its manager) and its owner's: reported, registered for
-        re-entry, renewed if asked. If that raises, the caller never gets the lease
-        (:meth:`own` let it go): its keys are freed by ``free`` (the manager's
+        """The lease a round of ``attempt`` won (its :class:`~django_redlock.core.flow.Granted`
+        times, on the engine's clock: taken at ``acquired_at``, valid until ``expires_at``),
+        made by ``make`` (``Lease`` or ``AsyncLease`` bound to its manager) and its owner's:
+        reported, registered for re-entry, renewed if asked. If that raises, the caller never
+        gets the lease (:meth:`own` let it go): its keys are freed by ``free`` (the manager's
         send-without-waiting)."""
         shape = attempt.shape  # not attempt.kind: one call less
         assert shape is not None
@@ -466,17 +468,17 @@ class Engine:
             lease = make(
                 name=attempt.name,
                 key=attempt.key,
-                token=granted.token,
+                token=attempt.token,
                 ttl=attempt.ttl,
-                expires_at=granted.expires_at,
-                acquired_at=granted.acquired_at,
+                expires_at=expires_at,
+                acquired_at=acquired_at,
                 origin=checked.origin,
                 shape=shape,
             )
             # Our place in line may remain on nodes that did not grant this attempt; the
             # release drops it there (see release.lua), at no extra round trip.
             settle_grant(lease, attempt.owner, held_on(shape.granted_on(results)), attempt.waiter)
-            waited = granted.acquired_at - attempt.started
+            waited = acquired_at - attempt.started
             self.reporter.granted(attempt.name, results, attempt.votes, waited)
             return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:

@@ -1028,7 +1028,11 @@ def judge_release(
         )
     if deleted < nodes.quorum:
         return ReleaseVerdict(None, summarise(nodes, results, of_lease=True))
-    return ReleaseVerdict(None, None)
+    return _RELEASED
+
+
+_RELEASED = ReleaseVerdict(None, None)
+"""The usual verdict (immutable, so one object serves every release)."""
 
 
 def owned(nodes: Nodes, yes: int, left: float) -> bool:

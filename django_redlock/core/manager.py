@@ -371,12 +371,7 @@ class LockManager(EngineConfigured):
                 left = first.judge(exchange.results, exchange.yes, start, end)
                 if left:
                     return self._granted(
-                        connections,
-                        first,
-                        flow.Granted(first.token, end, end + left),
-                        exchange.results,
-                        scope,
-                        checked,
+                        connections, first, end, end + left, exchange.results, scope, checked
                     )
                 attempt = engine.resume(first, checked, self._sleep is None)
                 return self._rounds(connections, attempt, scope, checked, (exchange, start, end))
@@ -401,20 +396,24 @@ class LockManager(EngineConfigured):
         self,
         connections: ConnectionSet,
         attempt: flow.Acquire | flow.FirstTry,
-        granted: flow.Granted,
+        acquired_at: float,
+        expires_at: float,
         results: list[Any],
         scope: tuple[object, ...],
         checked: Checked,
     ) -> Lease:
-        """The lease a round of ``attempt`` won: grants outside it freed (a semaphore's other
-        slots), then made, registered and reported by the engine."""
+        """The lease a round of ``attempt`` won (taken at ``acquired_at``, valid until
+        ``expires_at``): grants outside it freed (a semaphore's other slots), then made,
+        registered and reported by the engine."""
         shape = attempt.shape
         assert shape is not None
         strays = shape.won(attempt.token, results)
         if strays is not None:
             connections.post(strays)
         make = partial(Lease, self)
-        return self.engine.grant(make, connections.post, attempt, granted, results, scope, checked)
+        engine = self.engine
+        post = connections.post
+        return engine.grant(make, post, attempt, acquired_at, expires_at, results, scope, checked)
 
     def _rounds(
         self,
@@ -439,7 +438,11 @@ class LockManager(EngineConfigured):
         while True:
             step = attempt.judge(exchange.results, exchange.yes, start, end)
             if isinstance(step, flow.Granted):
-                return self._granted(connections, attempt, step, exchange.results, scope, checked)
+                results = exchange.results
+                acquired_at, expires_at = step.acquired_at, step.expires_at
+                return self._granted(
+                    connections, attempt, acquired_at, expires_at, results, scope, checked
+                )
             # Unlock wherever our SET may have landed; pipelined on the same connections as
             # the SETs, so a stalled node applies it after the SET when it wakes up.
             connections.post(step.clean_up)
@@ -450,7 +453,11 @@ class LockManager(EngineConfigured):
                 # A quorum of nodes granted the lock while it waited (hand-off): no round.
                 make = partial(Lease, self)
                 results = attempt.granted_results()
-                return engine.grant(make, connections.post, attempt, held, results, scope, checked)
+                acquired_at, expires_at = held.acquired_at, held.expires_at
+                post = connections.post
+                return engine.grant(
+                    make, post, attempt, acquired_at, expires_at, results, scope, checked
+                )
             commands = attempt.next_round(quarantine.ms)
             start = clock()
             try:
