@@ -369,7 +369,7 @@ class FirstTry:
             waiter,
             ticket,
             lifetime_ms,
-            1 if takes_grants(waiter, shape) else 0,
+            1 if waiter and takes_grants(waiter, shape) else 0,
         )
         self.commands = [command] * nodes.size
 

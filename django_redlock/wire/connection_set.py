@@ -423,42 +423,44 @@ class ConnectionSet:
         # node that still owes the last round's late reply costs no call.
         cap = stall.max_outstanding
         fresh = now - stall.stall_reset
-        sent = 0  # slots added on the fast path below, counted into `pending` at the end
+        # The usual node's slot is counted into `pending` at the end, all at once: `others`
+        # counts the nodes whose slot is not (no command, or counted on their own path).
+        others = 0
         index = -1
         for command in commands:
             index += 1
             if command is None:
                 results[index] = None
+                others += 1
                 continue
             conn = connections[index]
-            if (
-                conn is None
-                or not conn.ready
-                or conn.out
-                or (conn.slots and (len(conn.slots) >= cap or conn.slots[0][3] < fresh))
-            ):
+            if conn is None or not conn.ready or conn.out:
+                others += 1
+                self._send_one(answer, index, command, now, identify, queue_behind)
+                continue
+            slots = conn.slots
+            if slots and (len(slots) >= cap or slots[0][3] < fresh):
+                others += 1
                 self._send_one(answer, index, command, now, identify, queue_behind)
                 continue
             # The usual node: connected, plain, its hello answered, nothing buffered, owing
             # at most a few fresh replies. NodeSocket.send's common case inlined (one call
             # less per node and round): the bytes go straight to the socket.
-            body = command[0]
-            conn.slots.append((answer, index, command[1], now))
-            sent += 1
-            data = body + conn.identity if identify else body
+            slots.append((answer, index, command[1], now))
+            data = command[0] + conn.identity if identify else command[0]
             try:
                 written = conn.sock.send(data)
             except BlockingIOError:
                 written = 0
             except OSError as exc:
-                answer.pending += sent
-                sent = 0
+                others += 1
+                answer.pending += 1  # the slot's, which the drop records as failed
                 self._drop(index, describe(exc))
                 continue
             if written < len(data):
                 conn.out += data[written:]
                 self._rearm(index, conn)
-        answer.pending += sent
+        answer.pending += index + 1 - others
         return answer
 
     def _send_one(
@@ -623,7 +625,7 @@ class ConnectionSet:
     def _poll_once(self, timeout: float) -> None:
         # poll() takes whole milliseconds; round up so a short timeout is not a busy loop
         # (a timeout of exactly 0 only looks).
-        wait = 0 if timeout == 0 else max(1, int(timeout * 1000 + 0.999))
+        wait = 0 if timeout == 0 else int(timeout * 1000 + 0.999) or 1
         polling = self.polling
         connections = self.connections
         for fd, event in self.poller.poll(wait):
@@ -704,17 +706,22 @@ class ThreadConnections:
         _EVERY_THREAD_CONNECTIONS.add(self)
 
     def get(self) -> ConnectionSet:
-        sets: ConnectionSet | None = getattr(self._local, "sets", None)
-        if sets is None:
-            sets = self._factory()
-            self._local.sets = sets
-            with self._lock:
-                if self._subscriber is None:
-                    self._subscriber = Subscriber(sets.addresses)
-                sets.share(self._subscriber)
-                self._all.add(sets)
-        elif sets.pid != process.PID:
+        try:
+            sets: ConnectionSet = self._local.sets
+        except AttributeError:  # this thread's first use
+            return self._first_use()
+        if sets.pid != process.PID:
             sets._forget_all()  # forked: our copies of the parent's sockets are closed unused
+        return sets
+
+    def _first_use(self) -> ConnectionSet:
+        sets = self._factory()
+        self._local.sets = sets
+        with self._lock:
+            if self._subscriber is None:
+                self._subscriber = Subscriber(sets.addresses)
+            sets.share(self._subscriber)
+            self._all.add(sets)
         return sets
 
     def _after_fork_in_child(self) -> None:

@@ -3,9 +3,12 @@ tested directly on made-up replies, with the clock and the jitter passed in."""
 
 from __future__ import annotations
 
+import secrets
+
 import pytest
 
 from django_redlock.core import flow
+from django_redlock.core.shapes import Many, Shape, SlotDecider, Slots
 from django_redlock.exceptions import LockContended, QuorumUnreachable
 from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
@@ -393,3 +396,64 @@ def test_a_grant_from_a_node_whose_reply_was_lost_counts_its_clean_up_spares_gra
     held = attempt.hear_grants({0: 2, 1: 1}, 101.5)
     assert isinstance(held, flow.Granted)
     assert held.expires_at == pytest.approx(100.0 + 10.0 - 0.102)  # from round 1
+
+
+# -- the managers' first try (flow.FirstTry): the round and the rule of Acquire ------------
+
+
+def first_try(monkeypatch: pytest.MonkeyPatch, shape: Shape, waiter: str) -> flow.FirstTry:
+    monkeypatch.setattr(secrets, "token_hex", lambda size: "t" * (2 * size))
+    return flow.FirstTry(
+        NODES, "job", "redlock:job", shape, 10.0, "{}", True, 100.0, waiter, 7, 1000, 60_000
+    )
+
+
+@pytest.mark.parametrize("waiter", ["", "listener.nonce"])
+@pytest.mark.parametrize(
+    "shape",
+    [Shape("redlock:job"), Slots("redlock:job", 3, NODES.size), Many(["redlock:a", "redlock:b"])],
+    ids=["lock", "semaphore", "many"],
+)
+def test_the_first_try_sends_what_the_flows_first_round_sends(monkeypatch, shape, waiter):
+    # The managers' fast path builds the first round without the flow: it must be the very
+    # round Acquire.next_round builds first (a waiter taking grants sends round number 1).
+    first = first_try(monkeypatch, shape, waiter)
+    attempt = acquire(shape=shape, waiter=waiter, ticket=7)
+    assert first.commands[0][0] == attempt.next_round(60_000)[0][0]
+    assert len(first.commands) == NODES.size
+    assert first.token == attempt.token
+    if isinstance(attempt.decider, SlotDecider):  # one per round: it counts the replies
+        assert isinstance(first.decider, SlotDecider)
+        assert (first.decider.quorum, first.decider.left) == (
+            attempt.decider.quorum,
+            attempt.decider.left,
+        )
+    else:
+        assert first.decider == attempt.decider
+    assert first.need == attempt.need
+    # The flow that takes over after it is the one that sent that round.
+    resumed = flow.Acquire.after_first(first, 105.0, True)
+    assert (resumed.attempts, resumed.token, resumed.hand) == (1, first.token, attempt.hand)
+    sent = [
+        [command and command[0] for command in round_]
+        for round_ in (resumed.interrupted(), first.interrupted(), attempt.interrupted())
+    ]
+    assert sent[0] == sent[1] == sent[2]
+
+
+@pytest.mark.parametrize("votes", [0, 1, 2, 3])
+@pytest.mark.parametrize("elapsed", [0.0, 0.25, 9.897, 9.899, 11.0])
+def test_the_first_try_wins_exactly_when_the_flow_would(monkeypatch, votes, elapsed):
+    # One rule (flow.won) for both: a quorum and validity left (ttl - elapsed - drift).
+    first = first_try(monkeypatch, Shape("redlock:job"), "")
+    results = [GRANTED] * votes + [4_000] * (NODES.size - votes)
+    left = first.judge(results, votes, 100.0, 100.0 + elapsed)
+    attempt = acquire(waiter="", ticket=7)
+    attempt.next_round(60_000)
+    step = attempt.judge(results, votes, 100.0, 100.0 + elapsed)
+    if isinstance(step, flow.Granted):
+        assert left == pytest.approx(step.expires_at - step.acquired_at)
+        assert left > 0
+    else:
+        assert left == 0.0
+    assert first.votes == attempt.votes
