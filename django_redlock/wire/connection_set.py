@@ -101,7 +101,8 @@ class ConnectionSet:
         # costs one poll() call per wake-up and no per-call registration.
         self.poller = select.poll()
         self.by_fd: dict[int, int] = {}
-        self.polling: dict[int, int] = {}
+        # fd -> its connection (which knows its node's index): one lookup per poll event.
+        self.polling: dict[int, NodeSocket] = {}
         self.last_post = float("-inf")
         # Whether a connection opened lately may still hold commands until its hello is
         # answered (see wait): checked only then, not on every round trip.
@@ -204,6 +205,7 @@ class ConnectionSet:
                             raise NodeError(reason)
         if conn is None:
             conn = NodeSocket(self.addresses[index], self.clock, self.preload, self.hello)
+            conn.index = index
             self.settling = self.hello is not None
             self.connections[index] = conn
             self._rearm(index, conn)
@@ -222,7 +224,7 @@ class ConnectionSet:
             with contextlib.suppress(KeyError):
                 self.poller.unregister(old)
         self.by_fd[index] = fd
-        self.polling[fd] = index
+        self.polling[fd] = conn
         self.poller.register(fd, conn.events())
 
     def _read(self, index: int, conn: NodeSocket, hung_up: int = 0) -> None:
@@ -426,9 +428,8 @@ class ConnectionSet:
         # The usual node's slot is counted into `pending` at the end, all at once: `others`
         # counts the nodes whose slot is not (no command, or counted on their own path).
         others = 0
-        index = -1
-        for command in commands:
-            index += 1
+        index = -1  # no command: none sent
+        for index, command in enumerate(commands):
             if command is None:
                 results[index] = None
                 others += 1
@@ -627,13 +628,9 @@ class ConnectionSet:
         # (a timeout of exactly 0 only looks).
         wait = 0 if timeout == 0 else int(timeout * 1000 + 0.999) or 1
         polling = self.polling
-        connections = self.connections
         for fd, event in self.poller.poll(wait):
-            index = polling.get(fd)
-            if index is None:
-                continue
-            conn = connections[index]
-            if conn is None:  # pragma: no cover - dropped earlier in this same loop
+            conn = polling.get(fd)
+            if conn is None:  # dropped earlier in this same loop (or its fd just moved)
                 continue
             if event == _POLLIN and conn.ready:
                 # The usual event: replies on a ready connection. _read and _replies
@@ -643,29 +640,29 @@ class ConnectionSet:
                 except BlockingIOError:
                     continue
                 except OSError as exc:
-                    self._drop(index, describe(exc))
+                    self._drop(conn.index, describe(exc))
                     continue
                 if not data:
-                    self._drop(index, "connection closed by the server")
+                    self._drop(conn.index, "connection closed by the server")
                     continue
                 reader = conn.reader
                 reader.feed(data)
                 if len(data) == READ_SIZE:  # maybe more: read on, the general way
-                    self._read(index, conn)
+                    self._read(conn.index, conn)
                     continue
                 slots = conn.slots
                 while slots:
                     try:
                         reply = reader.gets()
                     except PROTOCOL_ERRORS:
-                        self._drop(index, BAD_REPLY)
+                        self._drop(conn.index, BAD_REPLY)
                         break
                     if reply is False:
                         break
                     slot = slots.popleft()
                     answer = slot[0]
-                    if answer is None or type(reply) is ReplyError:
-                        if not self._unusual(index, conn, reply, slot):
+                    if answer is None or reply.__class__ is ReplyError:
+                        if not self._unusual(conn.index, conn, reply, slot):
                             break
                     elif not answer.closed:
                         answer.results[slot[1]] = reply
@@ -675,6 +672,7 @@ class ConnectionSet:
                         else:
                             answer.no += 1
                 continue
+            index = conn.index
             if event & _POLLOUT:
                 try:
                     conn.flush()

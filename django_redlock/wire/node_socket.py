@@ -67,6 +67,8 @@ class NodeSocket(Handshake):
         self.tls_handshaking = False
         self.connecting = True
         self.ready = False
+        self.index = -1
+        """The node's index in the connection set that owns this socket (set by the set)."""
         """Connected, plain (no TLS) and its hello answered (or none asked): the one flag the
         transport's hot path tests instead of four (see :meth:`_settle`)."""
         setup = self.setup_commands()  # before the socket: a failing provider leaks nothing
