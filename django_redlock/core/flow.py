@@ -440,10 +440,17 @@ class Acquire:
         self.hand = takes_grants(self.waiter, self.shape)
 
     @classmethod
-    def after_first(cls, first: FirstTry, deadline: float | None, listens: bool) -> Acquire:
+    def after_first(
+        cls,
+        first: FirstTry,
+        deadline: float | None,
+        listens: bool,
+        uniform: Callable[[float, float], float] = random.uniform,
+    ) -> Acquire:
         """The flow of the acquire whose first round ``first`` was (sent, not judged yet):
         as if :meth:`next_round` had built that round. Its :meth:`judge` of that round comes
-        next, or, when the round was interrupted, :meth:`interrupted` and :meth:`left_line`."""
+        next, or, when the round was interrupted, :meth:`interrupted` and :meth:`left_line`.
+        ``uniform``: the retry jitter (a test's seeded one)."""
         return cls(
             first.nodes,
             first.name,
@@ -456,6 +463,7 @@ class Acquire:
             first.waiter,
             first.ticket,
             first.lifetime_ms,
+            uniform=uniform,
             attempts=1,
             token=first.token,
             shape=first.shape,

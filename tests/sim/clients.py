@@ -61,32 +61,53 @@ def client_process(client: SimClient) -> Process:
         waiter = f"c{client.index}.{client.waiters}" if queues else ""
         started = client.now()
         pauses = client.pauses
-        attempt = flow.Acquire(
+        # The managers' first try (LockManager._take): the first round without the flow,
+        # which takes over (Engine.resume) only when that round did not win.
+        first = flow.FirstTry(
             world.flow_nodes,
             name,
             key,
+            shape,
             ttl,
             owner,
             blocking,
             started,
-            None if (blocking and wait is None) else started + (wait or 0.0),
             waiter,
             int((client.now() + 1.7e9) * 1e6),
             lifetime_ms,
-            uniform=rng.uniform,
-            shape=shape,
+            client.quarantine_ms,
         )
+        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
+        attempt = flow.Acquire.after_first(first, deadline, True, rng.uniform)
         client.log(f"acquire {name} blocking={blocking} timeout={wait} ttl={ttl}")
         granted: flow.Granted | None = None
         results: Sequence[Any] = ()
         listening = False
+        first_round = True
         while True:
-            commands = attempt.next_round(client.quarantine_ms)
+            if first_round:
+                round_ = Round(first.commands, first.decider, first.need, identify=True)
+            else:
+                commands = attempt.next_round(client.quarantine_ms)
+                round_ = Round(commands, attempt.decider, attempt.need, identify=True)
             began = world.now
             start = client.now()
-            exchange = yield Round(commands, attempt.decider, attempt.need, identify=True)
+            exchange = yield round_
             end = client.now()
             results = exchange.results
+            if first_round:
+                first_round = False
+                valid = first.judge(results, exchange.yes, start, end)
+                if valid:
+                    # Won at the first try: the lease without the flow's judge (the
+                    # checker still hears of the try and of its end, as for any other).
+                    world.checker.tried(client, attempt, results)
+                    strays = shape.won(first.token, results)
+                    if strays is not None:
+                        world.clean_up(client, strays)
+                    world.checker.ended(client, attempt, end, client.pauses != pauses)
+                    granted = flow.Granted(first.token, end, end + valid)
+                    break
             step = attempt.judge(results, exchange.yes, start, end)
             world.checker.tried(client, attempt, results)
             if isinstance(step, flow.Granted):
