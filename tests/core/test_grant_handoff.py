@@ -224,7 +224,7 @@ def _register(
 ) -> Any:
     """A waiter's try (acquire.lua, as a waiter taking grants); the node's run_id given."""
     run_id = client.info("server")["run_id"]
-    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, lifetime_ms, round_, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
@@ -373,7 +373,7 @@ def test_nodes_that_disagree_on_the_head_converge_on_the_oldest_waiter(cluster5)
 
 def _try(client, waiter: str, token: str, ticket: int) -> Any:
     run_id = client.info("server")["run_id"]
-    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, 5_000, 1, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
