@@ -1,19 +1,24 @@
 """Server time per script call (issue 25): what each hot script costs a node, beside the
 minimal Redlock's ``SET NX PX`` and compare-and-delete, measured in one run on one node.
 
-Run: ``python -m benchmarks.script_cost [--calls 20000] [--binary PATH]``.
+Run: ``python -m benchmarks.script_cost [--calls 20000] [--repeat 3] [--binary PATH]``, or
+``python -m benchmarks.script_cost --callgrind --calls 2000 --repeat 1`` (about a minute).
 
-How: a fresh node (``LocalNode``, Valkey by default, ``--binary`` for Redis 7), one raw
-connection. Each case first writes what it needs (not measured), then ``CONFIG RESETSTAT``,
-then ``--calls`` commands pipelined in batches, each on its own key, then ``INFO
-commandstats``: the ``usec_per_call`` of the command sent (EVALSHA or SET). A script's figure
-includes the commands it calls (they are also listed, as calls per script call, to show where
-the time goes). The commands are the library's own encoders (``wire/scripts.py``), completed
-with the connection's identity as the transport does, so the node runs what a client sends.
+How: a fresh node (``LocalNode``, Valkey by default, ``--binary $(which redis-server)`` for
+Redis 7), one raw connection. Each case first writes what it needs (not measured), then
+``CONFIG RESETSTAT``, then ``--calls`` commands pipelined in batches, each on its own key, then
+``INFO commandstats``: the ``usec_per_call`` of the command sent (EVALSHA or SET). A script's
+figure includes the commands it calls (listed after it, calls and µs per script call, to show
+where the time goes). The commands are the library's own encoders (``wire/scripts.py``),
+completed with the connection's identity as the transport does, so the node runs what a
+client sends.
 
 Units: µs of server time per call (the server's own clock: not the round trip, not the
-client). The figures move a few percent between runs (the machine is shared); compare the
-cases of one run, not runs of different days.
+client), and the server process's CPU per call (µs), each the least of ``--repeat`` runs.
+On a shared 2-core machine both move by up to 2x between runs: compare the cases of one run.
+``--callgrind`` runs the server under valgrind and reports its instructions per call (kIr,
+thousands) instead of CPU: they do not move with the machine's load (its µs columns are then
+valgrind's, ~50x slow).
 """
 
 from __future__ import annotations
