@@ -185,8 +185,9 @@ LEAVE = load_script("leave")
 LINE = "\x00q"
 LAPSE = "\x00e"
 READERS = "\x00r"
-_RELEASE_HEAD = RELEASE.head(3, 2)
-_RELEASE_HEAD_IDENTIFIED = RELEASE.head(3, 4)  # + the identity the transport appends
+# One key, as the acquire's: the script names the line and lapse keys after it.
+_RELEASE_HEAD = RELEASE.head(1, 2)
+_RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends
 
 NODE_KEY = "\x00django_redlock:node"
 """Each node's marker hash (see ``scripts/node_rule.lua``): the server process found fit to
@@ -276,19 +277,16 @@ def release_command(key: str, token: str, waiter: str = "", identified: bool = F
         partial(_release_eval, key, token, waiter, trailing), True, identify=identified
     )
     if key.isascii():
-        size = len(key) + 2
         text = (
             f"{_RELEASE_HEAD_IDENTIFIED if identified else _RELEASE_HEAD}"
-            f"${len(key)}\r\n{key}\r\n${size}\r\n{key}{LINE}\r\n"
-            f"${size}\r\n{key}{LAPSE}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
+            f"${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
         )
         return (text.encode(), fallback)
-    keys = (key, key + LINE, key + LAPSE)
-    return (RELEASE.evalsha(keys, (token, waiter), trailing=trailing), fallback)
+    return (RELEASE.evalsha((key,), (token, waiter), trailing=trailing), fallback)
 
 
 def _release_eval(key: str, token: str, waiter: str, trailing: int = 0) -> bytes:
-    return RELEASE.eval((key, key + LINE, key + LAPSE), (token, waiter), trailing=trailing)
+    return RELEASE.eval((key,), (token, waiter), trailing=trailing)
 
 
 def owns_command(key: str, token: str) -> Command:

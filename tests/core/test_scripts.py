@@ -42,7 +42,7 @@ def acquire(
 
 
 def release(client, key, token, waiter=""):
-    return client.eval(scripts.RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token, waiter)
+    return client.eval(scripts.RELEASE.source, 1, key, token, waiter)
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -187,7 +187,7 @@ def test_hot_path_encoders_match_the_generic_encoder(key):
         == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 1, *keys, *args, "", "")
     )
     assert scripts.release_command(key, token, "w1")[0] == scripts.RELEASE.evalsha(
-        (key, key + scripts.LINE, key + scripts.LAPSE), (token, "w1")
+        (key,), (token, "w1")
     )
     assert scripts.extend_command(key, token, 7, owner)[0] == encode_command(
         b"EVALSHA", scripts.EXTEND.sha, 2, key, key + "\x00r", token, 7, owner

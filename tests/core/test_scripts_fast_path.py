@@ -52,8 +52,7 @@ def acquire(
 
 
 def release(client: Any, key: str, token: str, waiter: str = "", *identity: str) -> Any:
-    keys = (key, key + scripts.LINE, key + scripts.LAPSE)
-    return client.eval(scripts.RELEASE.source, 3, *keys, token, waiter, *identity)
+    return client.eval(scripts.RELEASE.source, 1, key, token, waiter, *identity)
 
 
 def info_calls(client: Any) -> int:
