@@ -29,10 +29,6 @@ from django_redlock.wire.nodes import NodeAddress, parse_node
 from django_redlock.wire.scripts import (
     ACQUIRE,
     GRANTED,
-    LAPSE,
-    LINE,
-    NODE_KEY,
-    READERS,
     RELEASE,
     acquire_command,
     release_command,
@@ -136,7 +132,7 @@ def redis_py_connections(urls: list[str]) -> PairRunner:
     def run(name: str) -> bool:
         key = f"redlock:{name}"
         token = secrets.token_hex(20)
-        keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
+        keys = (key,)  # acquire.lua names the marker, line, lapse and readers keys itself
         owner = _owner()
         for connection, (run_id, persistence) in zip(connections, identities, strict=True):
             connection.send_command(
@@ -147,8 +143,7 @@ def redis_py_connections(urls: list[str]) -> PairRunner:
         if granted < quorum:
             return False
         for connection in connections:
-            connection.send_command("EVALSHA", RELEASE.sha, 3, key, key + LINE, key + LAPSE,
-                                    token, "")  # fmt: skip
+            connection.send_command("EVALSHA", RELEASE.sha, 1, key, token, "")
         released: int = sum(connection.read_response() == 1 for connection in connections)
         return released >= quorum
 

@@ -1,12 +1,19 @@
 -- Take a Redlock lease on one node.
 --
--- KEYS[1]  the lock key
--- KEYS[2]  the node's marker hash (one per node, never expires, never a user lock name): the
---          run_id of the process found fit to vote, and the longest quarantine seen (node_rule.lua)
--- KEYS[3]  the lock's wait line: a sorted set of waiter ids by ticket (KEYS[1] .. "\0q")
--- KEYS[4]  when each waiter's place in line lapses, ms on the node's clock (KEYS[1] .. "\0e")
--- KEYS[5]  the readers of the read-write lock of the same name (KEYS[1] .. "\0r", readers.lua):
---          a lock is its read-write lock's write lease, so live readers hold it back
+-- KEYS[1]  the lock key. The script names the other keys it uses after it, as every lock's are
+--          named (the nodes are independent servers, never a Redis Cluster; the ACL patterns
+--          that cover the lock key cover them):
+--            the node's marker hash '\0django_redlock:node' (one per node, never expires, never
+--            a user lock name): the run_id of the process found fit to vote, and the longest
+--            quarantine seen (node_rule.lua);
+--            the lock's wait line KEYS[1] .. '\0q': a sorted set of waiter ids by ticket;
+--            KEYS[1] .. '\0e': when each waiter's place in line lapses, ms on the node's clock;
+--            the readers of the read-write lock of the same name, KEYS[1] .. '\0r'
+--            (readers.lua): a lock is its read-write lock's write lease, so live readers hold
+--            it back.
+--          Why not passed as KEYS: each argument costs the node about as much as a redis.call
+--          of the script (benchmarks/script_cost.py), and the common acquire needs only two of
+--          the four names.
 -- ARGV[1]  the lease token (random, from `secrets`)
 -- ARGV[2]  the lease length in milliseconds (positive integer)
 -- ARGV[3]  the owner: '<owner id><acquired_at> <record JSON: host, pid, thread, task, origin>'
@@ -37,6 +44,53 @@
 -- deleted with it; the owner key outlives every lock naming it, then expires.
 -- No `#!lua` shebang: plain EVAL semantics; this script writes, so a full node (OOM) refuses it,
 -- which is the right answer for an acquire.
+--
+-- Cost (issue 25; benchmarks/script_cost.py measures it): the common acquire (the node known
+-- fit, the quarantine the one it has seen, a free lock with no line and no readers) runs first,
+-- in four redis.calls and no function of its own: HMGET of the marker, one EXISTS of the lock
+-- key, its readers and its line, the SET, and the PTTL of the owner key. Every other case
+-- falls through to the full rules below, exactly as they were; the fast path only skips what
+-- it has proven would do nothing (quarantine_longer: equal texts; node_rule: the marker names
+-- this process; HSET q: the stored q is the caller's; the hand-off prelude: no round, or round
+-- 1 with no later round seen).
+local key = KEYS[1]
+local marker = redis.call('HMGET', '\0django_redlock:node', 'run', 'q')
+local hand_checked = false
+local taken = nil -- the fast path's EXISTS count, when it ran (the slow path reuses it)
+if marker[1] == ARGV[9] and marker[2] == ARGV[4] then
+    local round = ARGV[8]
+    if round == '1' and ARGV[5] ~= '' then
+        -- hand_register.lua's prelude for a waiter's first round: refused when a later round
+        -- of the same waiter already ran here; a first round registers nothing more.
+        local seen = redis.call('HGET', key .. '\0h', ARGV[5])
+        if seen and (tonumber(string.match(seen, '^g?(%d+) ')) or 0) > 1 then
+            return 0
+        end
+        hand_checked = true
+        round = ''
+    end
+    if round == '' or round == '0' then
+        taken = redis.call('EXISTS', key, key .. '\0r', key .. '\0q')
+    end
+    if taken == 0 then
+        -- set_lock and keep_owner of lock_write.lua, inline (same writes, same order).
+        local owner = ARGV[3]
+        local space = string.find(owner, ' ', 9, true)
+        if space ~= nil then
+            local ttl = ARGV[2]
+            redis.call('SET', key, ARGV[1] .. ' ' .. string.sub(owner, 1, space - 1), 'PX', ttl)
+            local ms = tonumber(ttl)
+            local owner_key = '\0o:' .. string.sub(owner, 1, 7) .. ':django_redlock:node'
+            if redis.call('PTTL', owner_key) < ms then
+                redis.call('SET', owner_key, string.sub(owner, space + 1), 'PX',
+                    string.format('%d', 2 * ms))
+            end
+            return {ok = 'OK'}
+        end
+        -- A malformed owner argument: set_lock below raises the error.
+    end
+end
+
 -- @include lock_key.lua
 -- @include lock_write.lua
 local now = 0
@@ -50,28 +104,27 @@ end
 
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
--- Hot path: the marker names the process already found fit to vote, and the connection this
--- command came on named the process it talks to (its run_id, read by the client when it
--- connected): equal strings, so no INFO call. A connection cannot outlive its server process,
--- so a marker restored from a snapshot never matches; then node_rule decides.
+-- The marker names the process already found fit to vote, and the connection this command
+-- came on named the process it talks to (its run_id, read by the client when it connected):
+-- equal strings, so no INFO call. A connection cannot outlive its server process, so a marker
+-- restored from a snapshot never matches; then node_rule decides.
 local quarantine = tonumber(ARGV[4])
-local marker = redis.call('HMGET', KEYS[2], 'run', 'q')
 local longer = quarantine_longer(marker[2], quarantine)
 if longer ~= nil then
     return redis.error_reply(longer)
 end
 if marker[1] ~= ARGV[9] then
-    local refusal = node_rule(KEYS[2], quarantine, ARGV[10], true)
+    local refusal = node_rule('\0django_redlock:node', quarantine, ARGV[10], true)
     if refusal ~= nil then
         return redis.error_reply(refusal)
     end
 elseif (tonumber(marker[2]) or 0) < quarantine then
     -- Remember the longest quarantine any client uses (see node_rule.lua).
-    redis.call('HSET', KEYS[2], 'q', ARGV[4])
+    redis.call('HSET', '\0django_redlock:node', 'q', ARGV[4])
 end
 
 local waiter = ARGV[5]
-local line, lapse = KEYS[3], KEYS[4]
+local line, lapse, readers = key .. '\0q', key .. '\0e', key .. '\0r'
 -- @include hand_register.lua
 
 -- The first waiter in line whose place has not lapsed (lapsed ones are dropped on the way).
@@ -102,22 +155,23 @@ local function wait_in_line()
     register_hand()
 end
 
-if redis.call('EXISTS', KEYS[1], KEYS[5], KEYS[3]) == 0 then
-    -- The common case in one call: no key, no readers, nobody in line. The lock is free and
-    -- no waiter is ahead, whatever this acquire is (a single try or a waiter's try).
-    set_lock(KEYS[1], ARGV[1], ARGV[3], ARGV[2])
+-- (The fast path's count stands: nothing was written since, whichever branch refused it.)
+if (taken or redis.call('EXISTS', key, readers, line)) == 0 then
+    -- No key, no readers, nobody in line. The lock is free and no waiter is ahead, whatever
+    -- this acquire is (a single try or a waiter's try).
+    set_lock(key, ARGV[1], ARGV[3], ARGV[2])
     return {ok = 'OK'}
 end
-local token = lock_token(KEYS[1])
+local token = lock_token(key)
 if type(token) == 'table' then
     -- A key of another type (an old-layout hash lock, a user's key): held, never overwritten.
-    return redis.call('PTTL', KEYS[1])
+    return redis.call('PTTL', key)
 end
 if token == false then
     -- Readers of the read-write lock of this name (rare: one EXISTS when there are none).
     -- Their expiry is their score, on this node's clock (readers.lua).
-    if redis.call('EXISTS', KEYS[5]) == 1 then
-        local last = redis.call('ZRANGE', KEYS[5], -1, -1, 'WITHSCORES')
+    if redis.call('EXISTS', readers) == 1 then
+        local last = redis.call('ZRANGE', readers, -1, -1, 'WITHSCORES')
         if #last == 2 and tonumber(last[2]) > clock() then
             wait_in_line()
             return tonumber(last[2]) - clock()
@@ -132,13 +186,13 @@ if token == false then
         redis.call('ZREM', line, waiter)
         redis.call('HDEL', lapse, waiter)
     end
-    set_lock(KEYS[1], ARGV[1], ARGV[3], ARGV[2])
+    set_lock(key, ARGV[1], ARGV[3], ARGV[2])
     return {ok = 'OK'}
 end
 if token == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    keep_owner_of(KEYS[1], ARGV[3], tonumber(ARGV[2]))
+    redis.call('PEXPIRE', key, ARGV[2])
+    keep_owner_of(key, ARGV[3], tonumber(ARGV[2]))
     return {ok = 'OK'}
 end
 wait_in_line()
-return redis.call('PTTL', KEYS[1])
+return redis.call('PTTL', key)

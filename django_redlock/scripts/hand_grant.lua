@@ -25,14 +25,18 @@
 --   * A node that restarted may have forgotten a holder: it grants only when the process
 --     running this script is the one its marker names as fit to vote (the run_id node_rule.lua
 --     records, compared with INFO server's here). A restored marker names an older process:
---     no grant, only the wake-up, and the waiter's own try meets the quarantine.
+--     no grant, only the wake-up, and the waiter's own try meets the quarantine. `run`, when
+--     a release names the process its connection reached (ARGV[3], appended by the transport
+--     as for an acquire), stands for INFO's: a connection cannot outlive its server process,
+--     so it is the process running this script (INFO server costs more than the rest of the
+--     grant: benchmarks/script_cost.py). '' or nil: INFO is read.
 -- Fewer than a quorum of grants: the waiter keeps its place and goes on trying; its tries
 -- answer granted where H is, and take free nodes where it heads the line. If it gives up,
 -- it releases H on every node (core/flow.py: Acquire.judge). A waiter that died keeps its
 -- grants until they expire (its ttl): only a head whose place has not lapsed is granted, and
 -- a place lapses when its waiter stops trying.
-local function grant_next(key, line, lapse)
-    local first, now = live_head(key, line, lapse)
+local function grant_next(key, line, lapse, lined, run)
+    local first, now = live_head(key, line, lapse, lined)
     if first == nil then
         return
     end
@@ -43,7 +47,8 @@ local function grant_next(key, line, lapse)
         local readers = redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
         local marker = redis.call('HGET', '\0django_redlock:node', 'run')
         if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
-            and marker == string.match(redis.call('INFO', 'server'), 'run_id:(%x+)') then
+            and (run ~= nil and run ~= '' and run
+                or string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')) == marker then
             -- pcall: a node out of memory refuses the SET (this script has no shebang, so
             -- its DEL went through); the head is then woken as before.
             if pcall(set_lock, key, token, owner, ttl) then

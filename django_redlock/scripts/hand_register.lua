@@ -39,7 +39,8 @@ local function register_hand()
     end
 end
 local hand_round = tonumber(ARGV[8]) or 0
-if waiter ~= '' and hand_round >= 1 then
+-- (acquire.lua's fast path may have run this check for round 1 already: hand_checked.)
+if waiter ~= '' and hand_round >= 1 and not hand_checked then
     local seen = redis.call('HGET', KEYS[1] .. '\0h', waiter)
     if seen and (tonumber(string.match(seen, '^g?(%d+) ')) or 0) > hand_round then
         return 0

@@ -1,11 +1,18 @@
 -- Release a Redlock lease on one node: compare-and-delete, then hand the lock to the next
 -- waiter (hand_grant.lua) or wake it.
 --
--- KEYS[1]  the lock key (waiters listen on channels named after it: see wake_next.lua)
--- KEYS[2]  the lock's wait line (sorted set of waiter ids by ticket)
--- KEYS[3]  the lapse times of the places in line (hash, ms on the node's clock)
+-- KEYS[1]  the lock key (waiters listen on channels named after it: see wake_next.lua). The
+--          script names the lock's other keys after it, as acquire.lua does (each argument
+--          costs the node about what a redis.call does): its wait line KEYS[1] .. '\0q'
+--          (sorted set of waiter ids by ticket), the lapse times of the places in line
+--          KEYS[1] .. '\0e' (hash, ms on the node's clock), the hand-off registrations
+--          KEYS[1] .. '\0h' (hand_register.lua).
 -- ARGV[1]  the lease token
 -- ARGV[2]  the holder's waiter id ("" when it took the lock with a single try)
+-- ARGV[3]  optional: the run_id of the server process this connection reached ("" or absent:
+--          not known), then ARGV[4] its persistence (unused): the identity the transport
+--          appends to a command posted with identify=True (release_command(identified=True)).
+--          With it a hand-off grant needs no INFO call (hand_grant.lua).
 --
 -- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
 -- held by another token: another holder's key is never deleted).
@@ -15,32 +22,66 @@
 -- one retry and one wake-up, not one per waiter.
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
+-- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
+-- redis.calls and no function of its own: GET, DEL, and one EXISTS that finds no line (so
+-- nothing to clean up or hand over; a waiter's release also learns there whether a hand-off
+-- registration of its own may remain). Every other case falls through to the full rules
+-- below, as they were.
+local key = KEYS[1]
+local line = key .. '\0q'
+local released, lined = false, false
+local value = redis.pcall('GET', key)
+if type(value) == 'string' then
+    -- lock_key.lua's lock_token, inline: the token is what precedes the first space.
+    local space = string.find(value, ' ', 1, true)
+    if space ~= nil and string.sub(value, 1, space - 1) == ARGV[1] then
+        redis.call('DEL', key)
+        if ARGV[2] == '' then
+            if redis.call('EXISTS', line) == 0 then
+                return 1
+            end
+        else
+            -- The line named twice: 2 per line, 1 for hand-off registrations, in one call.
+            local found = redis.call('EXISTS', line, line, key .. '\0h')
+            if found < 2 then
+                -- No line: no place of ours in it, no lapse time either (both are written
+                -- and dropped together), nobody to hand over to; only a registration of
+                -- ours may remain (a granted waiter's 'g' entry).
+                if found == 1 then
+                    redis.call('HDEL', key .. '\0h', ARGV[2])
+                end
+                return 1
+            end
+        end
+        released, lined = true, true -- grant_next need not look for the line again
+    end
+end
 -- @include wake_next.lua
 -- @include lock_key.lua
 -- @include lock_write.lua
 -- @include hand_grant.lua
+local lapse = key .. '\0e'
 -- A key of another type under our name (a user's key, an old-layout hash lock) is not ours
 -- (lock_key.lua): answer 0 (not held), never a WRONGTYPE error that would hide the loss.
-if lock_token(KEYS[1]) ~= ARGV[1] then
+if not released then
     -- Not held here by this lease (expired, or another attempt won this node): still drop
     -- the holder's place in line. If that place headed the line of a free lock, the next
     -- waiter was refused behind it and no other release will come: wake it.
-    if ARGV[2] ~= '' and redis.call('ZREM', KEYS[2], ARGV[2]) == 1 then
-        redis.call('HDEL', KEYS[3], ARGV[2])
-        redis.call('HDEL', KEYS[1] .. '\0h', ARGV[2])
-        if redis.call('EXISTS', KEYS[1]) == 0 then
-            grant_next(KEYS[1], KEYS[2], KEYS[3])
+    if ARGV[2] ~= '' and redis.call('ZREM', line, ARGV[2]) == 1 then
+        redis.call('HDEL', lapse, ARGV[2])
+        redis.call('HDEL', key .. '\0h', ARGV[2])
+        if redis.call('EXISTS', key) == 0 then
+            grant_next(key, line, lapse, false, ARGV[3])
         end
     end
     return 0
 end
-redis.call('DEL', KEYS[1])
 -- The holder's own place in line may remain on nodes that did not grant it the lock (they
 -- queued it, then the others gave it a quorum): drop it, or it would head the line.
 if ARGV[2] ~= '' then
-    redis.call('ZREM', KEYS[2], ARGV[2])
-    redis.call('HDEL', KEYS[3], ARGV[2])
-    redis.call('HDEL', KEYS[1] .. '\0h', ARGV[2])
+    redis.call('ZREM', line, ARGV[2])
+    redis.call('HDEL', lapse, ARGV[2])
+    redis.call('HDEL', key .. '\0h', ARGV[2])
 end
-grant_next(KEYS[1], KEYS[2], KEYS[3])
+grant_next(key, line, lapse, lined, ARGV[3])
 return 1

@@ -11,10 +11,11 @@
 -- name, a waiter that registered no hand-off token).
 
 -- The first member of the line whose place has not lapsed (lapsed ones are dropped on the
--- way, with their hand-off registration, hand_register.lua), or nil.
-local function live_head(key, line, lapse)
+-- way, with their hand-off registration, hand_register.lua), or nil. `lined`: the caller saw
+-- the line exist in this script (no second EXISTS).
+local function live_head(key, line, lapse, lined)
     -- Nobody waits (no line): nothing to find. Waiters always queue before they listen.
-    if redis.call('EXISTS', line) == 0 then
+    if not lined and redis.call('EXISTS', line) == 0 then
         return nil
     end
     local time = redis.call('TIME')

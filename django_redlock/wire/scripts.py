@@ -176,15 +176,18 @@ RELEASE = load_script("release")
 EXTEND = load_script("extend")
 GRANTED = b"OK"
 # Two more arguments end every acquire: the connection's identity, appended per node by the
-# transport (see scripts/acquire.lua and wire.setup.Hello).
-_ACQUIRE_HEAD = ACQUIRE.head(5, 10)
+# transport (see scripts/acquire.lua and wire.setup.Hello). One key: the script names the
+# others after it (each argument costs the node about what a redis.call does).
+_ACQUIRE_HEAD = ACQUIRE.head(1, 10)
 LEAVE = load_script("leave")
 # A lock's wait line and the lapse times of its places: the NUL byte keeps these apart from
 # every lock key (names cannot contain control characters).
 LINE = "\x00q"
 LAPSE = "\x00e"
 READERS = "\x00r"
-_RELEASE_HEAD = RELEASE.head(3, 2)
+# One key, as the acquire's: the script names the line and lapse keys after it.
+_RELEASE_HEAD = RELEASE.head(1, 2)
+_RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends
 
 NODE_KEY = "\x00django_redlock:node"
 """Each node's marker hash (see ``scripts/node_rule.lua``): the server process found fit to
@@ -219,8 +222,7 @@ def _bulk_number(number: int) -> str:
 
 def _acquire_eval(key: str, args: tuple[str | int, ...]) -> bytes:
     # The EVAL fallback names no process (the node then checks itself: see node_rule.lua).
-    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
-    return ACQUIRE.eval(keys, (*args, "", ""))
+    return ACQUIRE.eval((key,), (*args, "", ""))
 
 
 def acquire_command(
@@ -238,23 +240,19 @@ def acquire_command(
     # Built only if a node answers NOSCRIPT (its keys too).
     fallback = Fallback(partial(_acquire_eval, key, args), False)
     if key.isascii() and owner.isascii():
-        size = len(key) + 2
         ticket_text = str(ticket)  # a time in µs: differs on every acquire
         numbers = _BULK_NUMBERS
         ttl = numbers.get(ttl_ms) or _bulk_number(ttl_ms)
         quarantine = numbers.get(quarantine_ms) or _bulk_number(quarantine_ms)
         lifetime = numbers.get(lifetime_ms) or _bulk_number(lifetime_ms)
         text = (
-            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n{_NODE_BULK}"
-            f"${size}\r\n{key}{LINE}\r\n${size}\r\n{key}{LAPSE}\r\n"
-            f"${size}\r\n{key}{READERS}\r\n$40\r\n{token}\r\n{ttl}"
+            f"{_ACQUIRE_HEAD}${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n{ttl}"
             f"${len(owner)}\r\n{owner}\r\n{quarantine}"
             f"${len(waiter)}\r\n{waiter}\r\n${len(ticket_text)}\r\n{ticket_text}\r\n"
             f"{lifetime}{numbers.get(hand_round) or _bulk_number(hand_round)}"
         )
         return (text.encode(), fallback)
-    keys = (key, NODE_KEY, key + LINE, key + LAPSE, key + READERS)
-    return (ACQUIRE.evalsha(keys, args, trailing=2), fallback)
+    return (ACQUIRE.evalsha((key,), args, trailing=2), fallback)
 
 
 def leave_command(key: str, waiter: str, token: str = "") -> Command:
@@ -265,22 +263,30 @@ def leave_command(key: str, waiter: str, token: str = "") -> Command:
     return LEAVE.command((key, key + LINE, key + LAPSE), args, fallback_when_over=True)
 
 
-def release_command(key: str, token: str, waiter: str = "") -> Command:
+def release_command(key: str, token: str, waiter: str = "", identified: bool = False) -> Command:
+    """Free the lease on ``key`` where it holds ``token`` (``scripts/release.lua``).
+
+    ``identified``: the command's header counts two more arguments, the connection's identity,
+    which the transport then appends: post it with ``identify=True`` (and only then). With it
+    a release that hands the lock to the next waiter spares the node an INFO call
+    (``scripts/hand_grant.lua``)."""
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
-    fallback = Fallback(partial(_release_eval, key, token, waiter), True)
+    trailing = 2 if identified else 0
+    fallback = Fallback(
+        partial(_release_eval, key, token, waiter, trailing), True, identify=identified
+    )
     if key.isascii():
-        size = len(key) + 2
         text = (
-            f"{_RELEASE_HEAD}${len(key)}\r\n{key}\r\n${size}\r\n{key}{LINE}\r\n"
-            f"${size}\r\n{key}{LAPSE}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
+            f"{_RELEASE_HEAD_IDENTIFIED if identified else _RELEASE_HEAD}"
+            f"${len(key)}\r\n{key}\r\n$40\r\n{token}\r\n${len(waiter)}\r\n{waiter}\r\n"
         )
         return (text.encode(), fallback)
-    return (RELEASE.evalsha((key, key + LINE, key + LAPSE), (token, waiter)), fallback)
+    return (RELEASE.evalsha((key,), (token, waiter), trailing=trailing), fallback)
 
 
-def _release_eval(key: str, token: str, waiter: str) -> bytes:
-    return RELEASE.eval((key, key + LINE, key + LAPSE), (token, waiter))
+def _release_eval(key: str, token: str, waiter: str, trailing: int = 0) -> bytes:
+    return RELEASE.eval((key,), (token, waiter), trailing=trailing)
 
 
 def owns_command(key: str, token: str) -> Command:

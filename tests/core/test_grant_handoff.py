@@ -131,8 +131,7 @@ def test_the_asyncio_manager_takes_the_hand_off_too(cluster3, monkeypatch):
 def _release_on(node, token: str) -> int:
     """The holder's release reaching this one node only (the others never get it)."""
     with node_client(node) as client:
-        keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
-        return int(client.eval(scripts.RELEASE.source, 3, *keys, token, ""))
+        return int(client.eval(scripts.RELEASE.source, 1, KEY, token, ""))
 
 
 def test_a_grant_on_fewer_than_a_quorum_keeps_the_waiters_place_and_node(cluster3):
@@ -224,7 +223,7 @@ def _register(
 ) -> Any:
     """A waiter's try (acquire.lua, as a waiter taking grants); the node's run_id given."""
     run_id = client.info("server")["run_id"]
-    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, lifetime_ms, round_, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
@@ -251,8 +250,7 @@ def test_the_grant_writes_the_waiters_token_and_names_its_round(node):
 
 
 def _release_on_client(client, token: str) -> int:
-    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
-    return int(client.eval(scripts.RELEASE.source, 3, *keys, token, ""))
+    return int(client.eval(scripts.RELEASE.source, 1, KEY, token, ""))
 
 
 def test_a_restarted_node_grants_nothing_it_only_wakes(node):
@@ -373,7 +371,7 @@ def test_nodes_that_disagree_on_the_head_converge_on_the_oldest_waiter(cluster5)
 
 def _try(client, waiter: str, token: str, ticket: int) -> Any:
     run_id = client.info("server")["run_id"]
-    keys = (KEY, scripts.NODE_KEY, KEY + scripts.LINE, KEY + scripts.LAPSE, KEY + scripts.READERS)
+    keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, 5_000, 1, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 

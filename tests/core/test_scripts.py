@@ -35,14 +35,14 @@ def acquire(
     persistence="",
     hand_round=0,
 ):
-    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
+    keys = (key,)  # the script names the marker, line, lapse and readers keys itself
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, 5_000, hand_round)
     args += (run_id, persistence)  # type: ignore[assignment]
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
 
 
 def release(client, key, token, waiter=""):
-    return client.eval(scripts.RELEASE.source, 3, key, key + "\x00q", key + "\x00e", token, waiter)
+    return client.eval(scripts.RELEASE.source, 1, key, token, waiter)
 
 
 def test_acquire_takes_a_free_key_and_reports_the_holders_time_left(node):
@@ -178,16 +178,16 @@ def test_hostile_names_are_data_not_code(cluster3):
 def test_hot_path_encoders_match_the_generic_encoder(key):
     owner = json.dumps({"thread": "Ünï"})  # json escapes non-ASCII: stays ASCII
     token = "f" * 40
-    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
+    keys = (key,)
     args = (token, 1500, owner, 60000, "w1", 123, 4000, 2)
     identity = UNIDENTIFIED  # the transport appends each connection's own
     assert (
         scripts.acquire_command(key, token, 1500, owner, 60000, "w1", 123, 4000, 2)[0] + identity
         == scripts.ACQUIRE.evalsha(keys, args, trailing=2) + identity
-        == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 5, *keys, *args, "", "")
+        == encode_command(b"EVALSHA", scripts.ACQUIRE.sha, 1, *keys, *args, "", "")
     )
     assert scripts.release_command(key, token, "w1")[0] == scripts.RELEASE.evalsha(
-        (key, key + scripts.LINE, key + scripts.LAPSE), (token, "w1")
+        (key,), (token, "w1")
     )
     assert scripts.extend_command(key, token, 7, owner)[0] == encode_command(
         b"EVALSHA", scripts.EXTEND.sha, 2, key, key + "\x00r", token, 7, owner
@@ -200,7 +200,7 @@ def test_the_acquire_encoder_matches_the_generic_one_for_any_numbers_and_cached_
     encoded once and cached: every value, seen first or again, and the EVAL fallback (built
     only on NOSCRIPT) still encode as the generic encoder does."""
     token = "e" * 40
-    keys = (key, scripts.NODE_KEY, key + scripts.LINE, key + scripts.LAPSE, key + scripts.READERS)
+    keys = (key,)
     for _ in range(2):  # the second time from the cache
         for ttl, quarantine, waiter, ticket, lifetime, hand_round in (
             (1, 0, "", 0, 0, 0),
@@ -210,11 +210,11 @@ def test_the_acquire_encoder_matches_the_generic_one_for_any_numbers_and_cached_
             args = (token, ttl, "abcdefg0 {}", quarantine, waiter, ticket, lifetime, hand_round)
             command, fallback = scripts.acquire_command(key, *args)
             assert command + UNIDENTIFIED == encode_command(
-                b"EVALSHA", scripts.ACQUIRE.sha, 5, *keys, *args, "", ""
+                b"EVALSHA", scripts.ACQUIRE.sha, 1, *keys, *args, "", ""
             )
             assert fallback is not None
             assert fallback.build() == encode_command(
-                b"EVAL", scripts.ACQUIRE.source, 5, *keys, *args, "", ""
+                b"EVAL", scripts.ACQUIRE.source, 1, *keys, *args, "", ""
             )
 
 

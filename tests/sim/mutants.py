@@ -51,8 +51,8 @@ def _release_any() -> Iterator[dict[bytes, bytes]]:
     """The release deletes the key whoever holds it (no owner compare)."""
     yield _replace(
         scripts.RELEASE,
-        "if lock_token(KEYS[1]) ~= ARGV[1] then",
-        "if redis.call('EXISTS', KEYS[1]) == 0 then",
+        "if space ~= nil and string.sub(value, 1, space - 1) == ARGV[1] then",
+        "if true then",
     )
 
 

@@ -1,0 +1,176 @@
+"""The fast paths of acquire.lua and release.lua (issue 25), on one real node: they write what
+the full rules write, and every case they do not prove harmless falls through to those rules.
+
+The acquire's fast path runs only when the connection names the process the marker names
+(ARGV[9]) and the marker's quarantine is the caller's, so these tests send the node's real
+run_id, as the transport does; the older tests in test_scripts.py mostly send none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_redlock.wire import scripts
+from tests.helpers import OWNER, lock_token, node_client, owner_arg
+
+QUARANTINE_MS = 60_000
+
+
+@pytest.fixture
+def node(cluster3):
+    with node_client(cluster3[0]) as client:
+        run_id = client.info("server")["run_id"]
+        client.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id)
+        client.hset(scripts.NODE_KEY, "q", QUARANTINE_MS)
+        yield client
+
+
+def run_id_of(client: Any) -> str:
+    return str(client.info("server")["run_id"])
+
+
+def acquire(
+    client: Any,
+    key: str,
+    token: str,
+    *,
+    run_id: str | None = None,
+    owner: str = OWNER,
+    waiter: str = "",
+    ticket: int = 0,
+    hand_round: int = 0,
+    quarantine_ms: int = QUARANTINE_MS,
+) -> Any:
+    """acquire.lua as a client's connection sends it: with the node's run_id (the fast
+    path's condition) unless ``run_id`` says otherwise."""
+    if run_id is None:
+        run_id = run_id_of(client)
+    args = (token, 10_000, owner, quarantine_ms, waiter, ticket, 5_000, hand_round)
+    return client.eval(scripts.ACQUIRE.source, 1, key, *args, run_id, "appendonly no")
+
+
+def release(client: Any, key: str, token: str, waiter: str = "", *identity: str) -> Any:
+    return client.eval(scripts.RELEASE.source, 1, key, token, waiter, *identity)
+
+
+def info_calls(client: Any) -> int:
+    """INFO calls so far, this one's excluded (the stats count a command once it returns)."""
+    return int(client.info("commandstats").get("cmdstat_info", {}).get("calls", 0))
+
+
+def test_the_fast_acquire_writes_what_the_full_rules_write(node):
+    owner = owner_arg(7, 1_795_000_000_123)
+    # The full rules: a connection that does not know its process yet (INFO decides).
+    assert acquire(node, "slow", "a" * 40, run_id="", owner=owner) == b"OK"
+    node.delete(b"\x00o:" + owner.split()[0][:7].encode() + b":django_redlock:node")
+    run_id = run_id_of(node)
+    calls = info_calls(node)
+    assert acquire(node, "fast", "a" * 40, run_id=run_id, owner=owner) == b"OK"
+    assert info_calls(node) == calls + 1  # the fast path: no INFO (+1: the first count's)
+    assert node.get("fast") == node.get("slow")
+    assert 9_000 < node.pttl("fast") <= 10_000
+    owner_key = b"\x00o:" + owner.split()[0][:7].encode() + b":django_redlock:node"
+    assert node.get(owner_key) == b'{"pid":7,"acquired_at":'
+    assert 19_000 < node.pttl(owner_key) <= 20_000  # twice the lease (lock_write.lua)
+    # A malformed owner argument is refused before anything is written, fast path or not.
+    with pytest.raises(Exception, match="the owner argument must be"):
+        acquire(node, "bad", "b" * 40, owner="short")
+    assert node.exists("bad") == 0
+
+
+def test_the_fast_acquire_refuses_behind_a_line_or_readers(node):
+    # A waiter ahead in the line of a free lock: a single try may not jump it.
+    node.zadd("k\x00q", {"ahead.n": 1})
+    node.hset("k\x00e", "ahead.n", 2**50)
+    assert acquire(node, "k", "a" * 40) == 0
+    assert node.exists("k") == 0
+    # Live readers of the read-write lock of this name (their expiry is their score).
+    node.zadd("r\x00r", {"reader": 2**50})
+    assert acquire(node, "r", "a" * 40) > 0
+    assert node.exists("r") == 0
+
+
+def test_a_quarantine_other_than_the_markers_takes_the_full_rules(node):
+    # Shorter: told the longer one (quarantine_longer.lua), nothing written.
+    with pytest.raises(Exception, match=rf"QUARANTINE_LONGER {QUARANTINE_MS} ms"):
+        acquire(node, "k", "a" * 40, quarantine_ms=QUARANTINE_MS - 1)
+    assert node.exists("k") == 0
+    # Longer: granted, and the node remembers it (node_rule.lua).
+    assert acquire(node, "k", "a" * 40, quarantine_ms=QUARANTINE_MS + 1) == b"OK"
+    assert node.hget(scripts.NODE_KEY, "q") == str(QUARANTINE_MS + 1).encode()
+
+
+def test_a_first_round_after_a_later_one_is_refused_on_the_fast_path(node):
+    # hand_register.lua: round 3 of this waiter already ran here; its round 1, run late
+    # (it sat on a replaced connection), must not take the lock.
+    node.hset("k\x00h", "w.n", f"3 10000 {'h' * 40} {OWNER}")
+    assert acquire(node, "k", "h" * 40, waiter="w.n", ticket=5, hand_round=1) == 0
+    assert node.exists("k") == 0
+    # Another waiter's first round takes the free lock as usual.
+    assert acquire(node, "k", "i" * 40, waiter="v.n", ticket=6, hand_round=1) == b"OK"
+
+
+def test_a_waiters_release_with_no_line_drops_its_grant_mark(node):
+    # A granted waiter (hand_grant.lua marks its entry 'g') holds the lock; nobody waits.
+    assert acquire(node, "k", "g" * 40) == b"OK"
+    node.hset("k\x00h", mapping={"w.n": f"g1 10000 {'g' * 40} {OWNER}", "x.n": "2 1 t o"})
+    assert release(node, "k", "g" * 40, "w.n") == 1
+    assert node.exists("k") == 0
+    assert node.hkeys("k\x00h") == [b"x.n"]  # its own entry only
+
+
+def test_a_waiters_release_hands_the_lock_to_the_next_waiter(node):
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    assert acquire(node, "k", "b" * 40, waiter="b.n", ticket=2, hand_round=1) > 0  # queued
+    assert release(node, "k", "a" * 40, "a.n") == 1
+    assert lock_token(node, "k") == b"b" * 40  # granted (hand_grant.lua)
+    assert node.zrange("k\x00q", 0, -1) == []
+
+
+def queue_behind(node: Any) -> None:
+    assert acquire(node, "k", "a" * 40) == b"OK"
+    assert acquire(node, "k", "b" * 40, waiter="b.n", ticket=2, hand_round=1) > 0
+
+
+def test_a_release_that_names_its_process_grants_without_info(node):
+    queue_behind(node)
+    run_id = run_id_of(node)
+    calls = info_calls(node)
+    assert release(node, "k", "a" * 40, "", run_id, "appendonly no") == 1
+    assert lock_token(node, "k") == b"b" * 40
+    assert info_calls(node) == calls + 1  # +1: the first count's own INFO
+
+
+def test_a_release_that_names_another_process_than_the_markers_grants_nothing(node):
+    # The marker names this process; a connection that reached another one (its run_id)
+    # means the marker is not this process's: wake the head, grant nothing.
+    queue_behind(node)
+    assert release(node, "k", "a" * 40, "", "f" * 40, "appendonly no") == 1
+    assert node.exists("k") == 0
+    assert node.zrange("k\x00q", 0, -1) == [b"b.n"]
+    # Without a run_id the node reads INFO, as before.
+    node.delete("k\x00q", "k\x00e", "k\x00h")
+    queue_behind(node)
+    calls = info_calls(node)
+    assert release(node, "k", "a" * 40) == 1
+    assert lock_token(node, "k") == b"b" * 40
+    assert info_calls(node) == calls + 2  # the script's INFO, and the first count's
+
+
+def test_the_identified_release_command_counts_the_identity_the_transport_appends(node):
+    queue_behind(node)
+    command, fallback = scripts.release_command("k", "a" * 40, "", identified=True)
+    identity = b"$%d\r\n%s\r\n$13\r\nappendonly no\r\n" % (40, run_id_of(node).encode())
+    connection = node.connection_pool.get_connection()
+    try:
+        connection.send_packed_command([command + identity])
+        assert connection.read_response() == 1
+        assert fallback is not None
+        assert fallback.identify
+        connection.send_packed_command([fallback.build() + identity])
+        assert connection.read_response() == 0  # already released
+    finally:
+        node.connection_pool.release(connection)
+    assert lock_token(node, "k") == b"b" * 40
