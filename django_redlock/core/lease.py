@@ -104,62 +104,126 @@ _State = tuple[
 ]
 
 
-class Reentry(Generic[_V]):
-    """Held leases by key (the engine's re-entry registry: (owner scope, name)), held weakly:
-    what a ``weakref.WeakValueDictionary`` does, for the three calls the engine makes (``get``,
-    ``[key] = lease``, ``del``) and ``len``, at less cost to the garbage collector and to
-    each acquire.
+class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
+    """One owner scope's entries in a :class:`Reentry`: lock name -> plain weak reference.
 
-    A ``WeakValueDictionary`` keeps a ``KeyedRef`` per entry: an instance of a Python class,
-    made by Python code, that each full collection visits with its key, callback and class.
-    Here an entry is a plain weak reference with no callback (the one ``weakref.ref(lease)``
-    that CPython shares with the extender's), in which a collection visits nothing. A lease
-    dropped without release leaves a dead reference: ``get`` returns None for it, and dead
-    entries are removed each time the dict has doubled since the last sweep (so the work is
-    constant per entry added) and by ``len``.
+    Keyed by the name alone: a collection visits only the values of a dict whose keys are
+    all ``str``, where a ``(scope, name)`` key was one more object per held lease to visit
+    (a tuple of its own, scattered in memory: a cache miss in each collection).
     """
 
-    __slots__ = ("_data", "_sweep_at")
+    __slots__ = ("scope", "sweep_at")
+
+    def __init__(self, scope: tuple[object, ...], sweep_at: int) -> None:
+        super().__init__()
+        # The scope's one tuple while it holds leases: every lease registered under it
+        # keeps this one (see Reentry.put), so an asyncio task holding many leases makes
+        # one tracked scope tuple, not one per lease.
+        self.scope = scope
+        self.sweep_at = sweep_at
+
+
+class Reentry(Generic[_V]):
+    """Held leases by owner scope (pid, thread id, asyncio task or None: see
+    ``core.owner.owner_scope``) and name, held weakly: the engine's re-entry registry.
+
+    What a ``weakref.WeakValueDictionary`` keyed by ``(scope, name)`` did, at less cost to
+    the garbage collector and to each acquire. Per held lease there is one plain weak
+    reference with no callback (the one ``weakref.ref(lease)`` that CPython shares with the
+    extender's), in which a collection visits nothing, in a dict per scope keyed by the name
+    (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
+    class) and the key tuple. A lease dropped without release leaves a dead reference:
+    ``get`` returns None for it, and dead entries are removed each time a scope's dict has
+    doubled since its last sweep (so the work is constant per entry added) and by ``len``.
+
+    Only code running in a scope's thread puts entries under it (the thread itself, or the
+    asyncio task, which runs in it), so a scope's dict is created, and removed once empty,
+    only by that thread: a release from another thread leaves an empty dict, which that
+    thread's next put reuses (or a sweep drops, once its task is done).
+    """
+
+    __slots__ = ("_scopes", "_sweep_at")
 
     _FIRST_SWEEP = 64
 
     def __init__(self) -> None:
-        self._data: dict[object, weakref.ref[_V]] = {}
+        self._scopes: dict[tuple[object, ...], _Entries] = {}
         self._sweep_at = self._FIRST_SWEEP
 
-    def get(self, key: object) -> _V | None:
-        """The live value under ``key``, or None."""
-        ref = self._data.get(key)
+    def get(self, scope: tuple[object, ...], name: str) -> _V | None:
+        """The live value ``scope`` registered under ``name``, or None."""
+        entries = self._scopes.get(scope)
+        if entries is None:
+            return None
+        ref = entries.get(name)
         return None if ref is None else ref()
 
-    def __setitem__(self, key: object, value: _V) -> None:
-        data = self._data
-        data[key] = weakref.ref(value)
-        if len(data) >= self._sweep_at:
-            self._sweep()
+    def put(self, scope: tuple[object, ...], name: str, value: _V) -> tuple[object, ...]:
+        """Register ``value`` under ``scope`` and ``name`` (replacing any entry there), from
+        ``scope``'s own thread; returns the scope tuple the registry keeps for ``scope``
+        (equal to it), for the value to keep instead of its own."""
+        scopes = self._scopes
+        entries = scopes.get(scope)
+        if entries is None:
+            entries = scopes[scope] = _Entries(scope, self._FIRST_SWEEP)
+            if len(scopes) >= self._sweep_at:
+                self._sweep()
+        entries[name] = weakref.ref(value)
+        if len(entries) >= entries.sweep_at:
+            _sweep_entries(entries)
+        return entries.scope
 
-    def __delitem__(self, key: object) -> None:
-        """Remove ``key``'s entry. Raises KeyError if it has none."""
-        del self._data[key]
+    def remove(self, scope: tuple[object, ...], name: str, value: _V) -> None:
+        """Drop the entry under ``scope`` and ``name`` if it is ``value``'s (from any
+        thread: only the scope's own thread registers under it, so the entry checked is the
+        one deleted, and a sweep deletes only a dead one)."""
+        entries = self._scopes.get(scope)
+        if entries is None:
+            return
+        ref = entries.get(name)
+        if ref is None or ref() is not value:
+            return
+        del entries[name]
+        if not entries and scope[1] == threading.get_ident():
+            # Its own thread, so no put under it runs meanwhile: no entry is lost with it.
+            # (An empty dict left by another thread's release is reused, or swept.)
+            del self._scopes[scope]
 
     def __bool__(self) -> bool:
-        """Whether any entry is there, live or not yet swept (O(1): the managers ask it
+        """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
         before every lookup, so that a process holding nothing does no lookup)."""
-        return bool(self._data)
+        return bool(self._scopes)
 
     def __len__(self) -> int:
         """The live entries (dead ones are swept first: O(entries))."""
         self._sweep()
-        return len(self._data)
+        return sum(len(entries) for entries in list(self._scopes.values()))
 
     def _sweep(self) -> None:
-        data = self._data
-        # Another thread may put a live lease under a dead entry's key meanwhile (the keys
-        # are per owner thread, the sweep is anyone's): removed only if still dead, at once.
-        for key, ref in list(data.items()):
-            if ref() is None:
-                _remove_dead_weakref(data, key)
-        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(data))
+        """Remove the dead entries of every scope, and the empty dicts of scopes that can
+        put no more: an asyncio task that is done (none of its code runs again), or this
+        thread's own."""
+        scopes = self._scopes
+        me = threading.get_ident()
+        for scope, entries in list(scopes.items()):
+            _sweep_entries(entries)
+            if not entries:
+                task: Any = scope[2]
+                if (task.done() if task is not None else scope[1] == me) and (
+                    scopes.get(scope) is entries and not entries
+                ):
+                    del scopes[scope]
+        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(scopes))
+
+
+def _sweep_entries(entries: _Entries) -> None:
+    """Remove ``entries``' dead weak references."""
+    # Another thread may put a live lease under a dead entry's key meanwhile (the sweep is
+    # anyone's): removed only if still dead, at once.
+    for key, ref in list(entries.items()):
+        if ref() is None:
+            _remove_dead_weakref(entries, key)
+    entries.sweep_at = max(Reentry._FIRST_SWEEP, 2 * len(entries))
 
 
 class LeaseEvents(Protocol):
@@ -799,11 +863,15 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
 
 
 def take_over(
-    lease: BaseLease, scope: tuple[object, ...], auto_extend: bool, hold: float | None
-) -> bool:
+    lease: BaseLease,
+    scope: tuple[object, ...],
+    auto_extend: bool,
+    hold: float | None,
+    registry: Reentry[BaseLease],
+) -> None:
     """Make ``lease`` the property of ``scope`` (pid, thread, task), renewed in the
-    background when ``auto_extend`` (until ``hold`` seconds from now, when given). Returns
-    whether the lease is re-entrant (then its host registers it for re-entry)."""
+    background when ``auto_extend`` (until ``hold`` seconds from now, when given), and
+    registered in ``registry`` for re-entry when its shape is re-entrant."""
     if auto_extend:
         lease._guard = threading.Lock()
         if hold is not None:
@@ -813,7 +881,11 @@ def take_over(
         # first renewal). For a new lease the two are all but equal.
         extender.schedule(lease, time.monotonic() + min(lease.ttl, lease.validity) / 3)
     lease._scope = scope
-    return lease._shape.reentrant
+    if lease._shape.reentrant:
+        # The registry's tuple for this scope, equal to ``scope``: one shared by all the
+        # leases the scope holds (an asyncio task's holds the task, so the collector
+        # tracks it: one per task, not one per lease).
+        lease._scope = registry.put(scope, lease._state[0], lease)
 
 
 def let_go(lease: BaseLease) -> None:
