@@ -74,9 +74,10 @@ _HELD_KEPT = 1024
 
 
 def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
-    """``tuple(nodes)``, the same object for equal tuples: which nodes hold a lease, stored
-    on every held lease (``BaseLease._held``), where one tuple per lease is one more object
-    for each garbage collection to visit."""
+    """``tuple(nodes)``, the same object for equal tuples: which nodes hold a lease, kept in
+    every held lease's state (``BaseLease._state``, index 13), where a tuple per lease would
+    be one more object per lease (it keeps the state tracked until a collection untracks it,
+    and costs memory)."""
     held = tuple(nodes)
     shared = _HELD.get(held)
     if shared is not None:
@@ -101,6 +102,7 @@ _State = tuple[
     int,  # 10 pid
     float | None,  # 11 renew_until
     tuple[str, ...] | None,  # 12 names
+    tuple[bool, ...] | None,  # 13 held
 ]
 
 
@@ -306,14 +308,15 @@ class BaseLease:
     # what is its own (strings, floats: each one more object to visit, and a cache miss at
     # that) lives in one tuple of atomics, ``_state``, which the collector does not track:
     # the other slots refer only to objects shared by many leases (the engine, None, small
-    # ints, shared tuples) while the lease is plain. No attribute of a lease refers back to
+    # ints, the owner scope's tuple) while the lease is plain. Which nodes hold it is in
+    # ``_state`` too (a shared tuple of bools: see held_on), not a slot: every slot is a
+    # reference each collection visits twice, None or not. No attribute of a lease refers back to
     # it, so a dropped lease is freed by reference counting alone.
     __slots__ = (
         "__weakref__",  # the re-entry registry and the extender hold leases weakly
         "_depth",  # holds by the owner (re-entries); 0 once released
         "_end",  # None, or once it was found lost: (reason, cause, at on the host's clock)
         "_guard",  # auto-extended leases only: see __init__
-        "_held",
         "_host",
         "_scope",
         "_special_shape",
@@ -328,7 +331,8 @@ class BaseLease:
     # reached no quorum, or None) by each renewal; 9 waiter (the blocking acquire's waiter
     # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
     # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
-    # owner's (names: under the guard). The tuple is replaced whole, never changed in
+    # owner's (names: under the guard); 13 held (which nodes hold it: see __init__) by the
+    # grant and each renewal that reaches a quorum. The tuple is replaced whole, never changed in
     # place; once the lease is its owner's, only by a renewal, which the guard serialises
     # with the owner's extend when the lease is auto-extended (only the owner renews it
     # otherwise), so no update is lost.
@@ -370,6 +374,12 @@ class BaseLease:
             current_pid(),
             None,
             None,
+            # 13 held: which nodes held the lease after the round that granted or last
+            # renewed it (None: not known, every node), for judge_extend to tell a lost key
+            # from one never granted. A tuple of bools shared by the leases held on the same
+            # nodes (see held_on), so _state stays a tuple the collector does not track (a
+            # new one is untracked by the same collection as _state, made after it).
+            None,
         )
         self.fencing_token: int | None = None
         self._depth = 1
@@ -378,12 +388,6 @@ class BaseLease:
         # owner's extend and release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
         self._scope: tuple[object, ...] | None = None
-        # Which nodes held the lease after the round that granted or last renewed it (None:
-        # not known, every node): judge_extend tells a lost key from one never granted. Its
-        # own slot, not in _state: the tuple is shared (see held_on), so visiting it costs
-        # little, and a new one, tracked until its first collection, would keep _state
-        # tracked as long.
-        self._held: tuple[bool, ...] | None = None
 
     @property
     def host(self) -> LeaseHost:
@@ -482,10 +486,10 @@ class BaseLease:
         # so under the guard, lest this and a renewal each replace _state and one be lost.
         guard = self._guard
         if guard is None:
-            self._state = (*self._state[:12], names)
+            self._state = (*self._state[:12], names, self._state[13])
             return
         with guard:
-            self._state = (*self._state[:12], names)
+            self._state = (*self._state[:12], names, self._state[13])
 
     @property
     def token(self) -> str:
@@ -769,7 +773,7 @@ class BaseLease:
         """
         host = self._host
         s = self._state
-        expires_at, previous, missed = s[7], self._held, s[8]
+        expires_at, previous, missed = s[7], s[13], s[8]
         outcome = flow.judge_extend(host.nodes, s[3], expires_at, start, now, results, previous)
         if isinstance(outcome, flow.Lost):
             at = expires_at if outcome.cause == flow.EXPIRED else now
@@ -794,8 +798,7 @@ class BaseLease:
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
-        self._state = (*s[:7], now + outcome, None, *s[9:])
-        self._held = held
+        self._state = (*s[:7], now + outcome, None, *s[9:13], held)
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -858,8 +861,8 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
         s[10],
         s[11],
         s[12],
+        held,
     )
-    lease._held = held
 
 
 def take_over(
@@ -875,7 +878,8 @@ def take_over(
     if auto_extend:
         lease._guard = threading.Lock()
         if hold is not None:
-            lease._state = (*lease._state[:11], time.monotonic() + hold, lease._state[12])
+            s = lease._state
+            lease._state = (*s[:11], time.monotonic() + hold, *s[12:])
         # A third of what the lease has left, not of its ttl: an adopted lease keeps only the
         # validity its giver had, which may be less than ttl / 3 (it would run out before its
         # first renewal). For a new lease the two are all but equal.
