@@ -114,15 +114,16 @@ class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
     (a tuple of its own, scattered in memory: a cache miss in each collection).
     """
 
+    # No __init__ of its own (one is made on a thread's first acquire while it holds
+    # nothing, so on the hot path: dict's own is C): Reentry.put sets both.
     __slots__ = ("scope", "sweep_at")
 
-    def __init__(self, scope: tuple[object, ...], sweep_at: int) -> None:
-        super().__init__()
-        # The scope's one tuple while it holds leases: every lease registered under it
-        # keeps this one (see Reentry.put), so an asyncio task holding many leases makes
-        # one tracked scope tuple, not one per lease.
-        self.scope = scope
-        self.sweep_at = sweep_at
+    # The scope's one tuple while it holds leases: every lease registered under it keeps
+    # this one (see Reentry.put), so an asyncio task holding many leases makes one tracked
+    # scope tuple, not one per lease.
+    scope: tuple[object, ...]
+    # Swept when it holds this many entries (dead ones included).
+    sweep_at: int
 
 
 class Reentry(Generic[_V]):
@@ -167,9 +168,14 @@ class Reentry(Generic[_V]):
         scopes = self._scopes
         entries = scopes.get(scope)
         if entries is None:
-            entries = scopes[scope] = _Entries(scope, self._FIRST_SWEEP)
+            entries = scopes[scope] = _Entries()
+            entries.scope = scope
+            entries.sweep_at = self._FIRST_SWEEP
+            entries[name] = weakref.ref(value)
+            # Only after the put: a sweep drops this thread's empty dicts, this new one too.
             if len(scopes) >= self._sweep_at:
                 self._sweep()
+            return scope
         entries[name] = weakref.ref(value)
         if len(entries) >= entries.sweep_at:
             _sweep_entries(entries)

@@ -112,6 +112,22 @@ def test_the_scope_tuple_is_the_registrys_one():
     assert registry.put(again, "b", second) is scope
 
 
+def test_a_sweep_as_scopes_pile_up_keeps_the_entry_being_put():
+    """The registry sweeps as it gains scopes (a dict per thread, per task): the sweep that
+    a new scope's put sets off must not drop that scope's dict, still empty or not."""
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(3 * Reentry._FIRST_SWEEP)]
+    for pid, value in enumerate(values):
+        # Scopes of this thread (as after forks: one per pid), which its sweeps may drop
+        # once empty.
+        registry.put((pid, threading.get_ident(), None), "k", value)
+    assert all(
+        registry.get((pid, threading.get_ident(), None), "k") is value
+        for pid, value in enumerate(values)
+    )
+    assert len(registry) == len(values)
+
+
 def test_another_threads_release_leaves_the_scope_to_its_thread():
     """A scope's dict is removed once empty only by its own thread, the one that puts under
     it: a release from another thread racing that thread's put must not drop the entry."""
