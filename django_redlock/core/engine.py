@@ -382,7 +382,7 @@ class Engine:
     def reenter(self, scope: tuple[object, ...], name: str, kind: type[_L]) -> _L | None:
         """The lease of type ``kind`` that ``scope`` already holds on ``name``, counted once
         more (re-entry by the same thread or asyncio task), or None."""
-        held = self.held.get((scope, name))
+        held = self.held.get(scope, name)
         if held is not None and reenter(held, kind):
             return held
         return None
@@ -501,8 +501,7 @@ class Engine:
         frees or hands back its keys.
         """
         try:
-            if take_over(lease, scope, auto_extend, hold):
-                self.held[(scope, lease.name)] = lease
+            take_over(lease, scope, auto_extend, hold, self.held)
             reporter = self.reporter
             if reporter.observer is not None:  # nobody listens, usually: no call then
                 reporter.acquired(lease, waited)
@@ -545,13 +544,8 @@ class Engine:
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
         scope = forget_scope(lease)
-        if scope is None:
-            return
-        key = (scope, lease.name)
-        if self.held.get(key) is lease:
-            # Only this thread or task registers under its scope, so the entry checked is
-            # the one deleted (a sweep deletes only a dead entry).
-            del self.held[key]
+        if scope is not None:
+            self.held.remove(scope, lease.name, lease)
 
     # -- adopt -----------------------------------------------------------------------------
 

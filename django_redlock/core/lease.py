@@ -74,9 +74,10 @@ _HELD_KEPT = 1024
 
 
 def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
-    """``tuple(nodes)``, the same object for equal tuples: which nodes hold a lease, stored
-    on every held lease (``BaseLease._held``), where one tuple per lease is one more object
-    for each garbage collection to visit."""
+    """``tuple(nodes)``, the same object for equal tuples: which nodes hold a lease, kept in
+    every held lease's state (``BaseLease._state``, index 13), where a tuple per lease would
+    be one more object per lease (it keeps the state tracked until a collection untracks it,
+    and costs memory)."""
     held = tuple(nodes)
     shared = _HELD.get(held)
     if shared is not None:
@@ -101,65 +102,136 @@ _State = tuple[
     int,  # 10 pid
     float | None,  # 11 renew_until
     tuple[str, ...] | None,  # 12 names
+    tuple[bool, ...] | None,  # 13 held
 ]
 
 
-class Reentry(Generic[_V]):
-    """Held leases by key (the engine's re-entry registry: (owner scope, name)), held weakly:
-    what a ``weakref.WeakValueDictionary`` does, for the three calls the engine makes (``get``,
-    ``[key] = lease``, ``del``) and ``len``, at less cost to the garbage collector and to
-    each acquire.
+class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
+    """One owner scope's entries in a :class:`Reentry`: lock name -> plain weak reference.
 
-    A ``WeakValueDictionary`` keeps a ``KeyedRef`` per entry: an instance of a Python class,
-    made by Python code, that each full collection visits with its key, callback and class.
-    Here an entry is a plain weak reference with no callback (the one ``weakref.ref(lease)``
-    that CPython shares with the extender's), in which a collection visits nothing. A lease
-    dropped without release leaves a dead reference: ``get`` returns None for it, and dead
-    entries are removed each time the dict has doubled since the last sweep (so the work is
-    constant per entry added) and by ``len``.
+    Keyed by the name alone: a collection visits only the values of a dict whose keys are
+    all ``str``, where a ``(scope, name)`` key was one more object per held lease to visit
+    (a tuple of its own, scattered in memory: a cache miss in each collection).
     """
 
-    __slots__ = ("_data", "_sweep_at")
+    # No __init__ of its own (one is made on a thread's first acquire while it holds
+    # nothing, so on the hot path: dict's own is C): Reentry.put sets both.
+    __slots__ = ("scope", "sweep_at")
+
+    # The scope's one tuple while it holds leases: every lease registered under it keeps
+    # this one (see Reentry.put), so an asyncio task holding many leases makes one tracked
+    # scope tuple, not one per lease.
+    scope: tuple[object, ...]
+    # Swept when it holds this many entries (dead ones included).
+    sweep_at: int
+
+
+class Reentry(Generic[_V]):
+    """Held leases by owner scope (pid, thread id, asyncio task or None: see
+    ``core.owner.owner_scope``) and name, held weakly: the engine's re-entry registry.
+
+    What a ``weakref.WeakValueDictionary`` keyed by ``(scope, name)`` did, at less cost to
+    the garbage collector and to each acquire. Per held lease there is one plain weak
+    reference with no callback (the one ``weakref.ref(lease)`` that CPython shares with the
+    extender's), in which a collection visits nothing, in a dict per scope keyed by the name
+    (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
+    class) and the key tuple. A lease dropped without release leaves a dead reference:
+    ``get`` returns None for it, and dead entries are removed each time a scope's dict has
+    doubled since its last sweep (so the work is constant per entry added) and by ``len``.
+
+    Only code running in a scope's thread puts entries under it (the thread itself, or the
+    asyncio task, which runs in it), so a scope's dict is created, and removed once empty,
+    only by that thread: a release from another thread leaves an empty dict, which that
+    thread's next put reuses (or a sweep drops, once its task is done).
+    """
+
+    __slots__ = ("_scopes", "_sweep_at")
 
     _FIRST_SWEEP = 64
 
     def __init__(self) -> None:
-        self._data: dict[object, weakref.ref[_V]] = {}
+        self._scopes: dict[tuple[object, ...], _Entries] = {}
         self._sweep_at = self._FIRST_SWEEP
 
-    def get(self, key: object) -> _V | None:
-        """The live value under ``key``, or None."""
-        ref = self._data.get(key)
+    def get(self, scope: tuple[object, ...], name: str) -> _V | None:
+        """The live value ``scope`` registered under ``name``, or None."""
+        entries = self._scopes.get(scope)
+        if entries is None:
+            return None
+        ref = entries.get(name)
         return None if ref is None else ref()
 
-    def __setitem__(self, key: object, value: _V) -> None:
-        data = self._data
-        data[key] = weakref.ref(value)
-        if len(data) >= self._sweep_at:
-            self._sweep()
+    def put(self, scope: tuple[object, ...], name: str, value: _V) -> tuple[object, ...]:
+        """Register ``value`` under ``scope`` and ``name`` (replacing any entry there), from
+        ``scope``'s own thread; returns the scope tuple the registry keeps for ``scope``
+        (equal to it), for the value to keep instead of its own."""
+        scopes = self._scopes
+        entries = scopes.get(scope)
+        if entries is None:
+            entries = scopes[scope] = _Entries()
+            entries.scope = scope
+            entries.sweep_at = self._FIRST_SWEEP
+            entries[name] = weakref.ref(value)
+            # Only after the put: a sweep drops this thread's empty dicts, this new one too.
+            if len(scopes) >= self._sweep_at:
+                self._sweep()
+            return scope
+        entries[name] = weakref.ref(value)
+        if len(entries) >= entries.sweep_at:
+            _sweep_entries(entries)
+        return entries.scope
 
-    def __delitem__(self, key: object) -> None:
-        """Remove ``key``'s entry. Raises KeyError if it has none."""
-        del self._data[key]
+    def remove(self, scope: tuple[object, ...], name: str, value: _V) -> None:
+        """Drop the entry under ``scope`` and ``name`` if it is ``value``'s (from any
+        thread: only the scope's own thread registers under it, so the entry checked is the
+        one deleted, and a sweep deletes only a dead one)."""
+        entries = self._scopes.get(scope)
+        if entries is None:
+            return
+        ref = entries.get(name)
+        if ref is None or ref() is not value:
+            return
+        del entries[name]
+        if not entries and scope[1] == threading.get_ident():
+            # Its own thread, so no put under it runs meanwhile: no entry is lost with it.
+            # (An empty dict left by another thread's release is reused, or swept.)
+            del self._scopes[scope]
 
     def __bool__(self) -> bool:
-        """Whether any entry is there, live or not yet swept (O(1): the managers ask it
+        """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
         before every lookup, so that a process holding nothing does no lookup)."""
-        return bool(self._data)
+        return bool(self._scopes)
 
     def __len__(self) -> int:
         """The live entries (dead ones are swept first: O(entries))."""
         self._sweep()
-        return len(self._data)
+        return sum(len(entries) for entries in list(self._scopes.values()))
 
     def _sweep(self) -> None:
-        data = self._data
-        # Another thread may put a live lease under a dead entry's key meanwhile (the keys
-        # are per owner thread, the sweep is anyone's): removed only if still dead, at once.
-        for key, ref in list(data.items()):
-            if ref() is None:
-                _remove_dead_weakref(data, key)
-        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(data))
+        """Remove the dead entries of every scope, and the empty dicts of scopes that can
+        put no more: an asyncio task that is done (none of its code runs again), or this
+        thread's own."""
+        scopes = self._scopes
+        me = threading.get_ident()
+        for scope, entries in list(scopes.items()):
+            _sweep_entries(entries)
+            if not entries:
+                task: Any = scope[2]
+                if (task.done() if task is not None else scope[1] == me) and (
+                    scopes.get(scope) is entries and not entries
+                ):
+                    del scopes[scope]
+        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(scopes))
+
+
+def _sweep_entries(entries: _Entries) -> None:
+    """Remove ``entries``' dead weak references."""
+    # Another thread may put a live lease under a dead entry's key meanwhile (the sweep is
+    # anyone's): removed only if still dead, at once.
+    for key, ref in list(entries.items()):
+        if ref() is None:
+            _remove_dead_weakref(entries, key)
+    entries.sweep_at = max(Reentry._FIRST_SWEEP, 2 * len(entries))
 
 
 class LeaseEvents(Protocol):
@@ -242,14 +314,15 @@ class BaseLease:
     # what is its own (strings, floats: each one more object to visit, and a cache miss at
     # that) lives in one tuple of atomics, ``_state``, which the collector does not track:
     # the other slots refer only to objects shared by many leases (the engine, None, small
-    # ints, shared tuples) while the lease is plain. No attribute of a lease refers back to
+    # ints, the owner scope's tuple) while the lease is plain. Which nodes hold it is in
+    # ``_state`` too (a shared tuple of bools: see held_on), not a slot: every slot is a
+    # reference each collection visits twice, None or not. No attribute of a lease refers back to
     # it, so a dropped lease is freed by reference counting alone.
     __slots__ = (
         "__weakref__",  # the re-entry registry and the extender hold leases weakly
         "_depth",  # holds by the owner (re-entries); 0 once released
         "_end",  # None, or once it was found lost: (reason, cause, at on the host's clock)
         "_guard",  # auto-extended leases only: see __init__
-        "_held",
         "_host",
         "_scope",
         "_special_shape",
@@ -264,7 +337,8 @@ class BaseLease:
     # reached no quorum, or None) by each renewal; 9 waiter (the blocking acquire's waiter
     # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
     # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
-    # owner's (names: under the guard). The tuple is replaced whole, never changed in
+    # owner's (names: under the guard); 13 held (which nodes hold it: see __init__) by the
+    # grant and each renewal that reaches a quorum. The tuple is replaced whole, never changed in
     # place; once the lease is its owner's, only by a renewal, which the guard serialises
     # with the owner's extend when the lease is auto-extended (only the owner renews it
     # otherwise), so no update is lost.
@@ -306,6 +380,12 @@ class BaseLease:
             current_pid(),
             None,
             None,
+            # 13 held: which nodes held the lease after the round that granted or last
+            # renewed it (None: not known, every node), for judge_extend to tell a lost key
+            # from one never granted. A tuple of bools shared by the leases held on the same
+            # nodes (see held_on), so _state stays a tuple the collector does not track (a
+            # new one is untracked by the same collection as _state, made after it).
+            None,
         )
         self.fencing_token: int | None = None
         self._depth = 1
@@ -314,12 +394,6 @@ class BaseLease:
         # owner's extend and release, so a renewal never races a release into a false "lost".
         self._guard: threading.Lock | None = None
         self._scope: tuple[object, ...] | None = None
-        # Which nodes held the lease after the round that granted or last renewed it (None:
-        # not known, every node): judge_extend tells a lost key from one never granted. Its
-        # own slot, not in _state: the tuple is shared (see held_on), so visiting it costs
-        # little, and a new one, tracked until its first collection, would keep _state
-        # tracked as long.
-        self._held: tuple[bool, ...] | None = None
 
     @property
     def host(self) -> LeaseHost:
@@ -418,10 +492,10 @@ class BaseLease:
         # so under the guard, lest this and a renewal each replace _state and one be lost.
         guard = self._guard
         if guard is None:
-            self._state = (*self._state[:12], names)
+            self._state = (*self._state[:12], names, self._state[13])
             return
         with guard:
-            self._state = (*self._state[:12], names)
+            self._state = (*self._state[:12], names, self._state[13])
 
     @property
     def token(self) -> str:
@@ -705,7 +779,7 @@ class BaseLease:
         """
         host = self._host
         s = self._state
-        expires_at, previous, missed = s[7], self._held, s[8]
+        expires_at, previous, missed = s[7], s[13], s[8]
         outcome = flow.judge_extend(host.nodes, s[3], expires_at, start, now, results, previous)
         if isinstance(outcome, flow.Lost):
             at = expires_at if outcome.cause == flow.EXPIRED else now
@@ -730,8 +804,7 @@ class BaseLease:
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
-        self._state = (*s[:7], now + outcome, None, *s[9:])
-        self._held = held
+        self._state = (*s[:7], now + outcome, None, *s[9:13], held)
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -794,26 +867,35 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
         s[10],
         s[11],
         s[12],
+        held,
     )
-    lease._held = held
 
 
 def take_over(
-    lease: BaseLease, scope: tuple[object, ...], auto_extend: bool, hold: float | None
-) -> bool:
+    lease: BaseLease,
+    scope: tuple[object, ...],
+    auto_extend: bool,
+    hold: float | None,
+    registry: Reentry[BaseLease],
+) -> None:
     """Make ``lease`` the property of ``scope`` (pid, thread, task), renewed in the
-    background when ``auto_extend`` (until ``hold`` seconds from now, when given). Returns
-    whether the lease is re-entrant (then its host registers it for re-entry)."""
+    background when ``auto_extend`` (until ``hold`` seconds from now, when given), and
+    registered in ``registry`` for re-entry when its shape is re-entrant."""
     if auto_extend:
         lease._guard = threading.Lock()
         if hold is not None:
-            lease._state = (*lease._state[:11], time.monotonic() + hold, lease._state[12])
+            s = lease._state
+            lease._state = (*s[:11], time.monotonic() + hold, *s[12:])
         # A third of what the lease has left, not of its ttl: an adopted lease keeps only the
         # validity its giver had, which may be less than ttl / 3 (it would run out before its
         # first renewal). For a new lease the two are all but equal.
         extender.schedule(lease, time.monotonic() + min(lease.ttl, lease.validity) / 3)
     lease._scope = scope
-    return lease._shape.reentrant
+    if lease._shape.reentrant:
+        # The registry's tuple for this scope, equal to ``scope``: one shared by all the
+        # leases the scope holds (an asyncio task's holds the task, so the collector
+        # tracks it: one per task, not one per lease).
+        lease._scope = registry.put(scope, lease._state[0], lease)
 
 
 def let_go(lease: BaseLease) -> None:

@@ -5,7 +5,10 @@ engine tests at the end put one in its place and re-enter, release and drop leas
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
+import threading
 import weakref
 
 from django_redlock import LockManager
@@ -16,66 +19,152 @@ class Value:
     """Stands for a lease: anything weakly referable."""
 
 
-def test_get_set_delete_and_len():
+def scope_of_this_thread() -> tuple[object, ...]:
+    return (os.getpid(), threading.get_ident(), None)
+
+
+HERE = scope_of_this_thread()
+
+
+def test_get_put_remove_and_len():
     registry: Reentry[Value] = Reentry()
     a, b = Value(), Value()
-    registry["a"] = a
-    registry["b"] = b
-    assert registry.get("a") is a
-    assert registry.get("missing") is None
+    registry.put(HERE, "a", a)
+    registry.put(HERE, "b", b)
+    assert registry.get(HERE, "a") is a
+    assert registry.get(HERE, "missing") is None
+    assert registry.get((0, 0, None), "a") is None  # another scope
     assert len(registry) == 2
-    del registry["a"]
-    assert registry.get("a") is None
+    registry.remove(HERE, "a", b)  # not b's entry: kept
+    assert registry.get(HERE, "a") is a
+    registry.remove(HERE, "a", a)
+    assert registry.get(HERE, "a") is None
     assert len(registry) == 1
-    registry["b"] = a  # replaced
-    assert registry.get("b") is a
+    registry.put(HERE, "b", a)  # replaced
+    assert registry.get(HERE, "b") is a
+    registry.remove(HERE, "b", a)
+    assert not registry  # the scope's empty dict went with its last entry
 
 
 def test_a_dropped_value_is_gone_at_once_and_its_entry_swept():
     registry: Reentry[Value] = Reentry()
     value = Value()
-    registry["k"] = value
+    registry.put(HERE, "k", value)
     del value  # freed by reference counting: the registry does not keep it
-    assert registry.get("k") is None
+    assert registry.get(HERE, "k") is None
     assert len(registry) == 0
-    assert not registry._data  # len swept the dead entry
+    assert not registry._scopes  # len swept the dead entry, and this thread's empty dict
 
 
 def test_dead_entries_do_not_pile_up():
     registry: Reentry[Value] = Reentry()
     kept = [Value() for _ in range(10)]
     for i, value in enumerate(kept):
-        registry[("kept", i)] = value
+        registry.put(HERE, f"kept-{i}", value)
     for i in range(10_000):
-        registry[("dropped", i)] = Value()  # dead as soon as it is put
+        registry.put(HERE, f"dropped-{i}", Value())  # dead as soon as it is put
     # Swept each time the dict doubled: never more than twice what lived at the last sweep.
-    assert len(registry._data) <= 2 * Reentry._FIRST_SWEEP
+    assert len(registry._scopes[HERE]) <= 2 * Reentry._FIRST_SWEEP
     assert len(registry) == 10
-    assert all(registry.get(("kept", i)) is value for i, value in enumerate(kept))
+    assert all(registry.get(HERE, f"kept-{i}") is value for i, value in enumerate(kept))
 
 
 def test_a_sweep_leaves_a_live_value_put_under_a_dead_entrys_key():
     registry: Reentry[Value] = Reentry()
-    registry["k"] = Value()  # dead at once
+    registry.put(HERE, "k", Value())  # dead at once
     live = Value()
-    registry["k"] = live
+    registry.put(HERE, "k", live)
     registry._sweep()
-    assert registry.get("k") is live
+    assert registry.get(HERE, "k") is live
 
 
 def test_an_entry_is_one_plain_weak_reference_with_nothing_to_visit():
     registry: Reentry[Value] = Reentry()
     value = Value()
-    registry["k"] = value
-    ref = registry._data["k"]
+    registry.put(HERE, "k", value)
+    entries = registry._scopes[HERE]
+    ref = entries["k"]
     assert type(ref) is weakref.ref
     assert gc.get_referents(ref) == []  # no callback, no key, no class to visit
     # The one CPython shares among the plain weak references to an object (the extender's).
     assert ref is weakref.ref(value)
+    # Keyed by the name alone, in the scope's own dict: a collection visits the values of
+    # a dict with only str keys, not its keys (no (scope, name) tuple per entry).
+    assert [type(key) for key in entries] == [str]
+    assert ref in gc.get_referents(entries)
+    assert "k" not in gc.get_referents(entries)
     # What the engine used before: a KeyedRef, whose key, callback and class a collection visits.
     old: weakref.WeakValueDictionary[str, Value] = weakref.WeakValueDictionary()
     old["k"] = value
     assert len(gc.get_referents(old.data["k"])) == 3  # type: ignore[attr-defined]
+
+
+def test_the_scope_tuple_is_the_registrys_one():
+    """Values registered under equal scopes get one scope tuple back, the first put's: an
+    asyncio task's scope is a new tuple at each acquire (it holds the task, so the collector
+    tracks it), and its leases keep the registry's instead (one per task, not per lease)."""
+    registry: Reentry[Value] = Reentry()
+    first, second = Value(), Value()
+    scope = (os.getpid(), threading.get_ident(), Value())
+    again = tuple(scope)
+    assert again == scope
+    assert registry.put(scope, "a", first) is scope
+    assert registry.put(again, "b", second) is scope
+
+
+def test_a_sweep_as_scopes_pile_up_keeps_the_entry_being_put():
+    """The registry sweeps as it gains scopes (a dict per thread, per task): the sweep that
+    a new scope's put sets off must not drop that scope's dict, still empty or not."""
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(3 * Reentry._FIRST_SWEEP)]
+    for pid, value in enumerate(values):
+        # Scopes of this thread (as after forks: one per pid), which its sweeps may drop
+        # once empty.
+        registry.put((pid, threading.get_ident(), None), "k", value)
+    assert all(
+        registry.get((pid, threading.get_ident(), None), "k") is value
+        for pid, value in enumerate(values)
+    )
+    assert len(registry) == len(values)
+
+
+def test_another_threads_release_leaves_the_scope_to_its_thread():
+    """A scope's dict is removed once empty only by its own thread, the one that puts under
+    it: a release from another thread racing that thread's put must not drop the entry."""
+    registry: Reentry[Value] = Reentry()
+    value, other = Value(), Value()
+    registry.put(HERE, "a", value)
+    done = threading.Event()
+
+    def release_elsewhere() -> None:
+        registry.remove(HERE, "a", value)
+        registry._sweep()
+        done.set()
+
+    threading.Thread(target=release_elsewhere).start()
+    assert done.wait(10)
+    assert HERE in registry._scopes  # left for this thread, empty
+    registry.put(HERE, "b", other)
+    assert registry.get(HERE, "b") is other
+    registry.remove(HERE, "b", other)
+    assert not registry._scopes
+
+
+def test_a_done_tasks_empty_scope_is_swept():
+    registry: Reentry[Value] = Reentry()
+    values = [Value()]
+
+    async def hold() -> tuple[object, ...]:
+        task = asyncio.current_task()
+        scope = (os.getpid(), threading.get_ident(), task)
+        registry.put(scope, "a", values[0])
+        return scope
+
+    scope = asyncio.run(hold())
+    values.clear()  # dropped without release, by a task now done
+    assert scope in registry._scopes
+    assert len(registry) == 0
+    assert scope not in registry._scopes  # the task is not kept by the registry
 
 
 def test_the_engine_reenters_releases_and_forgets_leases_through_it(cluster3):
