@@ -550,12 +550,13 @@ class AsyncLockManager(EngineConfigured):
 
     async def _release(self, lease: AsyncLease) -> None:
         engine = self.engine
-        commands, yes, expired = release_round(lease, len(engine.addresses))
+        commands, yes, expired, identify = release_round(lease, len(engine.addresses))
         exchange = await self._connections().run(
             commands,
             engine.node_timeout,
             yes,
             engine.quorum,
+            identify=identify,
             queue_behind=True,  # queued behind what a node owes, never skipped (Engine.release)
         )
         settle_release(lease, exchange.results, exchange.yes, expired)

@@ -668,11 +668,13 @@ class Engine:
             LockLost: the lease had expired, or a quorum no longer held it.
         """
         connections = self.connections.get()
-        commands, yes, expired = release_round(lease, len(self.addresses))
+        commands, yes, expired, identify = release_round(lease, len(self.addresses))
         # Queued behind whatever a node still owes, never skipped: a node that owes many
         # replies (it stalled, or was overloaded while this thread waited) then frees the
         # lock when it catches up instead of keeping the key for the whole ttl.
-        exchange = connections.run(commands, self.node_timeout, yes, self.quorum, queue_behind=True)
+        exchange = connections.run(
+            commands, self.node_timeout, yes, self.quorum, identify=identify, queue_behind=True
+        )
         settle_release(lease, exchange.results, exchange.yes, expired)
 
     def owned(self, lease: BaseLease) -> bool:

@@ -935,15 +935,18 @@ def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | No
     return flow.lost_clean_up(lease._shape, lease._state[2], lease._lost_cause, results)
 
 
-def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool]:
+def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool, bool]:
     """The release round of ``lease`` on ``size`` nodes: its commands, the reply that counts
-    as released, and whether the lease had run out before it (for :func:`settle_release`)."""
+    as released, whether the lease had run out before it (for :func:`settle_release`), and
+    whether the commands take the connection's identity (send them with that ``identify``:
+    see :meth:`~django_redlock.core.shapes.Shape.held_release`)."""
     s = lease._state
     shape = lease._special_shape
     if shape is None:
         shape = Shape(s[1])
     expired = s[7] <= lease._host.clock()
-    return flow.release_round(size, shape, s[2], s[9]), shape.release_yes, expired
+    commands = [shape.held_release(s[2], s[9])] * size
+    return commands, shape.release_yes, expired, shape.release_identified
 
 
 def owns_round(lease: BaseLease, size: int) -> list[Command]:

@@ -63,6 +63,8 @@ class Shape:
         reentrant: the same thread or task taking it again re-enters the lease it holds.
         handoff: ``lease.handle()`` may give the lease to another process.
         release_yes: a node's reply to a release that freed the whole lease there.
+        release_identified: the holder's release (:meth:`held_release`) takes the
+            connection's identity: send it with ``identify=True``, and only then.
     """
 
     kind = "lock"
@@ -70,6 +72,7 @@ class Shape:
     reentrant = True
     handoff = True
     release_yes: object = 1
+    release_identified = True
 
     # One shape per held lease: slots keep it small for the garbage collector.
     __slots__ = ("key", "wake_key")
@@ -162,6 +165,16 @@ class Shape:
         """Free the lease where it holds ``token``, and drop ``waiter``'s place in line."""
         return release_command(self.key, token, waiter)
 
+    def held_release(self, token: str, waiter: str) -> Command:
+        """The holder's release round's command: :meth:`release`, completed by the
+        connection's identity when :attr:`release_identified` (a lock's release that hands
+        the lock over then names the server process its connection reached, so the node
+        needs no ``INFO`` call to know it is the process that recorded the line; see
+        ``scripts/hand_grant.lua``)."""
+        if self.release_identified:
+            return release_command(self.key, token, waiter, identified=True)
+        return self.release(token, waiter)
+
     def extend(self, token: str, ttl: float, owner: str) -> Command:
         """Renew the lease to ``ttl`` seconds where it holds ``token``, or re-create it where a
         node lost it (``owner``: the owner record it then stores). Reply 1 renewed, 2
@@ -228,6 +241,7 @@ class Slots(Shape):
     kind = "semaphore"
     reentrant = False
     handoff = False
+    release_identified = False  # its release script takes no identity
     __slots__ = ("limit", "prefer", "size", "slot")
 
     def __init__(self, key: str, limit: int, size: int) -> None:
@@ -328,6 +342,7 @@ class ReadWrite(Shape):
 
     reentrant = False
     handoff = False
+    release_identified = False  # its release script takes no identity
     __slots__ = ("kind", "rw")
 
     def __init__(self, key: str, kind: primitives.Kind) -> None:
@@ -379,6 +394,7 @@ class Many(Shape):
     kind = "many"
     reentrant = False
     handoff = False
+    release_identified = False  # its release script takes no identity
     __slots__ = ("keys", "release_yes")
 
     def __init__(self, keys: Sequence[str]) -> None:

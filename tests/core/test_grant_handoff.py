@@ -471,3 +471,67 @@ def test_a_late_try_of_a_finished_acquire_is_never_granted_the_lock(node):
     assert _undo(node, "lsn.w", mine, 1) == 0
     assert _release_on_client(node, holder) == 1
     assert lock_token(node, KEY) == other.encode()  # the live waiter, not W's phantom
+
+
+def _info_calls(cluster) -> list[int]:
+    """How many INFO calls each node ran since its stats were reset (a script's count too)."""
+    counts = []
+    for node in cluster:
+        with node_client(node) as client:
+            stats = client.info("commandstats")
+            counts.append(int(stats.get("cmdstat_info", {}).get("calls", 0)))
+    return counts
+
+
+def _reset_stats(cluster) -> None:
+    for node in cluster:
+        with node_client(node) as client:
+            client.config_resetstat()
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "asyncio"])
+def test_a_hand_off_release_names_its_process_so_the_nodes_read_no_info(cluster3, asynchronous):
+    # The holder's release carries its connection's identity (Shape.held_release, sent with
+    # identify=True), so hand_grant.lua knows the node is the process that recorded the line
+    # without an INFO call on each node (scripts/hand_grant.lua).
+    waiter = LockManager(cluster3.urls, retry_delay=30.0)
+    got: list[Any] = []
+
+    def wait() -> None:
+        got.append(waiter.acquire("handed", timeout=20.0))
+
+    async def hold_and_release(start: threading.Event, registered: threading.Event) -> None:
+        holder = AsyncLockManager(cluster3.urls)
+        lease = await holder.acquire("handed", ttl=10.0)
+        start.set()
+        while not registered.is_set():
+            await asyncio.sleep(0.005)
+        _reset_stats(cluster3)
+        await lease.release()
+        await holder.aclose()
+
+    start, registered = threading.Event(), threading.Event()
+    if asynchronous:
+        releaser = threading.Thread(target=lambda: asyncio.run(hold_and_release(start, registered)))
+        releaser.start()
+        assert start.wait(10.0)
+    else:
+        holder = LockManager(cluster3.urls)
+        lease = holder.acquire("handed", ttl=10.0)
+    thread = threading.Thread(target=wait)
+    thread.start()
+    _wait_for(lambda: _registered(cluster3, 2))
+    if asynchronous:
+        registered.set()
+        releaser.join(10.0)
+    else:
+        _reset_stats(cluster3)
+        lease.release()
+        holder.close()
+    thread.join(10.0)
+    assert got, "the waiter did not get the lock"
+    # Granted, every node: the release ran hand_grant.lua there, and read no INFO.
+    assert all(entry.startswith(b"g2 ") for e in _hand_entries(cluster3) for entry in e.values())
+    assert _info_calls(cluster3) == [0, 0, 0]
+    got[0].release()
+    waiter.close()

@@ -271,11 +271,13 @@ def hold(client: SimClient, lease: Held, owner: str) -> Process:
     if plain and not expired and rng.random() < config.handoffs:
         hand_off(client, lease, owner)
         return
-    # LockManager._release
+    # LockManager._release (lease.release_round: a lock's release names its connection's
+    # server process, so a hand-off grant needs no INFO call)
     exchange = yield Round(
-        flow.release_round(nodes.size, shape, token, lease.waiter),
+        [shape.held_release(token, lease.waiter)] * nodes.size,
         shape.release_yes,
         nodes.quorum,
+        identify=shape.release_identified,
     )
     verdict = flow.judge_release(nodes, exchange.results, exchange.yes, expired)
     client.log(
