@@ -355,7 +355,12 @@ class BaseLease:
         acquired_at: float,
         origin: str | None = None,
         shape: Shape | None = None,
+        owner: str = "",
+        waiter: str = "",
+        held: tuple[bool, ...] | None = None,
     ) -> None:
+        # ``owner``, ``waiter``, ``held``: what the round that granted the lease left, as
+        # settle_grant records them (given here by a grant, the state is built once).
         # The manager's engine, not the manager: one host for the leases of every manager
         # sharing it, and the attribute read here costs less than a subclass __init__ would.
         self._host = manager.engine
@@ -371,10 +376,10 @@ class BaseLease:
             ttl,
             acquired_at,
             None if origin is None else clip_origin(origin),
-            "",  # the owner record: see _owner
+            owner,  # the owner record: see _owner
             expires_at,
             None,
-            "",
+            waiter,
             # The process that took the lease owns it; a forked child has a copy of this
             # object but not the lease (see _refuse_inherited).
             current_pid(),
@@ -384,8 +389,8 @@ class BaseLease:
             # renewed it (None: not known, every node), for judge_extend to tell a lost key
             # from one never granted. A tuple of bools shared by the leases held on the same
             # nodes (see held_on), so _state stays a tuple the collector does not track (a
-            # new one is untracked by the same collection as _state, made after it).
-            None,
+            # new one is untracked by the same collection as _state).
+            held,
         )
         self.fencing_token: int | None = None
         self._depth = 1
