@@ -48,7 +48,6 @@ from django_redlock.core.lease import (
     BaseLease,
     Reentry,
     expired_before_renewal,
-    forget_scope,
     held_on,
     let_go,
     lost_clean_up,
@@ -547,7 +546,7 @@ class Engine:
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
-        scope = forget_scope(lease)
+        scope = lease._scope  # forget_scope(lease), without the call (on every release)
         if scope is not None:
             self.held.remove(scope, lease.name, lease)
 

@@ -39,6 +39,7 @@ from django_redlock.exceptions import (
     LeaseReleased,
     LockLost,
 )
+from django_redlock.wire import process
 from django_redlock.wire.process import current_pid
 from django_redlock.wire.scripts import Command, release_command
 
@@ -381,8 +382,9 @@ class BaseLease:
             None,
             waiter,
             # The process that took the lease owns it; a forked child has a copy of this
-            # object but not the lease (see _refuse_inherited).
-            current_pid(),
+            # object but not the lease (see _refuse_inherited). process.PID: a load, where
+            # current_pid() is a call.
+            process.PID,
             None,
             None,
             # 13 held: which nodes held the lease after the round that granted or last
