@@ -546,9 +546,10 @@ class Engine:
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
-        scope = lease._scope  # forget_scope(lease), without the call (on every release)
+        # forget_scope(lease) and lease.name, without their calls (on every release).
+        scope = lease._scope
         if scope is not None:
-            self.held.remove(scope, lease.name, lease)
+            self.held.remove(scope, lease._state[0], lease)
 
     # -- adopt -----------------------------------------------------------------------------
 
