@@ -63,6 +63,7 @@ from django_redlock.core.owner import owner_scope
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.wire import process
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
@@ -169,7 +170,8 @@ class AsyncLease(BaseLease):
             LeaseReleased: called twice.
             LockLost: the lease had expired, or a quorum no longer held it.
         """
-        self._refuse_inherited()
+        if self._state[10] != process.PID:  # a forked child: no call in the usual case
+            self._refuse_inherited()
         if not self._end_hold():
             return
         finishing = asyncio.ensure_future(self._finish_release())

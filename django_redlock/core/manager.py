@@ -68,6 +68,7 @@ from django_redlock.core.owner import MAX_OWNER_BYTES, owner_scope
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.wire import process
 from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.rounds import Round
@@ -145,7 +146,8 @@ class Lease(BaseLease):
                 raised: their keys expire by themselves.)
             LeaseInherited: called in a forked child; the parent's keys are left alone.
         """
-        self._refuse_inherited()
+        if self._state[10] != process.PID:  # a forked child: no call in the usual case
+            self._refuse_inherited()
         guard = self._guard
         if guard is None:
             if self._end_hold():

@@ -139,6 +139,38 @@ class Fallback:
         self.identify = identify
 
 
+class _AcquireFallback(Fallback):
+    """An acquire's fallback (never sent once the round is over, not eager, sent without the
+    identity), made with no Python ``__init__`` call (see _new_fallback): on every acquire."""
+
+    __slots__ = ()
+    when_over = False  # a class constant where Fallback has a slot
+    eager = False
+    identify = False
+
+
+class _ReleaseFallback(Fallback):
+    """A release's fallback (sent even once the operation is over; release.lua is
+    preloaded, so not eager; without the identity)."""
+
+    __slots__ = ()
+    when_over = True
+    eager = False
+    identify = False
+
+
+class _IdentifiedReleaseFallback(_ReleaseFallback):
+    """A holder's release fallback, completed by the connection's identity."""
+
+    __slots__ = ()
+    identify = True
+
+
+# Makes a fallback of one of these classes, its ``build`` then set: C calls only (Fallback's
+# own __init__ is a Python call, two per acquire+release pair).
+_new_fallback = object.__new__
+
+
 def fire_and_forget(command: Command) -> Command:
     """``command`` as a clean-up sends it: its EVAL when its fallback is ``eager``."""
     fallback = command[1]
@@ -238,7 +270,8 @@ def acquire_command(
 ) -> Command:
     args = (token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms, hand_round)
     # Built only if a node answers NOSCRIPT (its keys too).
-    fallback = Fallback(partial(_acquire_eval, key, args), False)
+    fallback = _new_fallback(_AcquireFallback)
+    fallback.build = partial(_acquire_eval, key, args)
     if key.isascii() and owner.isascii():
         ticket_text = str(ticket)  # a time in µs: differs on every acquire
         numbers = _BULK_NUMBERS
@@ -273,9 +306,8 @@ def release_command(key: str, token: str, waiter: str = "", identified: bool = F
     # The fallback is sent even when the release already has its answer: deleting our own
     # key late is always right, and leaving it would block the next holder until expiry.
     trailing = 2 if identified else 0
-    fallback = Fallback(
-        partial(_release_eval, key, token, waiter, trailing), True, identify=identified
-    )
+    fallback = _new_fallback(_IdentifiedReleaseFallback if identified else _ReleaseFallback)
+    fallback.build = partial(_release_eval, key, token, waiter, trailing)
     if key.isascii():
         text = (
             f"{_RELEASE_HEAD_IDENTIFIED if identified else _RELEASE_HEAD}"

@@ -227,6 +227,21 @@ def test_an_acquire_whose_observer_raises_holds_nothing(cluster3):
             LockManager(cluster3.urls).acquire("observed", ttl=30.0, blocking=False)
 
 
+def test_an_acquire_whose_observer_raises_is_let_go_even_while_its_error_is_kept(cluster3):
+    # The error kept (as a caller logging it later would) keeps its traceback, whose frames
+    # keep the lease object alive: only letting it go, not its weak references dying,
+    # keeps a re-entrant acquire from getting it back with its keys being freed.
+    manager = LockManager(cluster3.urls, observer=_FailsOnAcquired())
+    with pytest.raises(RuntimeError, match="observer failed") as raised:
+        manager.acquire("observed-kept", ttl=30.0)
+    _free_everywhere(cluster3, "redlock:observed-kept")
+    with manager.acquire("observed-kept", ttl=30.0) as lease:  # not a re-entry
+        assert lease.depth == 1
+        with pytest.raises(LockContended):
+            LockManager(cluster3.urls).acquire("observed-kept", ttl=30.0, blocking=False)
+    assert raised.value.__traceback__ is not None
+
+
 def test_an_adopt_whose_observer_raises_hands_the_lease_back(cluster3):
     lease = LockManager(cluster3.urls).acquire("observed-adopt", ttl=30.0)
     handle = lease.handle()

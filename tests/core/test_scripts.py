@@ -218,6 +218,27 @@ def test_the_acquire_encoder_matches_the_generic_one_for_any_numbers_and_cached_
             )
 
 
+@pytest.mark.parametrize("key", ["redlock:plain", "redlock:\u00e9t\u00e9"])
+def test_the_hot_commands_fallbacks_say_when_and_how_their_eval_is_sent(key):
+    """The acquire's and the release's NOSCRIPT fallbacks (made without Fallback.__init__):
+    an acquire's EVAL is never sent once its round is over (a late grant would be a key
+    nobody releases), a release's always is (freeing our own key late is right), neither is
+    eager (both scripts are preloaded), and only the holder's release takes the identity."""
+    token = "f" * 40
+    _, acquire = scripts.acquire_command(key, token, 10_000, "abcdefg0 {}", 60_000)
+    assert acquire is not None
+    assert (acquire.when_over, acquire.eager, acquire.identify) == (False, False, False)
+    for identified in (False, True):
+        command = scripts.release_command(key, token, "w", identified=identified)
+        release = command[1]
+        assert release is not None
+        assert (release.when_over, release.eager, release.identify) == (True, False, identified)
+        assert scripts.fire_and_forget(command) is command  # the short EVALSHA, not the source
+        assert release.build() == scripts.RELEASE.eval(
+            (key,), (token, "w"), trailing=2 if identified else 0
+        )
+
+
 def test_the_python_reader_parses_like_hiredis_even_byte_by_byte():
     wire = (
         b"+OK\r\n-ERR wrong\r\n:42\r\n:-1\r\n$5\r\nhello\r\n$-1\r\n$0\r\n\r\n"
