@@ -195,13 +195,20 @@ OWN_OBJECTS = 3
 def test_a_held_lease_costs_a_collection_three_objects_of_its_own(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()
-    before = touched()
-    leases = [manager.acquire(f"own-{i}", ttl=10.0) for i in range(COUNT)]
-    after = touched()
+    counts = []
+    # The fewest of three batches: what other threads allocate meanwhile (a loaded machine's
+    # late replies, a fixture's output reader) only ever adds to a count; an object of its
+    # own more per lease adds COUNT to every batch.
+    for batch in range(3):
+        before = touched()
+        leases = [manager.acquire(f"own-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
+        after = touched()
+        counts.append(added(before, after))
+        for lease in leases:
+            lease.release()
+        del leases
     # The list here adds one reference per lease but no object of its own per lease.
-    assert added(before, after) <= OWN_OBJECTS * COUNT + 100
-    for lease in leases:
-        lease.release()
+    assert min(counts) <= OWN_OBJECTS * COUNT + 100, counts
 
 
 def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
