@@ -243,8 +243,10 @@ class AsyncLockManager(EngineConfigured):
             the release that hands it the lock is published to it, or the retry delay
             passes. A coroutine function of seconds (a test's fake clock,
             ``asyncio.sleep``) sleeps the retry delay instead, and hears no releases.
-        nodes, ttl, node_timeout, retry_delay, default_timeout, drift_factor, key_prefix,
-            max_ttl, clock, observer: as for :class:`~django_redlock.LockManager`.
+
+    The other arguments (``nodes``, ``ttl``, ``node_timeout``, ``retry_delay``,
+    ``default_timeout``, ``drift_factor``, ``key_prefix``, ``max_ttl``, ``clock``,
+    ``observer``) are as for :class:`~django_redlock.LockManager`.
 
     Raises:
         TypeError, ValueError: a bad argument; the message names it.

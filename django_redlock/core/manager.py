@@ -532,7 +532,9 @@ class LockManager(EngineConfigured):
 
         Args:
             handle: a :class:`~django_redlock.core.handle.LeaseHandle` or its ``dumps()`` text.
-            auto_extend, max_hold, origin: as for :meth:`acquire`.
+            auto_extend: as for :meth:`acquire`.
+            max_hold: as for :meth:`acquire`.
+            origin: as for :meth:`acquire`.
 
         Raises:
             LockLost: the lease ran out, was released or adopted elsewhere: there is nothing
