@@ -557,10 +557,7 @@ class Engine:
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
-        # forget_scope(lease) and lease.name, without their calls (on every release).
-        scope = lease._scope
-        if scope is not None:
-            self.held.remove(scope, lease._state[0], lease)
+        self.held.forget(lease)
 
     # -- adopt -----------------------------------------------------------------------------
 

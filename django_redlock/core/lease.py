@@ -182,7 +182,7 @@ class Reentry(Generic[_V]):
             _sweep_entries(entries)
         return entries.scope
 
-    def remove(self, scope: tuple[object, ...], name: str, value: _V) -> None:
+    def remove(self, scope: tuple[object, ...], name: str, value: object) -> None:
         """Drop the entry under ``scope`` and ``name`` if it is ``value``'s (from any
         thread: only the scope's own thread registers under it, so the entry checked is the
         one deleted, and a sweep deletes only a dead one)."""
@@ -197,6 +197,14 @@ class Reentry(Generic[_V]):
             # Its own thread, so no put under it runs meanwhile: no entry is lost with it.
             # (An empty dict left by another thread's release is reused, or swept.)
             del self._scopes[scope]
+
+    def forget(self, lease: BaseLease) -> None:
+        """:meth:`remove` the entry of ``lease`` under its own scope and name, if it was
+        registered (released, handed off, or let go); one call on every release, so the
+        lease's scope and name are read here rather than through their accessors."""
+        scope = lease._scope
+        if scope is not None:
+            self.remove(scope, lease._state[0], lease)
 
     def __bool__(self) -> bool:
         """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
