@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from django_redlock import AsyncLockManager, LockManager
@@ -9,11 +11,19 @@ from django_redlock.core.listing import list_locks
 from tests.helpers import node_client
 
 
-def hold_everywhere(manager: LockManager, names: list[str]):
+def hold_everywhere(manager: LockManager, names: list[str], cluster=None):
     """Hold every lock of ``names`` on every node (an extend waits for every node's answer;
     the acquire returned at a quorum)."""
     lease = manager.lock_many(names, ttl=60.0)
     lease.extend()
+    # The extend returns at a quorum of renewals too: on a loaded machine the last node's
+    # answer may still be on its way, so wait (bounded) until each node holds every key.
+    deadline = time.monotonic() + 10.0
+    for node in cluster or ():
+        with node_client(node) as client:
+            while client.exists(*(manager.engine.key(name) for name in names)) < len(names):
+                assert time.monotonic() < deadline, "a node never took every key"
+                time.sleep(0.01)
     return lease
 
 
@@ -44,7 +54,7 @@ def test_a_capped_listing_never_flags_a_held_lock_partial(cluster3):
 
 def test_leftovers_are_still_partial_under_a_cap(cluster3):
     manager = LockManager(cluster3.urls, node_timeout=1.0)
-    lease = hold_everywhere(manager, [f"held:{index:03d}" for index in range(100)])
+    lease = hold_everywhere(manager, [f"held:{index:03d}" for index in range(100)], cluster3)
     with node_client(cluster3[0]) as client:  # a failed acquire's key, on one node only
         client.hset("redlock:a-leftover", mapping={"t": "x" * 40, "o": '{"pid": 7}'})
         client.pexpire("redlock:a-leftover", 30_000)
