@@ -482,19 +482,8 @@ class Engine:
                 held=held_on(shape.granted_on(results)),
             )
             waited = acquired_at - attempt.started
-            reporter = self.reporter
-            reporter.granted(attempt.name, results, attempt.votes, waited)
-            # What self.own does, written out (one call less on every acquire): keep the
-            # two the same.
-            try:
-                take_over(lease, scope, checked.auto_extend, checked.hold, self.held)
-                if reporter.observer is not None:
-                    reporter.acquired(lease, waited)
-            except BaseException:
-                let_go(lease)
-                self.forget(lease)
-                raise
-            return lease
+            self.reporter.granted(attempt.name, results, attempt.votes, waited)
+            return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:
             free(attempt.interrupted())
             raise
