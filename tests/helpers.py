@@ -5,7 +5,8 @@ from __future__ import annotations
 import select
 import socket
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 
 import redis
 from redis.backoff import NoBackoff
@@ -91,6 +92,22 @@ def queued_on_a_majority(cluster: Iterable[LocalNode], name: str, length: int) -
         with node_client(node) as client:
             counts.append(int(client.zcard(f"redlock:{name}\x00q")))
     return sum(count == length for count in counts) > len(counts) // 2
+
+
+def released_everywhere(manager, timeout: float = 10.0) -> None:
+    """Wait (bounded) until ``manager.locks()`` lists nothing. A release returns once a
+    quorum freed the lock; on a loaded machine the last node's release may still be on its way
+    (it is queued there, never skipped), so a listing right after can still see that node."""
+    wait_for(lambda: manager.locks(limit=None).locks == [], "a released lock stays listed", timeout)
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    """Poll ``predicate`` every 10 ms until it is true; fail with ``what`` after ``timeout``
+    seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
 
 
 class FaultServer:

@@ -8,7 +8,7 @@ import pytest
 
 from django_redlock import AsyncLockManager, LockManager
 from django_redlock.core.listing import list_locks
-from tests.helpers import node_client
+from tests.helpers import node_client, released_everywhere
 
 
 def hold_everywhere(manager: LockManager, names: list[str], cluster=None):
@@ -82,7 +82,7 @@ def test_without_a_cap_every_lock_is_listed(cluster3):
     assert listing.locks[0].owner == listing.locks[749].owner  # one lease, one owner
     for lease in leases:
         lease.release()
-    assert manager.locks(limit=None).locks == []
+    released_everywhere(manager)
 
 
 def test_the_asyncio_manager_lists_as_the_sync_one(cluster3):
