@@ -68,7 +68,8 @@ from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
 from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
-from django_redlock.wire.scripts import HOT_SCRIPTS, NODE_KEY, PING, Command
+from django_redlock.wire.primitives import PRELOAD
+from django_redlock.wire.scripts import NODE_KEY, PING, Command
 from django_redlock.wire.setup import Hello
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
@@ -236,7 +237,7 @@ class Engine:
                 clock=time.monotonic,
                 max_outstanding=MAX_OUTSTANDING,
                 **stall_limits(self.node_timeout),
-                preload=HOT_SCRIPTS,
+                preload=PRELOAD,
                 hello=self.hello,
             )
         )

@@ -30,6 +30,7 @@ from typing import Any
 
 from django_redlock.wire.errors import PENDING, NodeError
 from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.primitives import PRELOAD
 from django_redlock.wire.resp import (
     BAD_REPLY,
     PROTOCOL_ERRORS,
@@ -38,7 +39,7 @@ from django_redlock.wire.resp import (
     make_reader,
 )
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
-from django_redlock.wire.scripts import HOT_SCRIPTS, Command, Commands, fire_and_forget
+from django_redlock.wire.scripts import Command, Commands, fire_and_forget
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
@@ -152,7 +153,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
     """
 
     def __init__(self, address: NodeAddress, hello: Hello) -> None:
-        super().__init__(address, hello, HOT_SCRIPTS)
+        super().__init__(address, hello, PRELOAD)
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Callback] = deque()
         self.asked: deque[float] = deque()  # when each owed reply was asked (monotonic)

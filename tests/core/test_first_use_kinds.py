@@ -19,6 +19,7 @@ import pytest
 
 from django_redlock import AsyncLockManager, LockManager
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
+from tests.helpers import node_client, wait_for
 
 TAKE = {
     "lock": lambda m: m.acquire("first", timeout=0),
@@ -99,3 +100,48 @@ def test_a_new_managers_first_adopt_is_granted_without_a_warning(brand_new, capl
 
     asyncio.run(adopt())
     assert [r.getMessage() for r in caplog.records] == []
+
+
+def _names_held(node) -> int:
+    """How many keys under the lock prefix ``node`` holds (not the marker, not owner records)."""
+    with node_client(node) as client:
+        return sum(1 for _ in client.scan_iter(match="redlock:*"))
+
+
+@pytest.mark.parametrize("kind", sorted(TAKE))
+def test_the_first_release_of_every_kind_reaches_a_node_that_answers_late(cluster3, kind):
+    """A release returns at a quorum. Before every kind's scripts were loaded on each new
+    connection, the first release of a semaphore, a read-write lock or a multi-lock met
+    NOSCRIPT on every node: its EVAL went to the node that answered late only once this
+    thread read that reply, at its next operation. A process that then went idle left the
+    lock held on that node for its whole ttl (seen in CI as a flaky listing test)."""
+    manager = LockManager(cluster3.urls, node_timeout=0.5)
+    try:
+        lease = TAKE[kind](manager)
+        wait_for(lambda: all(_names_held(node) for node in cluster3), "a node never took it")
+        with cluster3[2].paused_while():  # its reply comes after the quorum's
+            lease.release()
+        # The process does nothing more with the manager: the node must free it on its own.
+        wait_for(lambda: _names_held(cluster3[2]) == 0, "the late node kept the lock")
+    finally:
+        manager.close()
+
+
+@pytest.mark.parametrize("kind", sorted(TAKE))
+def test_asyncio_the_first_release_of_every_kind_reaches_a_node_that_answers_late(cluster3, kind):
+    """The same with the asyncio transport, whose event loop ends right after the release
+    (a management command's ``asyncio.run``): nobody reads the late node's reply."""
+
+    async def take_and_release() -> None:
+        manager = AsyncLockManager(cluster3.urls, node_timeout=0.5)
+        try:
+            lease = await TAKE[kind](manager)
+            while not all(_names_held(node) for node in cluster3):
+                await asyncio.sleep(0.01)
+            with cluster3[2].paused_while():
+                await lease.release()
+        finally:
+            await manager.aclose()
+
+    asyncio.run(asyncio.wait_for(take_and_release(), 10.0))
+    wait_for(lambda: _names_held(cluster3[2]) == 0, "the late node kept the lock")
