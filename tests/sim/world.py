@@ -49,7 +49,7 @@ _HANDOFF = primitives.HANDOFF.sha
 _ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
 # What a new connection loads with SCRIPT LOAD before anything else (wire.setup).
-_PRELOADED = frozenset(script.sha for script in scripts.HOT_SCRIPTS)
+_PRELOADED = frozenset(script.sha for script in primitives.PRELOAD)
 _NOSCRIPT = "NOSCRIPT No matching script. Please use EVAL."
 
 # -- configuration ---------------------------------------------------------------------------
