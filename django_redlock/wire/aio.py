@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import select
 import socket
 import time
@@ -185,7 +186,8 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         self.parser = make_reader()
         self.broken: str | None = None
         # The task that connects and logs in (set by LoopConnections.connection), and
-        # whether it got as far as queueing the login: commands may follow it from then on.
+        # whether it got as far as queueing the login and is not broken since: commands
+        # may follow the login from then on (one test for both on the hot path).
         self.opening: asyncio.Task[None] | None = None
         self.ready = False
 
@@ -206,7 +208,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
             self._fail(self.broken)
             return
         self._set_up(setup)
-        self.ready = True
+        self.ready = self.broken is None
 
     def _set_up(self, commands: Iterable[tuple[bytes, int]]) -> None:
         """Send set-up ``commands``, each with the kind of its reply (see Handshake.learn)."""
@@ -320,6 +322,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
     def _fail(self, reason: str) -> None:
         if self.broken is None:
             self.broken = reason
+        self.ready = False
         pending = self.pending
         while pending:
             answer, index, _, _ = pending.popleft()
@@ -591,6 +594,11 @@ class LoopConnections:
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
+        # The rounds a task waits for (in outcome), and one timer for all their deadlines,
+        # set for the earliest (loop clock; inf: none set): one timer per node timeout
+        # or so instead of one made and cancelled per round.
+        self.waiting: set[_LoopRound] = set()
+        self.alarm_at = math.inf
 
     @property
     def subscriber(self) -> LoopSubscriber:
@@ -695,7 +703,7 @@ class LoopConnections:
         for conn, command in zip(connections, commands, strict=True):
             if command is None:
                 continue
-            if conn is None or not conn.ready or conn.broken is not None:
+            if conn is None or not conn.ready:  # not logged in yet, or broken
                 return None
             pending = conn.pending
             if pending and (len(pending) >= cap or pending[0][3] < fresh):
@@ -799,9 +807,11 @@ class LoopConnections:
         if answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0:
             loop = asyncio.get_running_loop()
             decided = answer.decided = loop.create_future()
-            # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
+            # The alarm on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
-            timer = loop.call_at(answer.deadline, _settle, decided)
+            self.waiting.add(answer)
+            if answer.deadline < self.alarm_at:
+                self._set_alarm(loop, answer.deadline)
             cancelled = False
             try:
                 await decided
@@ -825,7 +835,7 @@ class LoopConnections:
                 cancelled = True
                 raise
             finally:
-                timer.cancel()
+                self.waiting.discard(answer)
                 answer.decided = None
                 # Over, decided or cancelled: late replies are dropped, and a NOSCRIPT
                 # fallback that is not ``when_over`` is no longer sent (an acquire's SET
@@ -834,6 +844,28 @@ class LoopConnections:
                     answer.closed = True
         answer.closed = True
         return answer
+
+    def _set_alarm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """Ring :meth:`_ring` at ``when`` (the loop's clock, seconds), before the time it
+        was set for (an alarm set for later rings anyway: it finds nothing due)."""
+        self.alarm_at = when
+        loop.call_at(when, self._ring, loop)
+
+    def _ring(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The alarm: wake each waiting round whose deadline has passed (its task then
+        looks at what the sockets hold and times out the rest), and set the alarm again
+        for the earliest deadline still ahead."""
+        self.alarm_at = math.inf
+        now = loop.time()
+        ahead = math.inf
+        for answer in self.waiting:
+            if answer.deadline <= now:
+                if answer.decided is not None:
+                    _settle(answer.decided)
+            elif answer.deadline < ahead:
+                ahead = answer.deadline
+        if ahead < self.alarm_at:
+            self._set_alarm(loop, ahead)
 
     async def _take_in(
         self, conns: Sequence[_AsyncConnection], settled: Callable[[], bool] | None = None
