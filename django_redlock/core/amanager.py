@@ -310,6 +310,10 @@ class AsyncLockManager(EngineConfigured):
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        # The loop (weakly) and connections _connections found last: most calls come from the
+        # same loop as the one before, and need no lock and no lookup. One attribute, read
+        # at once, so a thread running another loop sees a pair or the other, never a mix.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopConnections] | None = None
 
     def open_connections(self) -> int:
         """How many node sockets the engine's sync transport holds open, across all threads
@@ -334,6 +338,9 @@ class AsyncLockManager(EngineConfigured):
 
     def _connections(self) -> LoopConnections:
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
@@ -348,6 +355,7 @@ class AsyncLockManager(EngineConfigured):
                 # Closes the connections when the loop's tasks are cancelled at its end
                 # (asyncio.run does that): protocols have no reader task that would.
                 connections.guard = loop.create_task(connections.close_at_loop_end())
+            self._last = (weakref.ref(loop), connections)
         return connections
 
     # -- acquire ---------------------------------------------------------------------------
