@@ -588,11 +588,7 @@ class AsyncLockManager(EngineConfigured):
         sent = connections.send_now(
             commands, engine.node_timeout, yes, engine.quorum, identify=identify, queue_behind=True
         )
-        if sent is None:
-            released = asyncio.ensure_future(
-                self._release_after_awaits(connections, lease, commands, yes, expired, identify)
-            )
-        else:
+        if sent is not None:
             try:
                 exchange = await connections.outcome(sent, keep_open=True)
             except asyncio.CancelledError:
@@ -602,6 +598,11 @@ class AsyncLockManager(EngineConfigured):
                 raise
             settle_release(lease, exchange.results, exchange.yes, expired)
             return
+        # Awaits come before the send: a task of its own, which a cancellation of this one
+        # does not reach, so the commands still go out.
+        released = asyncio.ensure_future(
+            self._release_after_awaits(connections, lease, commands, yes, expired, identify)
+        )
         try:
             await asyncio.shield(released)
         except asyncio.CancelledError:
