@@ -1,11 +1,13 @@
 """The asyncio transport: per event loop, one connection per node, shared by every task.
 
 A command is written to every node at once (one round trip whatever N); each connection has a
-FIFO of reply handlers, called in order as replies are parsed in ``data_received``, so replies
-can never be handed to the wrong command, and commands of many tasks pipeline on one socket.
-The outcome is known at a quorum of yes votes, or once a quorum is no longer possible; a node
-that owes too many replies is skipped without sending. Waiting tasks are woken by the release
-through per-loop pub/sub streams (:class:`LoopSubscriber`).
+FIFO of reply slots (the round and node each owed reply counts for), taken in order as replies
+are parsed in ``data_received``, so replies can never be handed to the wrong command, and
+commands of many tasks pipeline on one socket. The outcome is known at a quorum of yes votes,
+or once a quorum is no longer possible; a node that owes too many replies is skipped without
+sending. A round needs no await before its send once every node is connected (``send_now``),
+and one timer per loop watches the deadlines of all the rounds waited for. Waiting tasks are
+woken by the release through per-loop pub/sub streams (:class:`LoopSubscriber`).
 
 :class:`LoopConnections` is a :class:`~django_redlock.wire.transport.AsyncTransport`, and
 :class:`LoopSubscriber` an :class:`~django_redlock.wire.transport.AsyncWakeSubscriber`: the
