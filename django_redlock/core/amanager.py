@@ -66,6 +66,8 @@ from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.wire import process
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.rounds import Round
+from django_redlock.wire.scripts import Command
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
@@ -173,6 +175,12 @@ class AsyncLease(BaseLease):
         if self._state[10] != process.PID:  # a forked child: no call in the usual case
             self._refuse_inherited()
         if not self._end_hold():
+            return
+        if self._guard is None:
+            # No renewal can be in flight: the round goes out from this task, which is
+            # cancellation safe by itself (see AsyncLockManager._release): no task and no
+            # shield, whose wake-ups cost a pair three turns of the event loop.
+            await self._async_manager._release(self)
             return
         finishing = asyncio.ensure_future(self._finish_release())
         try:
@@ -302,6 +310,10 @@ class AsyncLockManager(EngineConfigured):
             weakref.WeakKeyDictionary()
         )
         self._lock = threading.Lock()
+        # The loop (weakly) and connections _connections found last: most calls come from the
+        # same loop as the one before, and need no lock and no lookup. One attribute, read
+        # at once, so a thread running another loop sees a pair or the other, never a mix.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopConnections] | None = None
 
     def open_connections(self) -> int:
         """How many node sockets the engine's sync transport holds open, across all threads
@@ -326,6 +338,9 @@ class AsyncLockManager(EngineConfigured):
 
     def _connections(self) -> LoopConnections:
         loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
@@ -340,6 +355,7 @@ class AsyncLockManager(EngineConfigured):
                 # Closes the connections when the loop's tasks are cancelled at its end
                 # (asyncio.run does that): protocols have no reader task that would.
                 connections.guard = loop.create_task(connections.close_at_loop_end())
+            self._last = (weakref.ref(loop), connections)
         return connections
 
     # -- acquire ---------------------------------------------------------------------------
@@ -553,16 +569,67 @@ class AsyncLockManager(EngineConfigured):
             raise
 
     async def _release(self, lease: AsyncLease) -> None:
+        """Release ``lease`` on the nodes and judge the round (see :meth:`AsyncLease.release`).
+
+        Carried out whatever happens to the calling task: the commands are written before
+        its first await when no node needs one first (connected, nothing to read or judge:
+        :meth:`~django_redlock.wire.aio.LoopConnections.send_now`), and a cancellation
+        while their replies are awaited leaves the rest of the round (its replies, the
+        judgement, a ``LockLost`` reported) to a task of its own. Otherwise (a node to
+        connect first) the whole release runs in a task of its own, shielded.
+
+        Raises:
+            LockLost: the lease had expired, or a quorum no longer held it.
+        """
         engine = self.engine
         commands, yes, expired, identify = release_round(lease, len(engine.addresses))
-        exchange = await self._connections().run(
-            commands,
-            engine.node_timeout,
-            yes,
-            engine.quorum,
-            identify=identify,
-            queue_behind=True,  # queued behind what a node owes, never skipped (Engine.release)
+        connections = self._connections()
+        # Queued behind what a node owes, never skipped (Engine.release).
+        sent = connections.send_now(
+            commands, engine.node_timeout, yes, engine.quorum, identify=identify, queue_behind=True
         )
+        if sent is not None:
+            try:
+                exchange = await connections.outcome(sent, keep_open=True)
+            except asyncio.CancelledError:
+                # The commands are out; the round stays open for this task of its own.
+                rest = asyncio.ensure_future(self._release_sent(connections, lease, sent, expired))
+                rest.add_done_callback(_retrieve)
+                raise
+            settle_release(lease, exchange.results, exchange.yes, expired)
+            return
+        # Awaits come before the send: a task of its own, which a cancellation of this one
+        # does not reach, so the commands still go out.
+        released = asyncio.ensure_future(
+            self._release_after_awaits(connections, lease, commands, yes, expired, identify)
+        )
+        try:
+            await asyncio.shield(released)
+        except asyncio.CancelledError:
+            released.add_done_callback(_retrieve)
+            raise
+
+    async def _release_after_awaits(
+        self,
+        connections: LoopConnections,
+        lease: AsyncLease,
+        commands: list[Command],
+        yes: object,
+        expired: bool,
+        identify: bool,
+    ) -> None:
+        """:meth:`_release` when a node needs connecting (or reading) before the send."""
+        engine = self.engine
+        exchange = await connections.run(
+            commands, engine.node_timeout, yes, engine.quorum, identify=identify, queue_behind=True
+        )
+        settle_release(lease, exchange.results, exchange.yes, expired)
+
+    async def _release_sent(
+        self, connections: LoopConnections, lease: AsyncLease, sent: Round, expired: bool
+    ) -> None:
+        """The rest of a release round whose caller was cancelled after the send."""
+        exchange = await connections.outcome(sent)
         settle_release(lease, exchange.results, exchange.yes, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:

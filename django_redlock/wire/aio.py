@@ -1,11 +1,13 @@
 """The asyncio transport: per event loop, one connection per node, shared by every task.
 
 A command is written to every node at once (one round trip whatever N); each connection has a
-FIFO of reply handlers, called in order as replies are parsed in ``data_received``, so replies
-can never be handed to the wrong command, and commands of many tasks pipeline on one socket.
-The outcome is known at a quorum of yes votes, or once a quorum is no longer possible; a node
-that owes too many replies is skipped without sending. Waiting tasks are woken by the release
-through per-loop pub/sub streams (:class:`LoopSubscriber`).
+FIFO of reply slots (the round and node each owed reply counts for), taken in order as replies
+are parsed in ``data_received``, so replies can never be handed to the wrong command, and
+commands of many tasks pipeline on one socket. The outcome is known at a quorum of yes votes,
+or once a quorum is no longer possible; a node that owes too many replies is skipped without
+sending. A round needs no await before its send once every node is connected (``send_now``),
+and one timer per loop watches the deadlines of all the rounds waited for. Waiting tasks are
+woken by the release through per-loop pub/sub streams (:class:`LoopSubscriber`).
 
 :class:`LoopConnections` is a :class:`~django_redlock.wire.transport.AsyncTransport`, and
 :class:`LoopSubscriber` an :class:`~django_redlock.wire.transport.AsyncWakeSubscriber`: the
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import select
 import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from functools import partial
 from typing import Any
 
 from django_redlock.wire.errors import PENDING, NodeError
@@ -39,7 +41,7 @@ from django_redlock.wire.resp import (
     make_reader,
 )
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
-from django_redlock.wire.scripts import Command, Commands, fire_and_forget
+from django_redlock.wire.scripts import Command, Commands, Fallback, fire_and_forget
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
@@ -124,7 +126,45 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-_Callback = Callable[[Any], None]
+class _LoopRound(Round):
+    """A :class:`~django_redlock.wire.rounds.Round` as this transport waits for it: with the
+    future its waiting task sleeps on (resolved by the reply that makes the outcome known;
+    ``None`` while nobody waits) and its deadline (seconds, the event loop's clock).
+
+    Made by :func:`_new_round` (or with both set right after): no ``__init__`` of its own,
+    one call fewer per round."""
+
+    __slots__ = ("deadline", "decided")
+    decided: asyncio.Future[None] | None
+    deadline: float
+
+
+def _new_round(
+    size: int, yes_value: object, need: int, give_up: int | None, deadline: float
+) -> _LoopRound:
+    """A :class:`_LoopRound` (arguments as :class:`~django_redlock.wire.rounds.Round`'s)
+    that nobody waits for yet, due at ``deadline`` (the loop's clock)."""
+    answer = _LoopRound(size, yes_value, need, give_up)
+    answer.decided = None
+    answer.deadline = deadline
+    return answer
+
+
+# What each reply a connection owes goes to, in order: (the round, the node's index in it,
+# the command's NOSCRIPT fallback, when it was asked: time.monotonic()). A set-up command's
+# slot has no round, and the kind of its reply (see Handshake.learn) in the index's place.
+# Tuples, as the sync transport's slots: no closure made per command, no call per reply.
+_Slot = tuple[_LoopRound | None, int, Fallback | None, float]
+
+
+def _record(answer: _LoopRound, index: int, reply: object) -> None:
+    """:meth:`Round.record <django_redlock.wire.rounds.Round.record>`, then wake the task
+    waiting for ``answer`` if its outcome is now known (the usual reply does this inline in
+    :meth:`_AsyncConnection.data_received`)."""
+    answer.record(index, reply)
+    decided = answer.decided
+    if decided is not None and not decided.done() and answer.known():
+        decided.set_result(None)
 
 
 # Turns of the event loop given to sockets that hold unread bytes before their nodes are
@@ -146,21 +186,22 @@ def _unread(conns: Iterable[_AsyncConnection]) -> bool:
 
 
 class _AsyncConnection(Handshake, asyncio.Protocol):
-    """One connection to one node: an asyncio protocol with the reply handlers it still owes,
-    in order. Replies are parsed in ``data_received`` and handed to their handler right there:
-    no reader task, no future per reply, so a round trip costs one wake-up of the waiting task.
-    The set-up (login, scripts, hello) is :class:`~django_redlock.wire.setup.Handshake`'s.
+    """One connection to one node: an asyncio protocol with the replies it still owes, in
+    order (a slot each: see ``_Slot``). Replies are parsed in ``data_received`` and counted
+    into their round right there: no reader task, no future or callback per reply, so a round
+    trip costs one wake-up of the waiting task. The set-up (login, scripts, hello) is
+    :class:`~django_redlock.wire.setup.Handshake`'s.
     """
 
     def __init__(self, address: NodeAddress, hello: Hello) -> None:
         super().__init__(address, hello, PRELOAD)
         self.transport: asyncio.Transport | None = None
-        self.pending: deque[_Callback] = deque()
-        self.asked: deque[float] = deque()  # when each owed reply was asked (monotonic)
+        self.pending: deque[_Slot] = deque()
         self.parser = make_reader()
         self.broken: str | None = None
         # The task that connects and logs in (set by LoopConnections.connection), and
-        # whether it got as far as queueing the login: commands may follow it from then on.
+        # whether it got as far as queueing the login and is not broken since: commands
+        # may follow the login from then on (one test for both on the hot path).
         self.opening: asyncio.Task[None] | None = None
         self.ready = False
 
@@ -180,11 +221,16 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         if self.broken is not None:  # closed (aclose) while it was connecting
             self._fail(self.broken)
             return
-        for command, kind in setup:
-            self._send_raw(command, partial(self._take, kind))
-        self.ready = True
+        self._set_up(setup)
+        self.ready = self.broken is None
 
-    def _take(self, kind: int, reply: Any) -> None:
+    def _set_up(self, commands: Iterable[tuple[bytes, int]]) -> None:
+        """Send set-up ``commands``, each with the kind of its reply (see Handshake.learn)."""
+        now = time.monotonic()
+        for command, kind in commands:
+            self.send(command, (None, kind, None, now))
+
+    def _learn(self, kind: int, reply: Any) -> None:
         """A set-up reply: learnt, and what it releases written (see Handshake.learn)."""
         try:
             out = self.learn(kind, reply)
@@ -196,8 +242,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
 
     def reload(self) -> None:
         """Load the scripts again (the node answered NOSCRIPT)."""
-        for command, kind in self.reload_commands():
-            self._send_raw(command, partial(self._take, kind))
+        self._set_up(self.reload_commands())
 
     def fileno(self) -> int:
         """The socket's file descriptor, or -1 when there is none (not connected, closed)."""
@@ -211,32 +256,73 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
-        self.parser.feed(data)
+        parser = self.parser
+        parser.feed(data)
         pending = self.pending
-        asked = self.asked
         while True:
             try:
-                reply = self.parser.gets()
+                reply = parser.gets()
             except PROTOCOL_ERRORS:
                 self._fail(BAD_REPLY)
                 return
             if reply is False:
                 return
-            if pending:
-                asked.popleft()
-                pending.popleft()(reply)
+            if not pending:
+                continue  # nothing owed (the connection failed meanwhile): dropped
+            slot = pending.popleft()
+            answer = slot[0]
+            if answer is None or reply.__class__ is ReplyError:
+                self._unusual(reply, slot)
+            elif not answer.closed:  # a late reply is dropped here: no call on the hot path
+                # Round.record and Round.known inlined (two calls fewer per reply).
+                answer.results[slot[1]] = reply
+                answer.pending -= 1
+                if reply == answer.yes_value:
+                    answer.yes += 1
+                else:
+                    answer.no += 1
+                decided = answer.decided
+                if (
+                    decided is not None
+                    and (
+                        answer.yes >= answer.need
+                        or answer.no > answer.give_up
+                        or answer.pending <= 0
+                    )
+                    and not decided.done()
+                ):
+                    decided.set_result(None)
+
+    def _unusual(self, reply: Any, slot: _Slot) -> None:
+        """A set-up reply, or an error reply: learnt, or the EVAL fallback re-sent and the
+        scripts loaded again (NOSCRIPT: see :func:`~django_redlock.wire.rounds.on_reply`),
+        or the error recorded as the node's answer."""
+        answer, index, fallback, _ = slot
+        if answer is None:
+            self._learn(index, reply)
+            return
+        action = on_reply(reply, fallback, answer.closed)
+        if action == RECORD:
+            _record(answer, index, NodeError(str(reply)))
+            return
+        assert fallback is not None  # on_reply resends only a fallback
+        if action == RESEND:
+            self.send(fallback.build(), (answer, index, None, time.monotonic()), fallback.identify)
+        self.reload()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail(str(exc) if exc else "connection closed by the server")
 
-    def _send_raw(self, command: bytes, on_reply: _Callback, identify: bool = False) -> None:
-        """Write ``command``; ``on_reply`` gets its reply, or a :class:`NodeError`. With
-        ``identify``, the connection's identity completes it (see Handshake.outgoing)."""
+    def send(self, command: bytes, slot: _Slot, identify: bool = False) -> None:
+        """Write ``command``; its reply (or a :class:`NodeError`) goes where ``slot`` says.
+        With ``identify``, the connection's identity completes it (see Handshake.outgoing).
+        :meth:`LoopConnections._expect` is this for a round's command (inlined there)."""
         if self.broken is not None or self.transport is None:
-            on_reply(NodeError(self.broken or "not connected"))
+            answer = slot[0]
+            if answer is not None:
+                _record(answer, slot[1], NodeError(self.broken or "not connected"))
             return
-        self.pending.append(on_reply)
-        self.asked.append(time.monotonic())
+        self.pending.append(slot)
         command = self.outgoing(command, identify)
         if not command:
             return  # held until the hello is answered
@@ -244,14 +330,19 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
 
     def age(self, now: float) -> float:
         """Seconds since the oldest reply still owed was asked (0 when none is owed)."""
-        return now - self.asked[0] if self.asked else 0.0
+        pending = self.pending
+        return now - pending[0][3] if pending else 0.0
 
     def _fail(self, reason: str) -> None:
         if self.broken is None:
             self.broken = reason
-        self.asked.clear()
-        while self.pending:
-            self.pending.popleft()(NodeError(reason))
+        self.ready = False
+        pending = self.pending
+        while pending:
+            answer, index, _, _ = pending.popleft()
+            # A set-up reply that never comes has nothing to teach (Handshake.learn).
+            if answer is not None:
+                _record(answer, index, NodeError(reason))
         if self.transport is not None:
             self.transport.close()
 
@@ -517,6 +608,11 @@ class LoopConnections:
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
+        # The rounds a task waits for (in outcome), and one timer for all their deadlines,
+        # set for the earliest (loop clock; inf: none set): one timer per node timeout
+        # or so instead of one made and cancelled per round.
+        self.waiting: set[_LoopRound] = set()
+        self.alarm_at = math.inf
 
     @property
     def subscriber(self) -> LoopSubscriber:
@@ -566,16 +662,95 @@ class LoopConnections:
         log the same node errors).
 
         Commands are written synchronously to every connected node (no task per node: on a
-        small machine a task costs more than the round trip); replies are tallied by
-        callbacks, and the caller resumes once the outcome is known or ``timeout`` passes.
+        small machine a task costs more than the round trip); replies are tallied as they
+        are parsed, and the caller resumes once the outcome is known or ``timeout`` passes:
+        :meth:`send_now` (or, when a node must be connected or read first, the same with
+        those awaits before it), then :meth:`outcome`.
 
         Raises:
             asyncio.CancelledError: the task was cancelled (the round is closed: replies
                 still owed are read and dropped).
         """
-        answer = Round(len(commands), yes_value, need, give_up)
-        loop = asyncio.get_running_loop()
-        decided: asyncio.Future[None] = loop.create_future()
+        answer = self.send_now(
+            commands,
+            timeout,
+            yes_value,
+            need,
+            give_up=give_up,
+            identify=identify,
+            queue_behind=queue_behind,
+        )
+        if answer is None:
+            answer = await self._send_after_awaits(
+                commands, timeout, yes_value, need, give_up, identify, queue_behind
+            )
+        return await self.outcome(answer)
+
+    def send_now(
+        self,
+        commands: Commands,
+        timeout: float,
+        yes_value: object,
+        need: int,
+        *,
+        give_up: int | None = None,
+        identify: bool = False,
+        queue_behind: bool = False,
+    ) -> Round | None:
+        """The first half of :meth:`run` (arguments as there) when it needs no await: every
+        node given a command has a logged-in connection that owes fewer than
+        ``max_outstanding`` replies, the oldest not past the stall reset (so no node is
+        judged, read first or replaced: :meth:`StallRule.judged
+        <django_redlock.wire.stall.StallRule.judged>` is False for each). The commands are
+        written now; returns the round, to pass to :meth:`outcome` with no await between
+        (its deadline runs from now). None when a node needs more: nothing was sent, and
+        :meth:`run` is the way.
+
+        Raises:
+            RuntimeError: no event loop is running.
+        """
+        connections = self.connections
+        stall = self.stall
+        cap = stall.max_outstanding
+        now = time.monotonic()
+        fresh = now - stall.stall_reset
+        for conn, command in zip(connections, commands, strict=True):
+            if command is None:
+                continue
+            if conn is None or not conn.ready:  # not logged in yet, or broken
+                return None
+            pending = conn.pending
+            if pending and (len(pending) >= cap or pending[0][3] < fresh):
+                return None
+        answer = _LoopRound(len(commands), yes_value, need, give_up)  # _new_round inlined
+        answer.decided = None
+        answer.deadline = asyncio.get_running_loop().time() + timeout
+        results = answer.results
+        for index, command in enumerate(commands):
+            if command is None:
+                results[index] = None
+            else:
+                conn = connections[index]
+                assert conn is not None  # checked above
+                answer.pending += 1
+                self._expect(conn, index, command, answer, identify, now)
+        return answer
+
+    async def _send_after_awaits(
+        self,
+        commands: Commands,
+        timeout: float,
+        yes_value: object,
+        need: int,
+        give_up: int | None,
+        identify: bool,
+        queue_behind: bool,
+    ) -> _LoopRound:
+        """The first half of :meth:`run` in general: nodes that owe many or old replies are
+        read first, then judged (skipped, or given a new connection), the nodes not
+        connected are connected (or their login awaited), and the commands written. The
+        round's deadline runs from after those awaits."""
+        answer = _new_round(len(commands), yes_value, need, give_up, math.inf)
         stall = self.stall
         now = time.monotonic()
         judged = [
@@ -608,6 +783,7 @@ class LoopConnections:
         if missing:  # connect the nodes that need it (or wait for their login), all at once
             await asyncio.gather(*(self.connection(index, timeout) for index in missing))
         cap = stall.max_outstanding
+        now = time.monotonic()
         for index, command in enumerate(commands):
             if command is None:
                 answer.results[index] = None
@@ -624,11 +800,34 @@ class LoopConnections:
                     answer.refuse(index, NodeError(reason))
                     continue
             answer.pending += 1
-            self._expect(conn, index, command, answer, decided, identify)
-        if not answer.known():
-            # A timer on the loop instead of asyncio.wait_for: no extra task and no shield
+            self._expect(conn, index, command, answer, identify, now)
+        answer.deadline = asyncio.get_running_loop().time() + timeout
+        return answer
+
+    async def outcome(self, answer: Round, *, keep_open: bool = False) -> Round:
+        """Wait for the outcome of ``answer`` (a round :meth:`send_now` sent) until it is
+        known or its deadline passes; then it is closed (late replies are dropped) and
+        returned, each reply still owed :data:`~django_redlock.wire.errors.TIMED_OUT`.
+
+        ``keep_open``: a cancellation leaves the round open (its replies still counted), for
+        a caller that waits for it again, with this method, in another task; its deadline
+        stays the one it had.
+
+        Raises:
+            asyncio.CancelledError: the task was cancelled (the round is closed, unless
+                ``keep_open``).
+        """
+        assert isinstance(answer, _LoopRound)
+        # Round.known inlined: a quorum said yes, too many said no, or all answered.
+        if answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0:
+            loop = asyncio.get_running_loop()
+            decided = answer.decided = loop.create_future()
+            # The alarm on the loop instead of asyncio.wait_for: no extra task and no shield
             # per round trip (wait_for costs more than a loopback round trip here).
-            timer = loop.call_later(timeout, _settle, decided)
+            self.waiting.add(answer)
+            if answer.deadline < self.alarm_at:
+                self._set_alarm(loop, answer.deadline)
+            cancelled = False
             try:
                 await decided
                 if not answer.known():
@@ -647,14 +846,41 @@ class LoopConnections:
                         answer.known,
                     )
                     answer.time_out()
+            except asyncio.CancelledError:
+                cancelled = True
+                raise
             finally:
-                timer.cancel()
+                self.waiting.discard(answer)
+                answer.decided = None
                 # Over, decided or cancelled: late replies are dropped, and a NOSCRIPT
                 # fallback that is not ``when_over`` is no longer sent (an acquire's SET
                 # re-sent now would land after the clean-up release).
-                answer.closed = True
+                if not (cancelled and keep_open):
+                    answer.closed = True
         answer.closed = True
         return answer
+
+    def _set_alarm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """Ring :meth:`_ring` at ``when`` (the loop's clock, seconds), before the time it
+        was set for (an alarm set for later rings anyway: it finds nothing due)."""
+        self.alarm_at = when
+        loop.call_at(when, self._ring, loop)
+
+    def _ring(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The alarm: wake each waiting round whose deadline has passed (its task then
+        looks at what the sockets hold and times out the rest), and set the alarm again
+        for the earliest deadline still ahead."""
+        self.alarm_at = math.inf
+        now = loop.time()
+        ahead = math.inf
+        for answer in self.waiting:
+            if answer.deadline <= now:
+                if answer.decided is not None:
+                    _settle(answer.decided)
+            elif answer.deadline < ahead:
+                ahead = answer.deadline
+        if ahead < self.alarm_at:
+            self._set_alarm(loop, ahead)
 
     async def _take_in(
         self, conns: Sequence[_AsyncConnection], settled: Callable[[], bool] | None = None
@@ -678,11 +904,12 @@ class LoopConnections:
         """
         # Its replies are dropped (closed), except that a NOSCRIPT still gets the EVAL
         # fallback: clean-up commands are built with ``when_over=True``.
-        ignored = Round(len(commands), None, 0)
+        ignored = _new_round(len(commands), None, 0, None, math.inf)
         ignored.closed = True
+        now = time.monotonic()
         for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
             if command is not None and conn is not None and conn.ready and conn.broken is None:
-                self._expect(conn, index, fire_and_forget(command), ignored)
+                self._expect(conn, index, fire_and_forget(command), ignored, False, now)
 
     def open_count(self) -> int:
         """How many sockets this loop holds open now, its pub/sub ones included."""
@@ -694,33 +921,26 @@ class LoopConnections:
         conn: _AsyncConnection,
         index: int,
         command: Command,
-        answer: Round,
-        decided: asyncio.Future[None] | None = None,
-        identify: bool = False,
+        answer: _LoopRound,
+        identify: bool,
+        now: float,
     ) -> None:
-        """Send ``command`` on ``conn`` and record its reply as node ``index``'s answer in
-        ``answer``, re-sent as EVAL once if the node had no copy of the script (see
-        :func:`~django_redlock.wire.rounds.on_reply`); ``decided`` is resolved once the
-        outcome is known (the waiting task resumes)."""
-        fallback = command[1]
+        """Send ``command`` on ``conn`` (asked at ``now``, monotonic seconds); its reply is
+        node ``index``'s answer in ``answer``, re-sent as EVAL once if the node had no copy
+        of the script (see :func:`~django_redlock.wire.rounds.on_reply`). The task waiting
+        for ``answer`` resumes once the reply that makes its outcome known is parsed.
 
-        def done(reply: Any) -> None:
-            if type(reply) is ReplyError:
-                action = on_reply(reply, fallback, answer.closed)
-                if action == RECORD:
-                    reply = NodeError(str(reply))
-                else:
-                    assert fallback is not None  # on_reply resends only a fallback
-                    if action == RESEND:
-                        again = (fallback.build(), None)
-                        self._expect(conn, index, again, answer, decided, fallback.identify)
-                    conn.reload()
-                    return
-            answer.record(index, reply)
-            if decided is not None and not decided.done() and answer.known():
-                decided.set_result(None)
-
-        conn._send_raw(command[0], done, identify)
+        :meth:`_AsyncConnection.send` inlined (one call fewer per node and round)."""
+        if conn.broken is not None or conn.transport is None:
+            _record(answer, index, NodeError(conn.broken or "not connected"))
+            return
+        conn.pending.append((answer, index, command[1], now))
+        if conn.held is None:  # Handshake.outgoing's usual case: the hello was answered
+            conn.transport.write(command[0] + conn.identity if identify else command[0])
+            return
+        data = conn.outgoing(command[0], identify)
+        if data:  # else held until the hello is answered
+            conn.transport.write(data)
 
     def close(self) -> None:
         """Close every socket (they reopen on the next round or subscribe)."""
