@@ -354,9 +354,24 @@ class AsyncLockManager(EngineConfigured):
                 self._loops[loop] = connections
                 # Closes the connections when the loop's tasks are cancelled at its end
                 # (asyncio.run does that): protocols have no reader task that would.
-                connections.guard = loop.create_task(connections.close_at_loop_end())
+                guard = loop.create_task(connections.close_at_loop_end())
+                connections.guard = guard
+                # The guard belongs to the loop, and the entry keeps the guard: forgotten
+                # with it, or every ended loop (one per asyncio.run, or per async_to_sync
+                # call) would stay in memory with its connections.
+                guard.add_done_callback(partial(self._forget_loop, connections))
             self._last = (weakref.ref(loop), connections)
         return connections
+
+    def _forget_loop(self, connections: LoopConnections, guard: asyncio.Task[None]) -> None:
+        """Drop the entry of the loop whose ``guard`` ended (its connections are closed)."""
+        with self._lock:
+            loop = guard.get_loop()
+            if self._loops.get(loop) is connections:
+                del self._loops[loop]
+            last = self._last
+            if last is not None and last[1] is connections:
+                self._last = None
 
     # -- acquire ---------------------------------------------------------------------------
 

@@ -5,7 +5,9 @@ on owed replies."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import weakref
 
 import pytest
 
@@ -136,3 +138,23 @@ def test_asyncio_waiters_on_more_keys_than_kept_lose_no_channel(cluster3):
         await holder.aclose()
 
     asyncio.run(main())
+
+
+def test_an_event_loop_that_ended_is_not_kept_by_the_manager(cluster3):
+    """A manager used from many short event loops (``asyncio.run`` in a command, asgiref's
+    ``async_to_sync`` in a sync view: a new loop per call) keeps none of them once they end:
+    their connections were closed at the loop's end, but the task that closes them belongs to
+    the loop and was kept with them, so every loop and its connections stayed in memory."""
+    manager = AsyncLockManager(cluster3.urls)
+    ended = []
+
+    async def use() -> None:
+        ended.append(weakref.ref(asyncio.get_running_loop()))
+        await (await manager.acquire("short-loop", ttl=10.0)).release()
+
+    for _ in range(3):
+        asyncio.run(use())
+    gc.collect()
+    assert [loop() for loop in ended] == [None, None, None]
+    assert len(manager._loops) == 0
+    asyncio.run(use())  # a new loop after that still works

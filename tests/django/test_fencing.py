@@ -395,7 +395,7 @@ def soak_once(redlock_nodes, seed: int) -> int:
     finally:
         stop(workers)
     accepted = sum(summary["accepted"] for summary in summaries)
-    refused = sum(summary["refused"] for summary in summaries)
+    refused: int = sum(summary["refused"] for summary in summaries)
     row = Ledger.objects.get(pk=ledger.pk)
     print(
         f"\nsoak seed={seed}: {pauses} pauses, {accepted} accepted, {refused} refused, "
