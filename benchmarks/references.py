@@ -47,7 +47,7 @@ def _owner() -> str:
     )
 
 
-def _identity(address: NodeAddress) -> tuple[str, str]:
+def identity(address: NodeAddress) -> tuple[str, str]:
     """The run_id and persistence arguments our connections learn in their hello."""
     with client_for(address, 1.0) as client:
         for script in (ACQUIRE, RELEASE):
@@ -63,13 +63,19 @@ def _bulk(text: str) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def identity_suffix(address: NodeAddress) -> bytes:
+    """:func:`identity` as the two RESP bulk strings our transport appends to an acquire (and
+    to the holder's release) on that node's connections."""
+    run_id, persistence = identity(address)
+    return _bulk(run_id) + _bulk(persistence)
+
+
 def raw_sockets(urls: list[str]) -> PairRunner:
     addresses = [parse_node(url) for url in urls]
     quorum = len(addresses) // 2 + 1
     socks, identities = [], []
     for address in addresses:
-        run_id, persistence = _identity(address)
-        identities.append(_bulk(run_id) + _bulk(persistence))
+        identities.append(identity_suffix(address))
         if address.path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(address.path)
@@ -123,7 +129,7 @@ def raw_sockets(urls: list[str]) -> PairRunner:
 def redis_py_connections(urls: list[str]) -> PairRunner:
     addresses = [parse_node(url) for url in urls]
     quorum = len(addresses) // 2 + 1
-    identities = [_identity(address) for address in addresses]
+    identities = [identity(address) for address in addresses]
     # One connection each, taken from a pool as redis-py's own clients do, and kept.
     connections: list[Any] = [
         client_for(address, 1.0).connection_pool.get_connection() for address in addresses
