@@ -8,7 +8,11 @@ on the wall clock and in this thread's CPU time (the minimum and CPU time move l
 shared machine). The growth (held minus none held, CPU medians) is what the leases add. It also
 reports the longest automatic full collection while the leases were taken, and then the same
 figures for as many of redis-py's ``Lock`` held on one node (the reference: what a process
-holding that many locks pays with the lock users would pick instead), with the ratio.
+holding that many locks pays with the lock users would pick instead), with the ratio; and the
+pure-Python floor: N of the cheapest lease Python can hold (:class:`FloorLease`: one
+``__slots__`` object, its strings and floats in a tuple the collector untracks, no registry),
+then 2N of them (two tracked objects per lease, as ours has: the lease and the re-entry
+registry's weakref), timed the same way, with ours over each.
 """
 
 from __future__ import annotations
@@ -79,6 +83,41 @@ def _reference(url: str, count: int) -> tuple[float, float, float]:
     for lock in locks:
         lock.release()
     client.close()
+    return (
+        (held_objects - objects) / count,
+        (held_references - references) / count,
+        holding - idle,
+    )
+
+
+class FloorLease:
+    """The cheapest lease Python can hold: one tracked object (``__slots__``: no ``__dict__``,
+    no weakref slot), its name, key, token and times in one tuple of strings and floats, which
+    the collector untracks (it holds nothing that can form a cycle)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: tuple[str | float, ...]) -> None:
+        self.state = state
+
+
+def _floor(count: int) -> tuple[float, float, float]:
+    """``count`` :class:`FloorLease` objects held (in one list, as the leases are): objects
+    tracked and references visited per object, and the CPU ms (medians) a full collection
+    gains while they are held."""
+    gc.collect()
+    objects, references = _census()
+    idle = _Collections().cpu
+    now = time.time()
+    held = [
+        FloorLease((f"w8-floor-{i}", f"redlock:w8-floor-{i}", f"{i:040x}", TTL, now + TTL, now))
+        for i in range(count)
+    ]
+    gc.collect()
+    gc.collect()  # the tuples are untracked by the collection after the one that sees them
+    held_objects, held_references = _census()
+    holding = _Collections().cpu
+    del held
     return (
         (held_objects - objects) / count,
         (held_references - references) / count,
@@ -178,6 +217,15 @@ def main() -> None:
             f"{references_each:.2f} references visited per lock; a full collection gains "
             f"{theirs:.2f} ms CPU (ours: {ours:.2f} ms, {ours / theirs:.2f}x)"
         )
+        for per_lease, what in ((1, "one per lease"), (2, "two per lease, as ours has")):
+            objects_each, references_each, floor = _floor(per_lease * count)
+            times = f"{ours / floor:.2f}x" if floor > 0 else "no growth measured"
+            print(
+                f"floor, {per_lease * count} FloorLease held ({what}): "
+                f"{objects_each:.2f} objects tracked, {references_each:.2f} references visited "
+                f"per object; a full collection gains {floor:.2f} ms CPU (ours: {ours:.2f} ms, "
+                f"{times})"
+            )
 
 
 if __name__ == "__main__":
