@@ -30,22 +30,14 @@ Units: ``ttl_ms`` in milliseconds, ``validity`` and ``node_timeout`` in seconds.
 from __future__ import annotations
 
 import secrets
-import socket
-import threading
 import time
 from dataclasses import dataclass
 
 from benchmarks.minimal_redlock import DRIFT_FACTOR, DRIFT_FLOOR_MS, NODE_TIMEOUT, Rounds
-from benchmarks.references import identity_suffix
-from django_redlock.core.owner import base36, owner_id, owner_prefix
+from benchmarks.references import LINE_LIFETIME_MS, QUARANTINE_MS, identity_suffix, owner_parts
+from django_redlock.core.owner import base36
 from django_redlock.wire.nodes import parse_node
-from django_redlock.wire.process import current_pid
 from django_redlock.wire.scripts import GRANTED, RELEASE, acquire_command, release_command
-
-# What a LockManager sends with its default options: the quarantine of a restarted node
-# (60 s, ms) and the lifetime of a place in line (max(1 s, 4 x retry_delay), ms).
-QUARANTINE_MS = 60_000
-LINE_LIFETIME_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -71,11 +63,7 @@ class SameCommandsRedlock(Rounds):
         except BaseException:
             self.close()
             raise
-        # The owner record's id and the JSON up to its acquired_at, as the manager's
-        # OwnerRecords caches them for this thread (no task, no origin).
-        thread = threading.current_thread().name
-        prefix = owner_prefix(socket.gethostname(), current_pid(), thread, None, None)
-        self._owner_id, self._owner_rest = owner_id(prefix), f" {prefix}"
+        self._owner_id, self._owner_rest = owner_parts()
 
     def acquire(self, key: str, ttl_ms: int) -> Held | None:
         """One try at ``key`` (the full key, ``redlock:`` and the name): a :class:`Held` with
