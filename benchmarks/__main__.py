@@ -89,6 +89,7 @@ def _open_sockets() -> int:
 
 def pottery_redlock(urls: list[str]) -> PairRunner:
     from pottery import Redlock
+    from pottery.exceptions import ReleaseUnlockedLock
 
     masters = frozenset(_client(url) for url in urls)
 
@@ -96,7 +97,12 @@ def pottery_redlock(urls: list[str]) -> PairRunner:
         lock = Redlock(key=name, masters=masters, auto_release_time=TTL)
         if not lock.acquire(blocking=False):
             return False
-        lock.release()
+        try:
+            lock.release()
+        except ReleaseUnlockedLock:
+            # Its release timed out on too many nodes (50 ms, on a loaded machine): a failed
+            # pair in the "ok" column, not the end of the run.
+            return False
         return True
 
     return run
