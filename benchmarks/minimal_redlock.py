@@ -41,6 +41,9 @@ from urllib.parse import unquote, urlsplit
 import hiredis
 
 NODE_TIMEOUT = 0.05  # seconds, the same socket timeout every contender gets
+# Seconds a node has to answer while connecting (SCRIPT LOAD, AUTH, SELECT): not measured,
+# and on a loaded machine 50 ms was too short for a W2 worker starting beside three others.
+CONNECT_TIMEOUT = 1.0
 DRIFT_FACTOR = 0.01
 DRIFT_FLOOR_MS = 2
 
@@ -134,7 +137,7 @@ class Rounds:
         self._socks: list[socket.socket] = []
         try:
             for url in urls:  # every node must answer now: there is no reconnection later
-                self._socks.append(_connect(url, node_timeout))
+                self._socks.append(_connect(url, max(node_timeout, CONNECT_TIMEOUT)))
         except BaseException:
             self.close()
             raise
