@@ -9,13 +9,17 @@ and each ratio is printed with every run's own ratio beside it, to show the nois
 The floor every workload is compared to first is the minimal Redlock
 (``benchmarks/minimal_redlock.py``): plain ``SET NX PX`` to every node, one ``poll()`` loop
 that returns at a quorum, release by the compare-and-delete script, nothing else. Ours and it
-run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five nodes.
+run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five nodes, and so
+does the floor at equal work (``benchmarks/floor.py``): the minimal client sending our very
+acquire and release. W1, W2 and W1i split ours / minimal into its two factors: ours / that
+floor (the client's share) and that floor / minimal (the scripts' share). W3 has no such
+contender: our blocking acquire waits in the nodes' line, which the floor's retry loop does not.
 
 - W1: one client, acquire + release of fresh keys; p50/p99 µs per pair (lower is better).
-  Contenders: django_redlock and the minimal Redlock at each N, redis-py ``Lock`` (1 node),
-  pottery ``Redlock`` at N=3 and N=5, and two references that send our own commands to 5
-  nodes (``benchmarks/references.py``): raw sockets with one ``poll()`` loop, and redis-py
-  ``Connection`` objects written to all, then read; the asyncio core at N=5.
+  Contenders: django_redlock, the minimal Redlock and the same-commands floor at each N,
+  redis-py ``Lock`` (1 node), pottery ``Redlock`` at N=3 and N=5, and two references that send
+  our own commands to 5 nodes (``benchmarks/references.py``): raw sockets with one ``poll()``
+  loop, and redis-py ``Connection`` objects written to all, then read; the asyncio core at N=5.
 - W1i: the client's instructions per W1 pair, counted by valgrind (``benchmarks/instructions.py``):
   the measure that does not move with the machine's load, for changes to the hot path.
 - W2: 4 processes, each on its own keys: pairs/s (higher is better), and the servers' CPU per
@@ -23,8 +27,8 @@ run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five
   better), hand-offs/s and their share (consecutive holders in different processes), waits,
   Jain's fairness index over the processes, lost updates (``benchmarks/contention.py``).
   Contenders: django_redlock and the minimal Redlock at each N (the minimal one, having no wait
-  line, retries after a short random sleep), redis-py ``Lock`` and python-redis-lock (1 node),
-  pottery ``Redlock`` N=5.
+  line, retries after a short random sleep), the same-commands floor at each N (W2 only),
+  redis-py ``Lock`` and python-redis-lock (1 node), pottery ``Redlock`` N=5.
 - W4: 5 nodes with 2 paused by SIGSTOP; success rate, p50/p99 acquire latency, and the
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
@@ -85,6 +89,7 @@ def _open_sockets() -> int:
 
 def pottery_redlock(urls: list[str]) -> PairRunner:
     from pottery import Redlock
+    from pottery.exceptions import ReleaseUnlockedLock
 
     masters = frozenset(_client(url) for url in urls)
 
@@ -92,7 +97,12 @@ def pottery_redlock(urls: list[str]) -> PairRunner:
         lock = Redlock(key=name, masters=masters, auto_release_time=TTL)
         if not lock.acquire(blocking=False):
             return False
-        lock.release()
+        try:
+            lock.release()
+        except ReleaseUnlockedLock:
+            # Its release timed out on too many nodes (50 ms, on a loaded machine): a failed
+            # pair in the "ok" column, not the end of the run.
+            return False
         return True
 
     return run
@@ -135,6 +145,21 @@ def minimal(urls: list[str]) -> PairRunner:
     return run
 
 
+def same_commands(urls: list[str]) -> PairRunner:
+    from benchmarks.floor import SameCommandsRedlock
+
+    client = SameCommandsRedlock(urls, NODE_TIMEOUT)
+    ttl_ms = int(TTL * 1000)
+
+    def run(name: str) -> bool:
+        held = client.acquire(f"redlock:{name}", ttl_ms)
+        if held is None:
+            return False
+        return client.release(held)
+
+    return run
+
+
 def _ratio_line(label: str, ours: list[float], floor: list[float], note: str = "") -> str:
     """``label = the ratio of the medians``, then each run's own ratio (to show the noise)."""
     ratio = statistics.median(ours) / statistics.median(floor)
@@ -149,6 +174,7 @@ def w1(cluster5: LocalCluster, nodes: list[int], pairs: int, rounds: int, runs: 
         contenders += [
             (f"django_redlock N={n}", ours(urls[:n])),
             (f"minimal Redlock N={n}", minimal(urls[:n])),
+            (f"same-commands floor N={n}", same_commands(urls[:n])),
         ]
     contenders.append(("redis-py Lock (1 node)", redis_py(urls)))
     if 5 in nodes:
@@ -210,13 +236,18 @@ def w1(cluster5: LocalCluster, nodes: list[int], pairs: int, rounds: int, runs: 
     if len(nodes) > 1:
         low, high = min(nodes), max(nodes)
         print(f"  cost of each node beyond N={low}, (p50 N={high} - p50 N={low}) / {high - low}:")
-        for who, target in (("django_redlock", "  (target <= 3 µs)"), ("minimal Redlock", "")):
+        for who, target in (
+            ("django_redlock", "  (target <= 3 µs)"),
+            ("same-commands floor", ""),
+            ("minimal Redlock", ""),
+        ):
             each = [
                 (a - b) / (high - low)
                 for a, b in zip(p50(f"{who} N={high}"), p50(f"{who} N={low}"), strict=True)
             ]
             runs_text = ", ".join(f"{cost:.1f}" for cost in each)
-            print(f"    {who:16} {statistics.median(each):5.1f} µs  (runs: {runs_text}){target}")
+            print(f"    {who:19} {statistics.median(each):5.1f} µs  (runs: {runs_text}){target}")
+    _decomposition(nodes, p50, "p50 pair time, lower is better")
     print("vs the other references (p50 pair time, same runs):")
     anchor = p50("redis-py Lock (1 node)")
     for n in nodes:
@@ -237,6 +268,20 @@ def w1(cluster5: LocalCluster, nodes: list[int], pairs: int, rounds: int, runs: 
             print(_ratio_line(f"pottery N={n} / django_redlock N={n}",
                               p50(f"pottery Redlock N={n}"), p50(f"django_redlock N={n}"),
                               "  (target >= 12x)" if n == 5 else ""))  # fmt: skip
+
+
+def _decomposition(nodes: list[int], of: Callable[[str], list[float]], measure: str) -> None:
+    """ours / minimal split in two factors measured in the same runs, whose product it is:
+    ours / the same-commands floor (the client's share: what our client costs beyond the
+    minimal client sending our very bytes) and the same-commands floor / minimal (the scripts'
+    share: what our commands cost in the minimal client, the servers' work included). Each in
+    the workload's own measure, ``measure`` saying which and which way is better."""
+    print(f"decomposition ({measure}; ours / minimal = client's share x scripts' share):")
+    for n in nodes:
+        ours, floor = of(f"django_redlock N={n}"), of(f"same-commands floor N={n}")
+        minimal = of(f"minimal Redlock N={n}")
+        print(_ratio_line(f"N={n}: client's share, ours / floor", ours, floor))
+        print(_ratio_line(f"N={n}: scripts' share, floor / minimal", floor, minimal))
 
 
 def _w1_async(urls: list[str], count: int) -> list[float]:
@@ -355,12 +400,16 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _process_contenders(nodes: list[int]) -> list[tuple[str, str, int]]:
+def _process_contenders(nodes: list[int], floor: bool = False) -> list[tuple[str, str, int]]:
     """W2's and W3's contenders: the references of ``CONTENDERS``, then ours and the minimal
-    Redlock at each node count (``(kind, label, N)``)."""
+    Redlock at each node count (``(kind, label, N)``); with ``floor``, the same-commands floor
+    too (W2 only: W3's blocking acquire waits in our line, which the floor has not)."""
     contenders = list(CONTENDERS)
+    kinds = [("django_redlock", "django_redlock"), ("minimal", "minimal Redlock")]
+    if floor:
+        kinds.append(("floor", "same-commands floor"))
     for n in nodes:
-        for kind, name in (("django_redlock", "django_redlock"), ("minimal", "minimal Redlock")):
+        for kind, name in kinds:
             if not any(label == f"{name} N={n}" for _, label, _ in contenders):
                 contenders.append((kind, f"{name} N={n}", n))
     return contenders
@@ -379,7 +428,7 @@ def w2(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> N
 
     print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each, medians of {runs} runs")
     print(f"{'contender':28} {'pairs/s':>9} {'server CPU µs/pair':>19}")
-    contenders = _process_contenders(nodes)
+    contenders = _process_contenders(nodes, floor=True)
     rates: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
     server: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
     for order in _rotations(contenders, runs):
@@ -401,6 +450,7 @@ def w2(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> N
         target = "  (target >= 0.90x)" if n in (1, 5) else ""
         print(_ratio_line(f"N={n}: ours / minimal", rates[f"django_redlock N={n}"],
                           rates[f"minimal Redlock N={n}"], target))  # fmt: skip
+    _decomposition(nodes, rates.__getitem__, "pairs/s, higher is better")
     print("vs the other references (pairs/s, same runs):")
     anchor = rates["redis-py Lock (1 node)"]
     ours5 = rates["django_redlock N=5"]

@@ -1,7 +1,8 @@
 """W2 and W3: several processes, side by side, one library at a time.
 
 Contenders (``kind``): ``django_redlock``, ``redis-py``, ``python-redis-lock``, ``pottery`` and
-``minimal`` (``benchmarks/minimal_redlock.py``, the floor of the algorithm). The minimal client
+``minimal`` (``benchmarks/minimal_redlock.py``, the floor of the algorithm), and ``floor``
+(``benchmarks/floor.py``: the minimal client sending our commands, W2 only). The minimal client
 has no wait line, so its blocking lock tries again after a random sleep of 0 to
 ``MINIMAL_RETRY_DELAY`` seconds, as a typical naive Redlock client does.
 
@@ -23,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import redis
 from redis.backoff import NoBackoff
@@ -77,12 +78,26 @@ def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextMa
     if kind == "minimal":
         minimal = MinimalRedlock(urls, NODE_TIMEOUT)
         return lambda name: _minimal_lock(minimal, name)
+    if kind == "floor":
+        from benchmarks.floor import SameCommandsRedlock
+
+        floor = SameCommandsRedlock(urls, NODE_TIMEOUT)
+        return lambda name: _minimal_lock(floor, name)
     raise ValueError(kind)
 
 
+class _TryOnce(Protocol):
+    """The minimal client and the same-commands floor (``benchmarks/floor.py``): one try."""
+
+    def acquire(self, key: str, ttl_ms: int, /) -> Any: ...
+
+    def release(self, held: Any, /) -> bool: ...
+
+
 @contextmanager
-def _minimal_lock(client: MinimalRedlock, name: str, timeout: float = 60.0) -> Iterator[None]:
-    """A blocking lock over the minimal client: try, sleep a random while, try again."""
+def _minimal_lock(client: _TryOnce, name: str, timeout: float = 60.0) -> Iterator[None]:
+    """A blocking lock over the minimal client (or the same-commands floor): try, sleep a
+    random while, try again."""
     deadline = time.monotonic() + timeout
     # The same "redlock:" prefix as ours, so both send keys of the same length.
     while (held := client.acquire(f"redlock:{name}", int(TTL * 1000))) is None:

@@ -5,7 +5,9 @@ by valgrind's cache simulator instead of timed (issue 28, item 4).
 contacted: the rounds are not what is measured), owned in MODE ``plain`` (registered for
 re-entry, as ``benchmarks.gc_pause`` holds them), ``auto`` (auto-extended too: guard and
 extender; ttl 300 s, so none is renewed meanwhile) or ``bare`` (not registered), then runs K
-full collections. Under callgrind, counting only inside the collector::
+full collections. MODE ``floor`` holds N of :class:`FloorLease` instead (the cheapest lease
+Python can hold, no lease of ours), ``floor2`` 2N of them (two tracked objects per lease, as
+ours has). Under callgrind, counting only inside the collector::
 
     valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 --LL=4194304,16,64 \\
         --collect-atstart=no --toggle-collect=gc_collect_main \\
@@ -33,6 +35,27 @@ from django_redlock.core.shapes import Shape
 TTL = 300.0
 
 
+class FloorLease:
+    """The cheapest lease Python can hold: one tracked object (``__slots__``: no ``__dict__``,
+    no weakref slot), its name, key, token and times in one tuple of strings and floats, which
+    the collector untracks (it holds nothing that can form a cycle)."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: tuple[str | float, ...]) -> None:
+        self.state = state
+
+
+def floor_leases(count: int) -> list[FloorLease]:
+    """``count`` :class:`FloorLease` objects, each with its own strings; their tuples are
+    untracked by the second full collection after this."""
+    now = time.time()
+    return [
+        FloorLease((f"w8-{i}", f"redlock:w8-{i}", f"{i:040x}", TTL, now + TTL, now))
+        for i in range(count)
+    ]
+
+
 def main() -> None:
     count, mode, collections = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     # Never contacted: leases are made as a grant makes them, with no round.
@@ -43,7 +66,10 @@ def main() -> None:
     scope = owner_scope()
     record = engine.owners.record(None)
     held = held_on([True, True, True])
-    leases = []
+    leases: list[object] = []
+    if mode in ("floor", "floor2"):
+        leases.extend(floor_leases(count * (2 if mode == "floor2" else 1)))
+        count = 0  # no lease of ours
     for i in range(count):
         name = f"w8-{i}"
         now = engine.clock()
@@ -68,7 +94,7 @@ def main() -> None:
     for _ in range(collections):
         gc.collect()
     spent = time.thread_time() - start
-    print(f"{count} {mode} leases: {collections} full collections, {spent:.3f} s CPU")
+    print(f"{len(leases)} {mode} leases: {collections} full collections, {spent:.3f} s CPU")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,11 @@ on the wall clock and in this thread's CPU time (the minimum and CPU time move l
 shared machine). The growth (held minus none held, CPU medians) is what the leases add. It also
 reports the longest automatic full collection while the leases were taken, and then the same
 figures for as many of redis-py's ``Lock`` held on one node (the reference: what a process
-holding that many locks pays with the lock users would pick instead), with the ratio.
+holding that many locks pays with the lock users would pick instead), with the ratio; and the
+pure-Python floor: N of the cheapest lease Python can hold (``gc_model.FloorLease``: one
+``__slots__`` object, its strings and floats in a tuple the collector untracks, no registry),
+then 2N of them (two tracked objects per lease, as ours has: the lease and the re-entry
+registry's weakref), timed the same way, with ours over each.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import Any
 
 import redis
 
+from benchmarks.gc_model import floor_leases
 from django_redlock import Lease, LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
 from django_redlock.localnodes import LocalCluster
@@ -83,6 +88,27 @@ def _reference(url: str, count: int) -> tuple[float, float, float]:
         (held_objects - objects) / count,
         (held_references - references) / count,
         holding - idle,
+    )
+
+
+def _floor(count: int) -> tuple[float, float, float, float]:
+    """``count`` ``FloorLease`` objects held (in one list, as the leases are): objects
+    tracked and references visited per object, and the CPU ms a full collection gains while
+    they are held (of the medians, and of the fastest)."""
+    gc.collect()
+    objects, references = _census()
+    idle = _Collections()
+    held = floor_leases(count)
+    gc.collect()
+    gc.collect()  # the tuples are untracked by the collection after the one that sees them
+    held_objects, held_references = _census()
+    holding = _Collections()
+    del held
+    return (
+        (held_objects - objects) / count,
+        (held_references - references) / count,
+        holding.cpu - idle.cpu,
+        holding.fastest_cpu - idle.fastest_cpu,
     )
 
 
@@ -178,6 +204,21 @@ def main() -> None:
             f"{references_each:.2f} references visited per lock; a full collection gains "
             f"{theirs:.2f} ms CPU (ours: {ours:.2f} ms, {ours / theirs:.2f}x)"
         )
+        # The fastest collections move least with the machine's load: their growth too.
+        ours_fastest = holding.fastest_cpu - idle.fastest_cpu
+        for per_lease, what in ((1, "one per lease"), (2, "two per lease, as ours has")):
+            objects_each, references_each, floor, fastest = _floor(per_lease * count)
+            print(
+                f"floor, {per_lease * count} FloorLease held ({what}): {objects_each:.2f} "
+                f"objects tracked, {references_each:.2f} references visited per object; a full "
+                f"collection gains {floor:.2f} ms CPU, fastest {fastest:.2f} (ours: "
+                f"{ours:.2f} ms, {_times(ours, floor)}; fastest {ours_fastest:.2f} ms, "
+                f"{_times(ours_fastest, fastest)})"
+            )
+
+
+def _times(ours: float, floor: float) -> str:
+    return f"{ours / floor:.2f}x" if floor > 0 else "no growth measured"
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ What it does not have, on purpose: retries (a blocking caller sleeps and tries a
 see ``benchmarks/contention.py``), an owner record, the quarantine of a restarted node, a fair
 wait line, re-entry, extension, reconnection, clean-up tracking of what a round left behind.
 It sends plain ``SET NX PX``, not our scripts: it is the floor of the algorithm, not of our
-transport (``benchmarks/references.py`` has that one). Replies are parsed by ``hiredis`` as
-ours are, so the parser is not what differs.
+transport (``benchmarks/references.py`` has that one). Its round (:class:`Rounds`) is shared
+with ``benchmarks/floor.py``, the same client sending our scripts: the floor at equal work.
+Replies are parsed by ``hiredis`` as ours are, so the parser is not what differs.
 
 Units: ``ttl_ms`` in milliseconds (an integer, as ``PX`` takes), ``validity`` and
 ``node_timeout`` in seconds.
@@ -32,12 +33,17 @@ import secrets
 import select
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import hiredis
 
 NODE_TIMEOUT = 0.05  # seconds, the same socket timeout every contender gets
+# Seconds a node has to answer while connecting (SCRIPT LOAD, AUTH, SELECT): not measured,
+# and on a loaded machine 50 ms was too short for a W2 worker starting beside three others.
+CONNECT_TIMEOUT = 1.0
 DRIFT_FACTOR = 0.01
 DRIFT_FLOOR_MS = 2
 
@@ -119,8 +125,11 @@ def _setup(sock: socket.socket, command: bytes) -> object:
     return reply
 
 
-class MinimalRedlock:
-    """Redlock over one connection per node (see the module docstring). Not thread-safe."""
+class Rounds:
+    """One connection per node and the round every operation is: send one command to each,
+    count the answers equal to a ``yes`` value (see the module docstring). What a client
+    sends is its own: :class:`MinimalRedlock` sends ``SET NX PX``, and the floor at equal
+    work (``benchmarks/floor.py``) our scripts, over this same code path. Not thread-safe."""
 
     def __init__(self, urls: list[str], node_timeout: float = NODE_TIMEOUT) -> None:
         self.node_timeout = node_timeout
@@ -128,7 +137,7 @@ class MinimalRedlock:
         self._socks: list[socket.socket] = []
         try:
             for url in urls:  # every node must answer now: there is no reconnection later
-                self._socks.append(_connect(url, node_timeout))
+                self._socks.append(_connect(url, max(node_timeout, CONNECT_TIMEOUT)))
         except BaseException:
             self.close()
             raise
@@ -146,33 +155,24 @@ class MinimalRedlock:
         for sock in self._socks:
             sock.close()
 
-    def acquire(self, name: str, ttl_ms: int) -> Held | None:
-        """One try at ``name``: a :class:`Held` with the validity left, or ``None``."""
-        key = name.encode()
-        token = secrets.token_hex(20).encode()
-        start = time.monotonic()
-        command = _SET_HEAD + _bulk(key) + _bulk(token) + _NX_PX + _bulk(b"%d" % ttl_ms)
-        granted = self._round(command, b"OK", stop_at_refusals=True)
-        drift = ttl_ms * DRIFT_FACTOR + DRIFT_FLOOR_MS
-        validity = (ttl_ms - drift) / 1000 - (time.monotonic() - start)
-        if granted >= self.quorum and validity > 0:
-            return Held(key, token, validity)
-        # A node may have granted (or may yet grant, if its answer was late): free them all.
-        self.release(Held(key, token, 0.0))
-        return None
-
-    def release(self, held: Held) -> bool:
-        """Delete ``held`` on every node where it still has its token; True when a quorum did."""
-        command = _EVALSHA_HEAD + _bulk(held.key) + _bulk(held.token)
-        return self._round(command, 1, stop_at_refusals=False, held=held) >= self.quorum
+    def _noscript(self, held: Any, index: int) -> bytes:
+        """The command that replaces a release the node ``index`` answered ``NOSCRIPT`` (the
+        script's body); only called for a release's round, with its ``held``."""
+        raise NotImplementedError
 
     def _round(
-        self, command: bytes, yes: object, *, stop_at_refusals: bool, held: Held | None = None
+        self,
+        commands: Sequence[bytes],
+        yes: object,
+        *,
+        stop_at_refusals: bool,
+        held: Any = None,
     ) -> int:
-        """Send ``command`` to every node and count the answers equal to ``yes``.
+        """Send ``commands[i]`` to node ``i`` and count the answers equal to ``yes``.
 
         Returns at a quorum of ``yes``; else when every node answered, when (if
         ``stop_at_refusals``) no quorum can be reached any more, or after the node timeout.
+        With ``held`` (a release), a node answering ``NOSCRIPT`` is sent :meth:`_noscript`.
         """
         socks, readers, owed, alive = self._socks, self._readers, self._owed, self._alive
         count = len(socks)
@@ -180,7 +180,7 @@ class MinimalRedlock:
         for index, sock in enumerate(socks):
             if alive[index]:
                 try:
-                    sock.sendall(command)
+                    sock.sendall(commands[index])
                 except OSError:
                     alive[index] = False
                     answered[index] = True
@@ -218,7 +218,7 @@ class MinimalRedlock:
                         and str(reply).startswith("NOSCRIPT")
                     ):
                         # The node lost its scripts (a restart, SCRIPT FLUSH): send the body.
-                        socks[index].sendall(_EVAL_HEAD + _bulk(held.key) + _bulk(held.token))
+                        socks[index].sendall(self._noscript(held, index))
                     else:
                         answered[index] = True
                         if reply == yes:
@@ -229,3 +229,31 @@ class MinimalRedlock:
             if not done:
                 owed[index] += 1
         return granted
+
+
+class MinimalRedlock(Rounds):
+    """Redlock over one connection per node (see the module docstring). Not thread-safe."""
+
+    def acquire(self, name: str, ttl_ms: int) -> Held | None:
+        """One try at ``name``: a :class:`Held` with the validity left, or ``None``."""
+        key = name.encode()
+        token = secrets.token_hex(20).encode()
+        start = time.monotonic()
+        command = _SET_HEAD + _bulk(key) + _bulk(token) + _NX_PX + _bulk(b"%d" % ttl_ms)
+        granted = self._round((command,) * len(self._socks), b"OK", stop_at_refusals=True)
+        drift = ttl_ms * DRIFT_FACTOR + DRIFT_FLOOR_MS
+        validity = (ttl_ms - drift) / 1000 - (time.monotonic() - start)
+        if granted >= self.quorum and validity > 0:
+            return Held(key, token, validity)
+        # A node may have granted (or may yet grant, if its answer was late): free them all.
+        self.release(Held(key, token, 0.0))
+        return None
+
+    def release(self, held: Held) -> bool:
+        """Delete ``held`` on every node where it still has its token; True when a quorum did."""
+        command = _EVALSHA_HEAD + _bulk(held.key) + _bulk(held.token)
+        commands = (command,) * len(self._socks)
+        return self._round(commands, 1, stop_at_refusals=False, held=held) >= self.quorum
+
+    def _noscript(self, held: Held, index: int) -> bytes:
+        return _EVAL_HEAD + _bulk(held.key) + _bulk(held.token)

@@ -1,8 +1,10 @@
 """Reference transports for W1: what the same acquire + release costs without this project's
 transport, so the choice of a hand-written one stays measured.
 
-Both send the very commands our manager sends (the same scripts, keys, arguments and
-connection identity, see ``scripts/acquire.lua``), to every node at once:
+Both send the very commands our manager sends for ``acquire(name, blocking=False)`` then
+``release()`` with the default options (the same scripts, keys, arguments, owner record and
+connection identity, see ``scripts/acquire.lua``; ``tests/test_floor.py`` compares them on
+each node's ``MONITOR``), to every node at once:
 
 - ``raw_sockets``: plain sockets, write the acquire to all, then one ``poll()`` loop until a
   quorum granted; the same for the release. No retries, no timeouts beyond the poll's, no
@@ -13,19 +15,20 @@ connection identity, see ``scripts/acquire.lua``), to every node at once:
 
 from __future__ import annotations
 
-import json
-import os
 import secrets
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import hiredis
 
+from django_redlock.core.owner import base36, owner_id, owner_prefix
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress, parse_node
+from django_redlock.wire.process import current_pid
 from django_redlock.wire.scripts import (
     ACQUIRE,
     GRANTED,
@@ -37,17 +40,22 @@ from django_redlock.wire.setup import persistence_hint
 
 PairRunner = Callable[[str], bool]
 TTL_MS = 10_000
+# What a LockManager sends with its default options: the quarantine of a restarted node
+# (60 s, ms) and the lifetime of a place in line (max(1 s, 4 x retry_delay), ms).
 QUARANTINE_MS = 60_000
+LINE_LIFETIME_MS = 1_000
 
 
-def _owner() -> str:
-    return (
-        json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "thread": "bench"})[:-1]
-        + f', "acquired_at": {time.time():.6f}}}'
-    )
+def owner_parts() -> tuple[str, str]:
+    """The owner record's id and ``" " +`` its JSON up to ``acquired_at``, as a manager's
+    ``OwnerRecords`` caches them for this thread (no task, no origin): an acquire's owner
+    argument is ``id + base36(now in ms) + rest`` (see ``core/owner.py``)."""
+    thread = threading.current_thread().name
+    prefix = owner_prefix(socket.gethostname(), current_pid(), thread, None, None)
+    return owner_id(prefix), f" {prefix}"
 
 
-def _identity(address: NodeAddress) -> tuple[str, str]:
+def identity(address: NodeAddress) -> tuple[str, str]:
     """The run_id and persistence arguments our connections learn in their hello."""
     with client_for(address, 1.0) as client:
         for script in (ACQUIRE, RELEASE):
@@ -63,13 +71,19 @@ def _bulk(text: str) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(data), data)
 
 
+def identity_suffix(address: NodeAddress) -> bytes:
+    """:func:`identity` as the two RESP bulk strings our transport appends to an acquire (and
+    to the holder's release) on that node's connections."""
+    run_id, persistence = identity(address)
+    return _bulk(run_id) + _bulk(persistence)
+
+
 def raw_sockets(urls: list[str]) -> PairRunner:
     addresses = [parse_node(url) for url in urls]
     quorum = len(addresses) // 2 + 1
     socks, identities = [], []
     for address in addresses:
-        run_id, persistence = _identity(address)
-        identities.append(_bulk(run_id) + _bulk(persistence))
+        identities.append(identity_suffix(address))
         if address.path is not None:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(address.path)
@@ -109,13 +123,20 @@ def raw_sockets(urls: list[str]) -> PairRunner:
                 owed[index] += 1
         return granted >= quorum
 
+    owner_tag, owner_rest = owner_parts()
+
     def run(name: str) -> bool:
         key = f"redlock:{name}"
         token = secrets.token_hex(20)
-        acquire = acquire_command(key, token, TTL_MS, _owner(), QUARANTINE_MS)[0]
+        owner = f"{owner_tag}{base36(int(time.time() * 1000))}{owner_rest}"
+        acquire = acquire_command(
+            key, token, TTL_MS, owner, QUARANTINE_MS, "", time.time_ns() // 1000,
+            LINE_LIFETIME_MS,
+        )[0]  # fmt: skip
         if not round_trip([acquire + identity for identity in identities], GRANTED):
             return False
-        return round_trip([release_command(key, token)[0]] * len(socks), 1)
+        release = release_command(key, token, "", identified=True)[0]
+        return round_trip([release + identity for identity in identities], 1)
 
     return run
 
@@ -123,27 +144,31 @@ def raw_sockets(urls: list[str]) -> PairRunner:
 def redis_py_connections(urls: list[str]) -> PairRunner:
     addresses = [parse_node(url) for url in urls]
     quorum = len(addresses) // 2 + 1
-    identities = [_identity(address) for address in addresses]
+    identities = [identity(address) for address in addresses]
     # One connection each, taken from a pool as redis-py's own clients do, and kept.
     connections: list[Any] = [
         client_for(address, 1.0).connection_pool.get_connection() for address in addresses
     ]
 
+    owner_tag, owner_rest = owner_parts()
+
     def run(name: str) -> bool:
         key = f"redlock:{name}"
         token = secrets.token_hex(20)
         keys = (key,)  # acquire.lua names the marker, line, lapse and readers keys itself
-        owner = _owner()
+        owner = f"{owner_tag}{base36(int(time.time() * 1000))}{owner_rest}"
+        ticket = time.time_ns() // 1000  # the place in line a single try names (µs)
         for connection, (run_id, persistence) in zip(connections, identities, strict=True):
             connection.send_command(
                 "EVALSHA", ACQUIRE.sha, len(keys), *keys, token, TTL_MS, owner, QUARANTINE_MS,
-                "", 0, 0, 0, run_id, persistence,
+                "", ticket, LINE_LIFETIME_MS, 0, run_id, persistence,
             )  # fmt: skip
         granted = sum(connection.read_response() == GRANTED for connection in connections)
         if granted < quorum:
             return False
-        for connection in connections:
-            connection.send_command("EVALSHA", RELEASE.sha, 1, key, token, "")
+        for connection, (run_id, persistence) in zip(connections, identities, strict=True):
+            # The holder's release, completed by the connection's identity as ours is.
+            connection.send_command("EVALSHA", RELEASE.sha, 1, key, token, "", run_id, persistence)
         released: int = sum(connection.read_response() == 1 for connection in connections)
         return released >= quorum
 

@@ -1,0 +1,137 @@
+"""The floor at equal work (``benchmarks/floor.py``) is a floor of ours only while it sends
+what ours sends: each node's ``MONITOR`` sees the same acquire and release from a
+``LockManager`` and from it (up to the token, the owner record's time and the place in line);
+so do W1's references that claim to send our commands (``benchmarks/references.py``).
+It must also be a correct Redlock, as the minimal one is. Its speed is measured by
+``python -m benchmarks``, never here."""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Callable
+from contextlib import ExitStack, closing
+
+import pytest
+
+from benchmarks.floor import SameCommandsRedlock
+from benchmarks.references import raw_sockets, redis_py_connections
+from django_redlock import LockManager, LockNotAcquired
+from tests.helpers import node_client
+
+TTL_MS = 10_000
+
+# What differs from one acquire to the next: the token (after the key), the owner record's
+# time (the 8 base-36 digits after the 7 of its id) and the place in line (a time in µs).
+_TOKEN = re.compile(r"^(EVALSHA [0-9a-f]{40} 1 \S+) [0-9a-f]{40} ")
+_OWNER_TIME = re.compile(r" ([A-Za-z0-9_-]{7})[0-9a-z]{8} \{")
+_TICKET = re.compile(r" \d{16} ")
+
+
+def _normalized(command: str) -> str:
+    command = _TOKEN.sub(r"\1 <token> ", command)
+    command = _OWNER_TIME.sub(r" \1<ms> {", command)
+    return _TICKET.sub(" <us> ", command)
+
+
+def _floor(urls: list[str], stack: ExitStack) -> Callable[[str], bool]:
+    floor = stack.enter_context(closing(SameCommandsRedlock(urls, 1.0)))
+
+    def run(name: str) -> bool:
+        held = floor.acquire(f"redlock:{name}", TTL_MS)
+        return held is not None and floor.release(held)
+
+    return run
+
+
+def _raw_sockets(urls: list[str], stack: ExitStack) -> Callable[[str], bool]:
+    # Its sockets are closed only with the runner (W1 keeps it for the process's life).
+    return raw_sockets(urls)
+
+
+def _redis_py_connections(urls: list[str], stack: ExitStack) -> Callable[[str], bool]:
+    return redis_py_connections(urls)
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        _floor,
+        pytest.param(
+            _raw_sockets, marks=pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+        ),
+        _redis_py_connections,
+    ],
+)
+def test_it_sends_what_a_lock_manager_sends(cluster3, reference):
+    # The references of W1 (benchmarks/references.py) claim the same: checked alike.
+    manager = LockManager(cluster3.urls, ttl=TTL_MS / 1000, node_timeout=1.0)
+    manager.acquire("warm", blocking=False).release()  # connected: no hello in what follows
+    with ExitStack() as stack:
+        run = reference(cluster3.urls, stack)  # connected too
+        monitors = [
+            stack.enter_context(stack.enter_context(closing(node_client(node))).monitor())
+            for node in cluster3
+        ]
+        manager.acquire("same", blocking=False).release()
+        assert run("same")
+        for monitor in monitors:
+            # The node runs each connection's commands in order; a release that returned at
+            # a quorum still reaches every node (within the 2 s the monitor waits).
+            scripts: list[str] = []
+            while len(scripts) < 4:
+                command = monitor.next_command()["command"]
+                if command.startswith(("EVALSHA", "EVAL ")):
+                    scripts.append(_normalized(command))
+            ours_acquire, ours_release, its_acquire, its_release = scripts
+            # Each varying part was found, so nothing else was left out of the comparison.
+            for part in ("<token>", "<ms>", "<us>"):
+                assert part in ours_acquire
+            assert its_acquire == ours_acquire
+            assert its_release == ours_release
+        del run  # its sockets are closed now, under this test's warning filter
+        gc.collect()
+    manager.close()
+
+
+def test_it_is_a_redlock_a_quorum_holds(cluster5):
+    with closing(SameCommandsRedlock(cluster5.urls)) as floor:
+        cluster5[3].pause()
+        cluster5[4].pause()
+        held = floor.acquire("redlock:two-paused", TTL_MS)
+        assert held is not None
+        assert 0 < held.validity < TTL_MS / 1000
+        # Ours sees the lock held, and the floor's own second try is refused.
+        manager = LockManager(cluster5.urls[:3], ttl=TTL_MS / 1000)
+        try:
+            manager.acquire("two-paused", blocking=False)
+        except LockNotAcquired:
+            pass
+        else:
+            raise AssertionError("a lock the floor holds on a quorum was granted to ours")
+        finally:
+            manager.close()
+        assert floor.acquire("redlock:two-paused", TTL_MS) is None
+        assert floor.release(held)
+        cluster5[2].pause()  # 3 of 5 paused: no quorum
+        assert floor.acquire("redlock:three-paused", TTL_MS) is None
+        for index in (2, 3, 4):
+            cluster5[index].resume()
+        again = floor.acquire("redlock:two-paused", TTL_MS)
+        assert again is not None
+        assert floor.release(again)
+
+
+def test_its_release_falls_back_to_eval_when_a_node_lost_the_script(cluster3):
+    with closing(SameCommandsRedlock(cluster3.urls)) as floor:
+        held = floor.acquire("redlock:flushed", TTL_MS)
+        assert held is not None
+        for node in cluster3:
+            with node_client(node) as client:
+                client.script_flush()
+        assert floor.release(held)
+        freed = 0
+        for node in cluster3:
+            with node_client(node) as client:
+                freed += client.exists("redlock:flushed") == 0
+        assert freed >= floor.quorum
