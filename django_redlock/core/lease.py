@@ -11,6 +11,7 @@ asyncio tasks can never share or overwrite each other's tokens.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -107,6 +108,48 @@ _State = tuple[
 ]
 
 
+def _gc_untracker() -> Callable[[int], None] | None:
+    """CPython's ``PyObject_GC_UnTrack``, called with an object's ``id()``, or None where it
+    cannot be had (another Python, no ctypes).
+
+    Used on one kind of object only: the re-entry registry's plain weak references (see
+    :meth:`Reentry.put`). CPython makes every weak reference an object the collector tracks
+    (``weakref.ref`` is a GC type, tracked as it is made), so each held lease cost a full
+    collection two tracked objects, each walked in every pass over its list. A plain weak
+    reference (no callback: the one CPython shares among all made to an object) holds no
+    strong reference to anything (its referent is borrowed, and its only traversed field is
+    the absent callback), so it can be in no reference cycle, and the collector has nothing
+    to find in it: untracked, it still works as before (cleared in C when its referent
+    goes), as untracked tuples and dicts do. ``PyObject_GC_UnTrack`` is the public C API
+    for this, and does nothing to an object not tracked. It is called through a
+    ``PYFUNCTYPE`` prototype, which keeps the GIL (the collector's lists need it).
+    """
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        import ctypes
+
+        prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+        untrack: Callable[[int], None] = prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
+    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes, no symbol
+        return None
+    return untrack
+
+
+def _keep_tracked(address: int) -> None:
+    """Where ``PyObject_GC_UnTrack`` cannot be had: weak references stay tracked."""
+
+
+_untrack = _gc_untracker() or _keep_tracked
+
+# A scope holding fewer leases than this (in a registry of fewer scopes) keeps its weak
+# references tracked: a few tracked objects more do not show in a collection, and the
+# untracking call (about 0.15 us, through ctypes) would be on every acquire's path. From
+# here on, the weak reference of every lease put is untracked: a held lease is one object
+# the collector tracks, itself.
+_UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
+
+
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
     """One owner scope's entries in a :class:`Reentry`: lock name -> plain weak reference.
 
@@ -136,7 +179,9 @@ class Reentry(Generic[_V]):
     reference with no callback (the one ``weakref.ref(lease)`` that CPython shares with the
     extender's), in which a collection visits nothing, in a dict per scope keyed by the name
     (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
-    class) and the key tuple. A lease dropped without release leaves a dead reference:
+    class) and the key tuple. Once a scope holds many leases, that weak reference is one the
+    collector does not track either (see :func:`_gc_untracker`): a held lease is then one
+    tracked object, itself. A lease dropped without release leaves a dead reference:
     ``get`` returns None for it, and dead entries are removed each time a scope's dict has
     doubled since its last sweep (so the work is constant per entry added) and by ``len``.
 
@@ -172,13 +217,18 @@ class Reentry(Generic[_V]):
             entries = scopes[scope] = _Entries()
             entries.scope = scope
             entries.sweep_at = self._FIRST_SWEEP
-            entries[name] = weakref.ref(value)
+            ref = entries[name] = weakref.ref(value)
             # Only after the put: a sweep drops this thread's empty dicts, this new one too.
             if len(scopes) >= self._sweep_at:
                 self._sweep()
+            if len(scopes) >= _UNTRACK_AT:  # many scopes (tasks): see _gc_untracker
+                _untrack(id(ref))
             return scope
-        entries[name] = weakref.ref(value)
-        if len(entries) >= entries.sweep_at:
+        ref = entries[name] = weakref.ref(value)
+        size = len(entries)
+        if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
+            _untrack(id(ref))
+        if size >= entries.sweep_at:
             _sweep_entries(entries)
         return entries.scope
 
