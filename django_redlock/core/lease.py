@@ -105,6 +105,7 @@ _State = tuple[
     float | None,  # 11 renew_until
     tuple[str, ...] | None,  # 12 names
     tuple[bool, ...] | None,  # 13 held
+    int | None,  # 14 fencing token
 ]
 
 
@@ -386,7 +387,6 @@ class BaseLease:
         "_scope",
         "_special_shape",
         "_state",
-        "fencing_token",
     )
 
     # What ``_state`` holds, by index (see _State; literal indices below: a name would cost
@@ -397,10 +397,12 @@ class BaseLease:
     # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
     # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
     # owner's (names: under the guard); 13 held (which nodes hold it: see __init__) by the
-    # grant and each renewal that reaches a quorum. The tuple is replaced whole, never changed in
-    # place; once the lease is its owner's, only by a renewal, which the guard serialises
-    # with the owner's extend when the lease is auto-extended (only the owner renews it
-    # otherwise), so no update is lost.
+    # grant and each renewal that reaches a quorum; 14 fencing token (None, or the int the
+    # database minted: see fencing_token) once, by its owner, under the guard. The tuple is
+    # replaced whole, never changed in place; once the lease is its owner's, only by a
+    # renewal (or those two setters), which the guard serialises with the owner's extend
+    # when the lease is auto-extended (only the owner renews it otherwise), so no update is
+    # lost.
 
     def __init__(
         self,
@@ -451,8 +453,8 @@ class BaseLease:
             # nodes (see held_on), so _state stays a tuple the collector does not track (a
             # new one is untracked by the same collection as _state).
             held,
+            None,
         )
-        self.fencing_token: int | None = None
         self._depth = 1
         self._end: tuple[str, str, float] | None = None
         # Set for auto-extended leases only: serialises the extender's renewals with the
@@ -557,10 +559,28 @@ class BaseLease:
         # so under the guard, lest this and a renewal each replace _state and one be lost.
         guard = self._guard
         if guard is None:
-            self._state = (*self._state[:12], names, self._state[13])
+            self._state = (*self._state[:12], names, *self._state[13:])
             return
         with guard:
-            self._state = (*self._state[:12], names, self._state[13])
+            self._state = (*self._state[:12], names, *self._state[13:])
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The database-minted fencing token, or ``None`` when not fenced."""
+        return self._state[14]
+
+    @fencing_token.setter
+    def fencing_token(self, token: int | None) -> None:
+        # In _state, not a slot of its own: one reference fewer for every collection to visit
+        # in every lease, and a fenced lease's token (an int of its own, above the cached
+        # small ones) is not one more object to read. Set by its owner once the lease is
+        # its owner's (the extender may renew it meanwhile): under the guard, as names.
+        guard = self._guard
+        if guard is None:
+            self._state = (*self._state[:14], token)
+            return
+        with guard:
+            self._state = (*self._state[:14], token)
 
     @property
     def token(self) -> str:
@@ -869,7 +889,7 @@ class BaseLease:
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
-        self._state = (*s[:7], now + outcome, None, *s[9:13], held)
+        self._state = (*s[:7], now + outcome, None, *s[9:13], held, s[14])
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -933,6 +953,7 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
         s[11],
         s[12],
         held,
+        s[14],
     )
 
 
