@@ -143,11 +143,13 @@ def _keep_tracked(address: int) -> None:
 
 _untrack = _gc_untracker() or _keep_tracked
 
-# A scope holding fewer leases than this (in a registry of fewer scopes) keeps its weak
-# references tracked: a few tracked objects more do not show in a collection, and the
-# untracking call (about 0.15 us, through ctypes) would be on every acquire's path. From
-# here on, the weak reference of every lease put is untracked: a held lease is one object
-# the collector tracks, itself.
+# A scope holding fewer leases than this keeps its weak references tracked: a few tracked
+# objects more do not show in a collection, and the untracking call (about 0.15 us, through
+# ctypes) would be on every acquire's path (a thread's first hold makes its scope's dict:
+# no check there either). From here on, the weak reference of every lease its scope puts
+# is untracked: a held lease is one object the collector tracks, itself. (Many scopes
+# holding a lease or two each, asyncio tasks, keep theirs tracked: each such scope is a
+# tracked tuple holding a task already.)
 _UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 
 
@@ -218,17 +220,15 @@ class Reentry(Generic[_V]):
             entries = scopes[scope] = _Entries()
             entries.scope = scope
             entries.sweep_at = self._FIRST_SWEEP
-            ref = entries[name] = weakref.ref(value)
+            entries[name] = weakref.ref(value)
             # Only after the put: a sweep drops this thread's empty dicts, this new one too.
             if len(scopes) >= self._sweep_at:
                 self._sweep()
-            if len(scopes) >= _UNTRACK_AT:  # many scopes (tasks): see _gc_untracker
-                _untrack(id(ref))
             return scope
-        ref = entries[name] = weakref.ref(value)
+        entries[name] = weakref.ref(value)
         size = len(entries)
         if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
-            _untrack(id(ref))
+            _untrack(id(entries[name]))
         if size >= entries.sweep_at:
             _sweep_entries(entries)
         return entries.scope
