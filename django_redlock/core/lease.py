@@ -225,10 +225,10 @@ class Reentry(Generic[_V]):
             if len(scopes) >= self._sweep_at:
                 self._sweep()
             return scope
-        entries[name] = weakref.ref(value)
+        ref = entries[name] = weakref.ref(value)
         size = len(entries)
         if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
-            _untrack(id(entries[name]))
+            _untrack(id(ref))
         if size >= entries.sweep_at:
             _sweep_entries(entries)
         return entries.scope
