@@ -113,8 +113,10 @@ def _gc_untracker() -> Callable[[int], None] | None:
     """CPython's ``PyObject_GC_UnTrack``, called with an object's ``id()``, or None where it
     cannot be had (another Python, no ctypes).
 
-    Used on one kind of object only: the re-entry registry's plain weak references (see
-    :meth:`Reentry.put`). CPython makes every weak reference an object the collector tracks
+    Used on two kinds of object only, each holding no reference that could close a cycle:
+    the re-entry registry's plain weak references (see :meth:`Reentry.put`) and the guards
+    of auto-extended leases (a ``threading.Lock`` refers to its class alone: see
+    :func:`take_over`). CPython makes every weak reference an object the collector tracks
     (``weakref.ref`` is a GC type, tracked as it is made), so each held lease cost a full
     collection two tracked objects, each walked in every pass over its list. A plain weak
     reference (no callback: the one CPython shares among all made to an object) holds no
@@ -968,7 +970,11 @@ def take_over(
     background when ``auto_extend`` (until ``hold`` seconds from now, when given), and
     registered in ``registry`` for re-entry when its shape is re-entrant."""
     if auto_extend:
-        lease._guard = threading.Lock()
+        guard = lease._guard = threading.Lock()
+        # A lock holds no reference but to its class, so it can be in no cycle: untracked,
+        # an auto-extended lease is one tracked object too (see _gc_untracker). The call is
+        # a small part of this path (the extender's lock and heap come next).
+        _untrack(id(guard))
         if hold is not None:
             s = lease._state
             lease._state = (*s[:11], time.monotonic() + hold, *s[12:])
