@@ -11,6 +11,7 @@ asyncio tasks can never share or overwrite each other's tokens.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -104,7 +105,54 @@ _State = tuple[
     float | None,  # 11 renew_until
     tuple[str, ...] | None,  # 12 names
     tuple[bool, ...] | None,  # 13 held
+    int | None,  # 14 fencing token
 ]
+
+
+def _gc_untracker() -> Callable[[int], None] | None:
+    """CPython's ``PyObject_GC_UnTrack``, called with an object's ``id()``, or None where it
+    cannot be had (another Python, no ctypes).
+
+    Used on two kinds of object only, each holding no reference that could close a cycle:
+    the re-entry registry's plain weak references (see :meth:`Reentry.put`) and the guards
+    of auto-extended leases (a ``threading.Lock`` refers to its class alone: see
+    :func:`take_over`). CPython makes every weak reference an object the collector tracks
+    (``weakref.ref`` is a GC type, tracked as it is made), so each held lease cost a full
+    collection two tracked objects, each walked in every pass over its list. A plain weak
+    reference (no callback: the one CPython shares among all made to an object) holds no
+    strong reference to anything (its referent is borrowed, and its only traversed field is
+    the absent callback), so it can be in no reference cycle, and the collector has nothing
+    to find in it: untracked, it still works as before (cleared in C when its referent
+    goes), as untracked tuples and dicts do. ``PyObject_GC_UnTrack`` is the public C API
+    for this, and does nothing to an object not tracked. It is called through a
+    ``PYFUNCTYPE`` prototype, which keeps the GIL (the collector's lists need it).
+    """
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        import ctypes
+
+        prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+        untrack: Callable[[int], None] = prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
+    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes, no symbol
+        return None
+    return untrack
+
+
+def _keep_tracked(address: int) -> None:
+    """Where ``PyObject_GC_UnTrack`` cannot be had: weak references stay tracked."""
+
+
+_untrack = _gc_untracker() or _keep_tracked
+
+# A scope holding fewer leases than this keeps its weak references tracked: a few tracked
+# objects more do not show in a collection, and the untracking call (about 0.15 us, through
+# ctypes) would be on every acquire's path (a thread's first hold makes its scope's dict:
+# no check there either). From here on, the weak reference of every lease its scope puts
+# is untracked: a held lease is one object the collector tracks, itself. (Many scopes
+# holding a lease or two each, asyncio tasks, keep theirs tracked: each such scope is a
+# tracked tuple holding a task already.)
+_UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 
 
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
@@ -136,7 +184,9 @@ class Reentry(Generic[_V]):
     reference with no callback (the one ``weakref.ref(lease)`` that CPython shares with the
     extender's), in which a collection visits nothing, in a dict per scope keyed by the name
     (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
-    class) and the key tuple. A lease dropped without release leaves a dead reference:
+    class) and the key tuple. Once a scope holds many leases, that weak reference is one the
+    collector does not track either (see :func:`_gc_untracker`): a held lease is then one
+    tracked object, itself. A lease dropped without release leaves a dead reference:
     ``get`` returns None for it, and dead entries are removed each time a scope's dict has
     doubled since its last sweep (so the work is constant per entry added) and by ``len``.
 
@@ -177,8 +227,11 @@ class Reentry(Generic[_V]):
             if len(scopes) >= self._sweep_at:
                 self._sweep()
             return scope
-        entries[name] = weakref.ref(value)
-        if len(entries) >= entries.sweep_at:
+        ref = entries[name] = weakref.ref(value)
+        size = len(entries)
+        if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
+            _untrack(id(ref))
+        if size >= entries.sweep_at:
             _sweep_entries(entries)
         return entries.scope
 
@@ -336,7 +389,6 @@ class BaseLease:
         "_scope",
         "_special_shape",
         "_state",
-        "fencing_token",
     )
 
     # What ``_state`` holds, by index (see _State; literal indices below: a name would cost
@@ -347,10 +399,12 @@ class BaseLease:
     # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
     # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
     # owner's (names: under the guard); 13 held (which nodes hold it: see __init__) by the
-    # grant and each renewal that reaches a quorum. The tuple is replaced whole, never changed in
-    # place; once the lease is its owner's, only by a renewal, which the guard serialises
-    # with the owner's extend when the lease is auto-extended (only the owner renews it
-    # otherwise), so no update is lost.
+    # grant and each renewal that reaches a quorum; 14 fencing token (None, or the int the
+    # database minted: see fencing_token) once, by its owner, under the guard. The tuple is
+    # replaced whole, never changed in place; once the lease is its owner's, only by a
+    # renewal (or those two setters), which the guard serialises with the owner's extend
+    # when the lease is auto-extended (only the owner renews it otherwise), so no update is
+    # lost.
 
     def __init__(
         self,
@@ -401,8 +455,8 @@ class BaseLease:
             # nodes (see held_on), so _state stays a tuple the collector does not track (a
             # new one is untracked by the same collection as _state).
             held,
+            None,
         )
-        self.fencing_token: int | None = None
         self._depth = 1
         self._end: tuple[str, str, float] | None = None
         # Set for auto-extended leases only: serialises the extender's renewals with the
@@ -507,10 +561,28 @@ class BaseLease:
         # so under the guard, lest this and a renewal each replace _state and one be lost.
         guard = self._guard
         if guard is None:
-            self._state = (*self._state[:12], names, self._state[13])
+            self._state = (*self._state[:12], names, *self._state[13:])
             return
         with guard:
-            self._state = (*self._state[:12], names, self._state[13])
+            self._state = (*self._state[:12], names, *self._state[13:])
+
+    @property
+    def fencing_token(self) -> int | None:
+        """The database-minted fencing token, or ``None`` when not fenced."""
+        return self._state[14]
+
+    @fencing_token.setter
+    def fencing_token(self, token: int | None) -> None:
+        # In _state, not a slot of its own: one reference fewer for every collection to visit
+        # in every lease, and a fenced lease's token (an int of its own, above the cached
+        # small ones) is not one more object to read. Set by its owner once the lease is
+        # its owner's (the extender may renew it meanwhile): under the guard, as names.
+        guard = self._guard
+        if guard is None:
+            self._state = (*self._state[:14], token)
+            return
+        with guard:
+            self._state = (*self._state[:14], token)
 
     @property
     def token(self) -> str:
@@ -819,7 +891,7 @@ class BaseLease:
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
-        self._state = (*s[:7], now + outcome, None, *s[9:13], held)
+        self._state = (*s[:7], now + outcome, None, *s[9:13], held, s[14])
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -883,6 +955,7 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
         s[11],
         s[12],
         held,
+        s[14],
     )
 
 
@@ -897,7 +970,11 @@ def take_over(
     background when ``auto_extend`` (until ``hold`` seconds from now, when given), and
     registered in ``registry`` for re-entry when its shape is re-entrant."""
     if auto_extend:
-        lease._guard = threading.Lock()
+        guard = lease._guard = threading.Lock()
+        # A lock holds no reference but to its class, so it can be in no cycle: untracked,
+        # an auto-extended lease is one tracked object too (see _gc_untracker). The call is
+        # a small part of this path (the extender's lock and heap come next).
+        _untrack(id(guard))
         if hold is not None:
             s = lease._state
             lease._state = (*s[:11], time.monotonic() + hold, *s[12:])

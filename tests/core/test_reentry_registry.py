@@ -12,6 +12,7 @@ import threading
 import weakref
 
 from django_redlock import LockManager
+from django_redlock.core import lease
 from django_redlock.core.lease import Reentry
 
 
@@ -97,6 +98,42 @@ def test_an_entry_is_one_plain_weak_reference_with_nothing_to_visit():
     old: weakref.WeakValueDictionary[str, Value] = weakref.WeakValueDictionary()
     old["k"] = value
     assert len(gc.get_referents(old.data["k"])) == 3  # type: ignore[attr-defined]
+
+
+def test_a_scope_holding_many_keeps_weak_references_the_collector_does_not_track():
+    """Beyond a few entries per scope, the registry's weak reference to each value is one
+    the collector does not track (a held lease is then one tracked object, itself); it
+    works as a tracked one does."""
+    assert lease._untrack is not lease._keep_tracked  # CPython: PyObject_GC_UnTrack found
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    for i, value in enumerate(values):
+        registry.put(HERE, f"k{i}", value)
+    entries = registry._scopes[HERE]
+    untracked = [name for name, ref in entries.items() if not gc.is_tracked(ref)]
+    assert len(untracked) >= len(values) - lease._UNTRACK_AT
+    assert all(registry.get(HERE, f"k{i}") is value for i, value in enumerate(values))
+    # Dropped: cleared at once, as a tracked one is.
+    del value
+    values.pop()
+    assert registry.get(HERE, f"k{len(values)}") is None
+    assert gc.get_referents(entries[untracked[0]]) == []  # nothing to find in it
+
+
+def test_untracked_weak_references_to_cyclic_garbage_are_cleared_by_the_collector():
+    """A value freed only by the collector (it is in a reference cycle): the collector
+    clears the weak references to it, untracked ones too, as it frees it."""
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    for i, value in enumerate(values):
+        value.cycle = value  # type: ignore[attr-defined]
+        registry.put(HERE, f"c{i}", value)
+    refs = list(registry._scopes[HERE].values())
+    assert not gc.is_tracked(refs[-1])
+    del value, values
+    gc.collect()
+    assert all(ref() is None for ref in refs)
+    assert len(registry) == 0
 
 
 def test_the_scope_tuple_is_the_registrys_one():
