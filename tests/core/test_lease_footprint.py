@@ -169,14 +169,21 @@ def test_holding_auto_extended_leases_costs_one_tracked_object_each(cluster3):
 def test_holding_leases_costs_few_references_to_visit_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()
-    before = visited()
-    leases = [manager.acquire(f"visits-{i}", ttl=10.0) for i in range(COUNT)]
-    after = visited()
+    counts = []
+    # The fewest of three batches, as for the objects below: what other threads allocate
+    # meanwhile only adds (CI under load saw 24,488 for a limit of 22,500 once); a
+    # reference more per lease adds COUNT to every batch.
+    for batch in range(3):
+        before = visited()
+        leases = [manager.acquire(f"visits-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
+        after = visited()
+        counts.append(after - before)
+        for lease in leases:
+            lease.release()
+        del leases
     # The lease's own (LEASE_REFERENCES); the re-entry registry's: the weak reference in
     # its dict (keyed by name, which a collection does not visit); the list here: 1.
-    assert after - before <= (LEASE_REFERENCES + 1 + 1) * COUNT + 500
-    for lease in leases:
-        lease.release()
+    assert min(counts) <= (LEASE_REFERENCES + 1 + 1) * COUNT + 500, counts
 
 
 def test_leases_make_no_reference_cycles(cluster3, no_automatic_collection):
