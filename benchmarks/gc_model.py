@@ -7,7 +7,7 @@ re-entry, as ``benchmarks.gc_pause`` holds them), ``auto`` (auto-extended too: g
 extender; ttl 300 s, so none is renewed meanwhile) or ``bare`` (not registered), then runs K
 full collections. MODE ``floor`` holds N of :class:`FloorLease` instead (the cheapest lease
 Python can hold, no lease of ours), ``floor2`` 2N of them (two tracked objects per lease, as
-ours has). Under callgrind, counting only inside the collector::
+ours had). Under callgrind, counting only inside the collector::
 
     valgrind --tool=callgrind --cache-sim=yes --D1=32768,8,64 --LL=4194304,16,64 \\
         --collect-atstart=no --toggle-collect=gc_collect_main \\

@@ -11,8 +11,8 @@ figures for as many of redis-py's ``Lock`` held on one node (the reference: what
 holding that many locks pays with the lock users would pick instead), with the ratio; and the
 pure-Python floor: N of the cheapest lease Python can hold (``gc_model.FloorLease``: one
 ``__slots__`` object, its strings and floats in a tuple the collector untracks, no registry),
-then 2N of them (two tracked objects per lease, as ours has: the lease and the re-entry
-registry's weakref), timed the same way, with ours over each.
+then 2N of them (two tracked objects per lease, as ours had before the re-entry registry's
+weak references were untracked), timed the same way, with ours over each.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> None:
         )
         # The fastest collections move least with the machine's load: their growth too.
         ours_fastest = holding.fastest_cpu - idle.fastest_cpu
-        for per_lease, what in ((1, "one per lease"), (2, "two per lease, as ours has")):
+        for per_lease, what in ((1, "one per lease"), (2, "two per lease")):
             objects_each, references_each, floor, fastest = _floor(per_lease * count)
             print(
                 f"floor, {per_lease * count} FloorLease held ({what}): {objects_each:.2f} "

@@ -113,9 +113,10 @@ def _gc_untracker() -> Callable[[int], None] | None:
     """CPython's ``PyObject_GC_UnTrack``, called with an object's ``id()``, or None where it
     cannot be had (another Python, no ctypes).
 
-    Used on two kinds of object only, each holding no reference that could close a cycle:
-    the re-entry registry's plain weak references (see :meth:`Reentry.put`) and the guards
-    of auto-extended leases (a ``threading.Lock`` refers to its class alone: see
+    Used on three kinds of object only, each holding no reference that could close a cycle:
+    the re-entry registry's plain weak references (see :meth:`Reentry.put`), a thread's dict
+    of them once it holds many (see :func:`_untrack_entries`), and the guards of
+    auto-extended leases (a ``threading.Lock`` refers to its class alone: see
     :func:`take_over`). CPython makes every weak reference an object the collector tracks
     (``weakref.ref`` is a GC type, tracked as it is made), so each held lease cost a full
     collection two tracked objects, each walked in every pass over its list. A plain weak
@@ -149,9 +150,11 @@ _untrack = _gc_untracker() or _keep_tracked
 # objects more do not show in a collection, and the untracking call (about 0.15 us, through
 # ctypes) would be on every acquire's path (a thread's first hold makes its scope's dict:
 # no check there either). From here on, the weak reference of every lease its scope puts
-# is untracked: a held lease is one object the collector tracks, itself. (Many scopes
-# holding a lease or two each, asyncio tasks, keep theirs tracked: each such scope is a
-# tracked tuple holding a task already.)
+# is untracked: a held lease is one object the collector tracks, itself; and a thread's
+# dict of them is untracked too (see _untrack_entries), so that a collection reads no weak
+# reference either (a second call on each such put: each insert tracks the dict again).
+# (Many scopes holding a lease or two each, asyncio tasks, keep theirs tracked: each such
+# scope is a tracked tuple holding a task already.)
 _UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 
 
@@ -186,7 +189,9 @@ class Reentry(Generic[_V]):
     (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
     class) and the key tuple. Once a scope holds many leases, that weak reference is one the
     collector does not track either (see :func:`_gc_untracker`): a held lease is then one
-    tracked object, itself. A lease dropped without release leaves a dead reference:
+    tracked object, itself; and a thread's dict of them one the collector does not track
+    (see :func:`_untrack_entries`): a collection reads the lease and its state tuple only.
+    A lease dropped without release leaves a dead reference:
     ``get`` returns None for it, and dead entries are removed each time a scope's dict has
     doubled since its last sweep (so the work is constant per entry added) and by ``len``.
 
@@ -227,11 +232,17 @@ class Reentry(Generic[_V]):
             if len(scopes) >= self._sweep_at:
                 self._sweep()
             return scope
-        ref = entries[name] = weakref.ref(value)
-        size = len(entries)
+        ref = weakref.ref(value)
+        # What the dict holds after this put, at most (a name already there adds nothing).
+        size = len(entries) + 1
         if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
-            _untrack(id(ref))
-        if size >= entries.sweep_at:
+            _untrack(id(ref))  # before it goes in: an untracked dict never holds it tracked
+            entries[name] = ref
+            if entries.scope[2] is None:  # a thread's scope, no task: see _untrack_entries
+                _untrack_entries(entries, size == _UNTRACK_AT)
+        else:
+            entries[name] = ref
+        if len(entries) >= entries.sweep_at:
             _sweep_entries(entries)
         return entries.scope
 
@@ -284,6 +295,40 @@ class Reentry(Generic[_V]):
                 ):
                     del scopes[scope]
         self._sweep_at = max(self._FIRST_SWEEP, 2 * len(scopes))
+
+
+def _untrack_entries(entries: _Entries, crossing: bool) -> None:
+    """Make a thread's ``entries``, past ``_UNTRACK_AT`` of them, a dict the collector does
+    not track (and, when ``crossing`` that threshold, the weak references put below it).
+
+    Such a dict holds ``str`` keys, untracked plain weak references (which hold no strong
+    reference: see :func:`_gc_untracker`), and in its slots the scope tuple (pid, thread id,
+    None: numbers) and an int: it can be in no reference cycle, so a collection has nothing
+    to find in it, and untracked it reads none of the weak references either (a dict's
+    traversal visits each value: the header of each, a cache miss per held lease per pass).
+    A held lease then costs a collection what the pure-Python floor does: itself and its
+    state tuple. The dict still holds its weak references as before; their referents are
+    freed, and the references cleared, by reference counting or by the collector as before.
+
+    Not an asyncio task's scope: its tuple holds the task, and an untracked container hides
+    its references from the collector, so the task (and all it reaches) would look
+    referenced from outside, and a cycle through it (a manager dropped with its task) could
+    never be collected. Those dicts stay tracked.
+
+    Called after each put past the threshold: CPython up to 3.13 tracks an untracked dict
+    again on any insert of a value of a GC type (a weak reference is one, tracked or not:
+    ``MAINTAIN_TRACKING`` in ``Objects/dictobject.c``); a put below it leaves it tracked,
+    and the next crossing untracks it again. 3.14 no longer tracks dicts on insert: there a
+    dict once untracked stays so, and the weak references put into it below the threshold
+    stay tracked (safe: none can close a cycle; each is then one more tracked object).
+    Removes and sweeps only delete, which never tracks a dict.
+    """
+    if crossing:
+        # A copy: another thread's release or sweep may delete meanwhile (the list keeps
+        # each reference alive until it is untracked). Only this thread puts under it.
+        for ref in list(entries.values()):
+            _untrack(id(ref))
+    _untrack(id(entries))
 
 
 def _sweep_entries(entries: _Entries) -> None:

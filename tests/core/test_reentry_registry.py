@@ -128,12 +128,93 @@ def test_untracked_weak_references_to_cyclic_garbage_are_cleared_by_the_collecto
     for i, value in enumerate(values):
         value.cycle = value  # type: ignore[attr-defined]
         registry.put(HERE, f"c{i}", value)
-    refs = list(registry._scopes[HERE].values())
+    entries = registry._scopes[HERE]
+    refs = list(entries.values())
     assert not gc.is_tracked(refs[-1])
+    assert not gc.is_tracked(entries)  # a thread's scope: its dict is not tracked either
     del value, values
     gc.collect()
     assert all(ref() is None for ref in refs)
+    assert all(registry.get(HERE, f"c{i}") is None for i in range(len(refs)))
     assert len(registry) == 0
+
+
+def test_a_thread_scope_holding_many_is_a_dict_the_collector_does_not_track():
+    """Past a few entries, a thread's dict of entries holds only names and untracked plain
+    weak references (and its scope tuple of numbers): it can be in no reference cycle, so
+    the collector does not track it, and a full collection reads none of the weak
+    references in it. It stays so whatever is done to it, and works as before."""
+    registry: Reentry[Value] = Reentry()
+    held: dict[str, Value] = {}
+
+    def put(name: str) -> None:
+        held[name] = Value()
+        registry.put(HERE, name, held[name])
+
+    for i in range(lease._UNTRACK_AT - 1):
+        put(f"k{i}")
+    entries = registry._scopes[HERE]
+    assert gc.is_tracked(entries)  # a few entries: as any dict (no call on their puts)
+    put("crossing")
+    assert len(entries) == lease._UNTRACK_AT
+
+    def check() -> None:
+        assert not gc.is_tracked(entries)
+        # The weak references put below the threshold too: nothing in it is tracked.
+        assert not any(gc.is_tracked(ref) for ref in entries.values())
+        assert all(registry.get(HERE, name) is value for name, value in held.items())
+
+    check()
+    for i in range(3 * lease._UNTRACK_AT):  # more puts
+        put(f"more-{i}")
+        check()
+    put("k0")  # a put of a name already there
+    check()
+    for name in ("k1", "k2"):  # removes
+        registry.remove(HERE, name, held.pop(name))
+        assert registry.get(HERE, name) is None
+        check()
+    registry.remove(HERE, "k3", Value())  # not its value: kept
+    check()
+    # Dropped without release: swept as the dict doubles, and by len.
+    sweeps = entries.sweep_at
+    for i in range(2 * entries.sweep_at):
+        registry.put(HERE, f"dropped-{i}", Value())
+        check()
+    assert len(entries) < len(held) + 2 * sweeps  # swept meanwhile
+    assert len(registry) == len(held)
+    check()
+    # Below the threshold again (every put there makes it tracked again, but for 3.14's
+    # dicts, which stay untracked: either way safe), then past it again.
+    for name in list(held)[2:]:
+        registry.remove(HERE, name, held.pop(name))
+    for i in range(lease._UNTRACK_AT):
+        put(f"again-{i}")
+    check()
+    # A value dropped: freed at once by reference counting, its entry reads None.
+    del held["again-0"]
+    assert registry.get(HERE, "again-0") is None
+    assert len(registry) == len(held)
+    check()
+
+
+def test_an_asyncio_scopes_dict_stays_tracked():
+    """An asyncio task's scope tuple holds the task: the dict holding that tuple stays one
+    the collector tracks, or the task (and what it reaches) would look referenced from
+    outside, and a cycle through it could never be collected."""
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    states: list[bool] = []
+
+    async def hold() -> None:
+        scope = (os.getpid(), threading.get_ident(), asyncio.current_task())
+        for i, value in enumerate(values):
+            registry.put(scope, f"k{i}", value)
+            states.append(gc.is_tracked(registry._scopes[scope]))
+        assert all(registry.get(scope, f"k{i}") is value for i, value in enumerate(values))
+
+    asyncio.run(hold())
+    assert all(states)
 
 
 def test_the_scope_tuple_is_the_registrys_one():
