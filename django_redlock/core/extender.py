@@ -22,6 +22,7 @@ import time
 import weakref
 from typing import Protocol
 
+from django_redlock.core.untracking import untrack
 from django_redlock.wire.process import current_pid
 
 __all__ = ["Renewable", "schedule"]
@@ -44,6 +45,11 @@ class _Extender:
         # collection to visit (see test_lease_footprint.py).
         self.heap: list[tuple[float, int]] = []
         self.leases: dict[int, weakref.ref[Renewable]] = {}
+        # Neither can be in a cycle (pairs of numbers; numbers and plain weak references,
+        # which hold no strong reference), so neither need be tracked: a collection would
+        # otherwise read every pair, number and weak reference in them, one more object or
+        # three per auto-extended lease (see core.untracking). A list stays untracked.
+        untrack(id(self.heap))
         self.counter = itertools.count()
         self.thread: threading.Thread | None = None
 
@@ -52,6 +58,9 @@ class _Extender:
             number = next(self.counter)
             # The plain weak reference, which CPython shares among all made to one object.
             self.leases[number] = weakref.ref(lease)
+            # Again after each put: CPython before 3.14 tracks a dict again on any insert of
+            # a weak reference (MAINTAIN_TRACKING in Objects/dictobject.c).
+            untrack(id(self.leases))
             heapq.heappush(self.heap, (due, number))
             if self.thread is None:
                 self.thread = threading.Thread(

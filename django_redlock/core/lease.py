@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - other Pythons: the same rule, in Pytho
             del table[key]
 
 
-from django_redlock.core import extender, flow
+from django_redlock.core import extender, flow, untracking
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.shapes import Shape
@@ -109,42 +109,11 @@ _State = tuple[
 ]
 
 
-def _gc_untracker() -> Callable[[int], None] | None:
-    """CPython's ``PyObject_GC_UnTrack``, called with an object's ``id()``, or None where it
-    cannot be had (another Python, no ctypes).
-
-    Used on three kinds of object only, each holding no reference that could close a cycle:
-    the re-entry registry's plain weak references (see :meth:`Reentry.put`), a thread's dict
-    of them once it holds many (see :func:`_untrack_entries`), and the guards of
-    auto-extended leases (a ``threading.Lock`` refers to its class alone: see
-    :func:`take_over`). CPython makes every weak reference an object the collector tracks
-    (``weakref.ref`` is a GC type, tracked as it is made), so each held lease cost a full
-    collection two tracked objects, each walked in every pass over its list. A plain weak
-    reference (no callback: the one CPython shares among all made to an object) holds no
-    strong reference to anything (its referent is borrowed, and its only traversed field is
-    the absent callback), so it can be in no reference cycle, and the collector has nothing
-    to find in it: untracked, it still works as before (cleared in C when its referent
-    goes), as untracked tuples and dicts do. ``PyObject_GC_UnTrack`` is the public C API
-    for this, and does nothing to an object not tracked. It is called through a
-    ``PYFUNCTYPE`` prototype, which keeps the GIL (the collector's lists need it).
-    """
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        import ctypes
-
-        prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-        untrack: Callable[[int], None] = prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
-    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes, no symbol
-        return None
-    return untrack
-
-
-def _keep_tracked(address: int) -> None:
-    """Where ``PyObject_GC_UnTrack`` cannot be had: weak references stay tracked."""
-
-
-_untrack = _gc_untracker() or _keep_tracked
+# CPython's PyObject_GC_UnTrack where it can be had (see core.untracking); used on the
+# re-entry registry's plain weak references (see Reentry.put), a thread's dict of them once
+# it holds many (see _untrack_entries), and the guards of auto-extended leases (take_over).
+_untrack = untracking.untrack
+_keep_tracked = untracking.keep_tracked
 
 # A scope holding fewer leases than this keeps its weak references tracked: a few tracked
 # objects more do not show in a collection, and the untracking call (about 0.15 us, through
@@ -188,7 +157,7 @@ class Reentry(Generic[_V]):
     extender's), in which a collection visits nothing, in a dict per scope keyed by the name
     (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
     class) and the key tuple. Once a scope holds many leases, that weak reference is one the
-    collector does not track either (see :func:`_gc_untracker`): a held lease is then one
+    collector does not track either (see ``core.untracking``): a held lease is then one
     tracked object, itself; and a thread's dict of them one the collector does not track
     (see :func:`_untrack_entries`): a collection reads the lease and its state tuple only.
     A lease dropped without release leaves a dead reference:
@@ -235,7 +204,7 @@ class Reentry(Generic[_V]):
         ref = weakref.ref(value)
         # What the dict holds after this put, at most (a name already there adds nothing).
         size = len(entries) + 1
-        if size >= _UNTRACK_AT:  # a scope holding many leases: see _gc_untracker
+        if size >= _UNTRACK_AT:  # a scope holding many leases: see core.untracking
             _untrack(id(ref))  # before it goes in: an untracked dict never holds it tracked
             entries[name] = ref
             if entries.scope[2] is None:  # a thread's scope, no task: see _untrack_entries
@@ -302,7 +271,7 @@ def _untrack_entries(entries: _Entries, crossing: bool) -> None:
     not track (and, when ``crossing`` that threshold, the weak references put below it).
 
     Such a dict holds ``str`` keys, untracked plain weak references (which hold no strong
-    reference: see :func:`_gc_untracker`), and in its slots the scope tuple (pid, thread id,
+    reference: see ``core.untracking``), and in its slots the scope tuple (pid, thread id,
     None: numbers) and an int: it can be in no reference cycle, so a collection has nothing
     to find in it, and untracked it reads none of the weak references either (a dict's
     traversal visits each value: the header of each, a cache miss per held lease per pass).
@@ -1017,7 +986,7 @@ def take_over(
     if auto_extend:
         guard = lease._guard = threading.Lock()
         # A lock holds no reference but to its class, so it can be in no cycle: untracked,
-        # an auto-extended lease is one tracked object too (see _gc_untracker). The call is
+        # an auto-extended lease is one tracked object too (see core.untracking). The call is
         # a small part of this path (the extender's lock and heap come next).
         _untrack(id(guard))
         if hold is not None:

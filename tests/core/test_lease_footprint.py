@@ -25,6 +25,7 @@ import pytest
 
 from django_redlock import LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
+from django_redlock.core import extender
 from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
 from django_redlock.core.shapes import Shape
 
@@ -63,7 +64,7 @@ def touched() -> array[int]:
     seen: set[int] = set()
     for obj in gc.get_objects():
         seen.add(id(obj))
-        if not isinstance(obj, types.ModuleType):  # see _no_module_referents
+        if not issubclass(type(obj), types.ModuleType):  # see _no_module_referents
             seen.update(id(ref) for ref in gc.get_referents(obj))
     return array("q", seen)
 
@@ -79,7 +80,7 @@ def visited() -> int:
     return sum(
         len(gc.get_referents(obj))
         for obj in gc.get_objects()
-        if not isinstance(obj, types.ModuleType)  # see _no_module_referents
+        if not issubclass(type(obj), types.ModuleType)  # see _no_module_referents
     )
 
 
@@ -88,6 +89,8 @@ def visited() -> int:
 # CPython 3.12 before 3.12.5, gc.get_referents(_asyncio) hands out the freed future
 # iterators of that module's free list, and the next collection never returns
 # (python/cpython#122695): these tests hung on 3.12.1 once an asyncio manager had run.
+# type(obj), not isinstance: isinstance reads __class__, which a proxy (celery's
+# current_app, say) answers by evaluating itself.
 
 
 # What a full collection visits in a held plain lock's lease: its 7 slots (not __weakref__,
@@ -152,32 +155,42 @@ def test_a_held_lease_keeps_its_own_values_in_one_untracked_tuple(cluster3):
 def test_holding_leases_costs_one_tracked_object_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()  # connections, caches, owner prefix
-    before = tracked()
-    leases = [manager.acquire(f"count-{i}", ttl=10.0) for i in range(COUNT)]
-    after = tracked()
+    counts = []
+    # The fewest of three batches: other threads' allocations meanwhile only add (CI under
+    # load saw one batch over the limit); one tracked object more per lease adds COUNT to each.
+    for batch in range(3):
+        before = tracked()
+        leases = [manager.acquire(f"count-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
+        counts.append(tracked() - before)
+        for lease in leases:
+            lease.release()
+        del leases
     # The lease; not the weak reference by which its owner may re-enter it (untracked once
-    # the scope holds a few: see lease._gc_untracker). A little slack for what else the
-    # rounds allocate (replies, log records) and the first few weak references.
-    assert after - before <= COUNT + 100
-    for lease in leases:
-        lease.release()
+    # the scope holds a few: see core.untracking). A little slack for what else the rounds
+    # allocate (replies, log records) and the first few weak references.
+    assert min(counts) <= COUNT + 100, counts
 
 
 def test_holding_auto_extended_leases_costs_one_tracked_object_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
-    before = tracked()
-    # First renewed after 20 s: none while the test runs.
-    leases = [manager.acquire(f"auto-{i}", ttl=60.0, auto_extend=True) for i in range(COUNT)]
-    after = tracked()
+    counts = []
+    for batch in range(3):  # the fewest of three batches, as above
+        before = tracked()
+        # First renewed after 20 s: none while the test runs.
+        leases = [
+            manager.acquire(f"auto-{batch}-{i}", ttl=60.0, auto_extend=True) for i in range(COUNT)
+        ]
+        counts.append(tracked() - before)
+        assert not gc.is_tracked(leases[0]._guard)
+        leases[0].extend()  # the guard still serialises: taken and let go
+        for lease in leases:
+            lease.release()
+        del leases
     # The lease; not its guard (a lock: untracked), the weak reference that the re-entry
     # registry and the extender share (untracked), nor the extender's heap entry, a pair of
     # numbers the collector does not track.
-    assert after - before <= COUNT + 100
-    assert not gc.is_tracked(leases[0]._guard)
-    leases[0].extend()  # the guard still serialises: taken and let go
-    for lease in leases:
-        lease.release()
+    assert min(counts) <= COUNT + 100, counts
 
 
 def test_holding_leases_costs_few_references_to_visit_each(cluster3):
@@ -305,6 +318,35 @@ def test_a_held_lease_costs_a_collection_two_objects_of_its_own(cluster3):
         del leases
     # The list here adds one reference per lease but no object of its own per lease.
     assert min(counts) <= OWN_OBJECTS * COUNT + 100, counts
+
+
+# An auto-extended lease's: its guard's header too (a lock, untracked: the lease refers to
+# it). Not the extender's heap pair, map key or weak reference: its heap and map are
+# containers the collector does not track (see core.untracking).
+AUTO_EXTENDED_OWN_OBJECTS = 3
+
+
+def test_a_held_auto_extended_lease_costs_a_collection_three_objects_of_its_own(cluster3):
+    manager = LockManager(cluster3.urls)
+    manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
+    counts = []
+    for batch in range(3):  # the fewest of three batches, as above
+        before = touched()
+        # First renewed after 20 s: none while the test runs.
+        leases = [
+            manager.acquire(f"auto-own-{batch}-{i}", ttl=60.0, auto_extend=True)
+            for i in range(COUNT)
+        ]
+        after = touched()
+        counts.append(added(before, after))
+        for lease in leases:
+            lease.release()
+        del leases
+    assert min(counts) <= AUTO_EXTENDED_OWN_OBJECTS * COUNT + 100, counts
+    running = extender._extender
+    assert running is not None
+    assert not gc.is_tracked(running.heap)
+    assert not gc.is_tracked(running.leases)
 
 
 def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
