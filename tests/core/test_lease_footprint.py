@@ -19,7 +19,8 @@ import gc
 import types
 import weakref
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 
@@ -27,7 +28,10 @@ from django_redlock import LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
 from django_redlock.core import extender
 from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
+from django_redlock.core.manager import Lease
 from django_redlock.core.shapes import Shape
+
+_M = TypeVar("_M")
 
 # Enough leases that what other threads of the run allocate meanwhile (a few dozen objects)
 # stays far below one more tracked object per lease.
@@ -72,6 +76,36 @@ def touched() -> array[int]:
 def added(before: array[int], after: array[int]) -> int:
     """How many objects a collection reads in ``after`` that it did not in ``before``."""
     return len(set(after) - set(before))
+
+
+def per_batch(
+    manager: LockManager,
+    name: str,
+    measure: Callable[[], _M],
+    difference: Callable[[_M, _M], int],
+    check: Callable[[list[Lease]], None] | None = None,
+    **options: Any,
+) -> list[int]:
+    """``difference(before, after)`` of ``measure()`` around taking COUNT leases, for three
+    batches (each released before the next). Assert on the fewest: what other threads
+    allocate meanwhile (a loaded machine's late replies, a fixture's output reader) only ever
+    adds to a batch's count, where one more object or reference per lease adds COUNT to
+    every batch (CI under load saw one batch over its limit more than once)."""
+    counts = []
+    for batch in range(3):
+        before = measure()
+        leases = [manager.acquire(f"{name}-{batch}-{i}", **options) for i in range(COUNT)]
+        counts.append(difference(before, measure()))
+        if check is not None:
+            check(leases)
+        for lease in leases:
+            lease.release()
+        del leases
+    return counts
+
+
+def subtract(before: int, after: int) -> int:
+    return after - before
 
 
 def visited() -> int:
@@ -155,16 +189,7 @@ def test_a_held_lease_keeps_its_own_values_in_one_untracked_tuple(cluster3):
 def test_holding_leases_costs_one_tracked_object_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()  # connections, caches, owner prefix
-    counts = []
-    # The fewest of three batches: other threads' allocations meanwhile only add (CI under
-    # load saw one batch over the limit); one tracked object more per lease adds COUNT to each.
-    for batch in range(3):
-        before = tracked()
-        leases = [manager.acquire(f"count-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
-        counts.append(tracked() - before)
-        for lease in leases:
-            lease.release()
-        del leases
+    counts = per_batch(manager, "count", tracked, subtract, ttl=10.0)
     # The lease; not the weak reference by which its owner may re-enter it (untracked once
     # the scope holds a few: see core.untracking). A little slack for what else the rounds
     # allocate (replies, log records) and the first few weak references.
@@ -174,19 +199,15 @@ def test_holding_leases_costs_one_tracked_object_each(cluster3):
 def test_holding_auto_extended_leases_costs_one_tracked_object_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
-    counts = []
-    for batch in range(3):  # the fewest of three batches, as above
-        before = tracked()
-        # First renewed after 20 s: none while the test runs.
-        leases = [
-            manager.acquire(f"auto-{batch}-{i}", ttl=60.0, auto_extend=True) for i in range(COUNT)
-        ]
-        counts.append(tracked() - before)
+
+    def guard_untracked_and_working(leases: list[Lease]) -> None:
         assert not gc.is_tracked(leases[0]._guard)
         leases[0].extend()  # the guard still serialises: taken and let go
-        for lease in leases:
-            lease.release()
-        del leases
+
+    # First renewed after 20 s: none while the test runs.
+    counts = per_batch(
+        manager, "auto", tracked, subtract, guard_untracked_and_working, ttl=60.0, auto_extend=True
+    )
     # The lease; not its guard (a lock: untracked), the weak reference that the re-entry
     # registry and the extender share (untracked), nor the extender's heap entry, a pair of
     # numbers the collector does not track.
@@ -196,18 +217,7 @@ def test_holding_auto_extended_leases_costs_one_tracked_object_each(cluster3):
 def test_holding_leases_costs_few_references_to_visit_each(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()
-    counts = []
-    # The fewest of three batches, as for the objects below: what other threads allocate
-    # meanwhile only adds (CI under load saw 24,488 for a limit of 22,500 once); a
-    # reference more per lease adds COUNT to every batch.
-    for batch in range(3):
-        before = visited()
-        leases = [manager.acquire(f"visits-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
-        after = visited()
-        counts.append(after - before)
-        for lease in leases:
-            lease.release()
-        del leases
+    counts = per_batch(manager, "visits", visited, subtract, ttl=10.0)
     # The lease's own (LEASE_REFERENCES) and the list here: 1. None of the re-entry
     # registry's: the weak reference is in a dict the collector does not track (a thread's
     # scope holding many leases: see lease.Reentry.put).
@@ -304,18 +314,7 @@ ASYNC_OWN_OBJECTS = 3
 def test_a_held_lease_costs_a_collection_two_objects_of_its_own(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=10.0).release()
-    counts = []
-    # The fewest of three batches: what other threads allocate meanwhile (a loaded machine's
-    # late replies, a fixture's output reader) only ever adds to a count; an object of its
-    # own more per lease adds COUNT to every batch.
-    for batch in range(3):
-        before = touched()
-        leases = [manager.acquire(f"own-{batch}-{i}", ttl=10.0) for i in range(COUNT)]
-        after = touched()
-        counts.append(added(before, after))
-        for lease in leases:
-            lease.release()
-        del leases
+    counts = per_batch(manager, "own", touched, added, ttl=10.0)
     # The list here adds one reference per lease but no object of its own per lease.
     assert min(counts) <= OWN_OBJECTS * COUNT + 100, counts
 
@@ -329,19 +328,8 @@ AUTO_EXTENDED_OWN_OBJECTS = 3
 def test_a_held_auto_extended_lease_costs_a_collection_three_objects_of_its_own(cluster3):
     manager = LockManager(cluster3.urls)
     manager.acquire("warm-up", ttl=60.0, auto_extend=True).release()  # the extender thread
-    counts = []
-    for batch in range(3):  # the fewest of three batches, as above
-        before = touched()
-        # First renewed after 20 s: none while the test runs.
-        leases = [
-            manager.acquire(f"auto-own-{batch}-{i}", ttl=60.0, auto_extend=True)
-            for i in range(COUNT)
-        ]
-        after = touched()
-        counts.append(added(before, after))
-        for lease in leases:
-            lease.release()
-        del leases
+    # First renewed after 20 s: none while the test runs.
+    counts = per_batch(manager, "auto-own", touched, added, ttl=60.0, auto_extend=True)
     assert min(counts) <= AUTO_EXTENDED_OWN_OBJECTS * COUNT + 100, counts
     running = extender._extender
     assert running is not None
