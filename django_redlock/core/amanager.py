@@ -27,7 +27,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, Unpack
 
-from django_redlock.core import flow
+from django_redlock.core import flow, turns
 from django_redlock.core.arguments import validate_name, validate_names
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
@@ -75,18 +75,19 @@ __all__ = ["AsyncLease", "AsyncLockManager"]
 logger = logging.getLogger("django_redlock")
 
 
-async def _take(guard: threading.Lock) -> None:
-    """Take ``guard`` (an auto-extended lease's, shared with the extender thread) without
-    blocking the event loop, and so that a cancelled task never ends up owning it.
+async def _take(lease: turns.Guarded) -> None:
+    """Take the turn of ``lease`` (auto-extended: shared with the extender thread; see
+    ``core.turns``) without blocking the event loop, and so that a cancelled task never ends
+    up owning it.
 
     It is polled, never waited for in a worker thread: such a thread goes on waiting after
-    its task is cancelled, takes the guard, and no one gives it back; the extender thread,
+    its task is cancelled, takes the turn, and no one gives it back; the extender thread,
     which renews every auto-extended lease of the process, then blocks on it for good and
-    all those leases expire. The extender holds the guard for one renewal round trip at most
+    all those leases expire. The extender holds the turn for one renewal round trip at most
     (bounded by the node timeout), so the polls are few and short.
     """
     delay = 0.0005
-    while not guard.acquire(blocking=False):
+    while not turns.try_take(lease):
         await asyncio.sleep(delay)
         delay = min(2 * delay, 0.02)
 
@@ -148,19 +149,18 @@ class AsyncLease(BaseLease):
             LeaseNotExtended: no quorum either way: the lease keeps its validity and keys.
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
-        # Before the guard, as Lease.extend: a child forked while the extender renewed the
-        # lease has a copy of the guard that nobody will ever give back.
+        # Before the turn, as Lease.extend: a child forked while the extender renewed the
+        # lease has a copy of it taken that nobody will ever give back (core.turns).
         self._refuse_inherited()
-        guard = self._guard
-        if guard is None:
+        if self._guard is None:
             self.check()
             return await self._async_manager._extend(self)
-        await _take(guard)  # one renewal at a time, the extender's or ours
+        await _take(self)  # one renewal at a time, the extender's or ours
         try:
             self.check()
             return await self._async_manager._extend(self)
         finally:
-            guard.release()
+            turns.give_back(self)
 
     async def release(self) -> None:
         """Delete the lock on every node where it still holds this lease's token (see
@@ -190,12 +190,11 @@ class AsyncLease(BaseLease):
             raise
 
     async def _finish_release(self) -> None:
-        guard = self._guard
-        if guard is not None:
+        if self._guard is not None:
             # Wait out a renewal in flight, so it does not find the keys gone and call the
             # lease lost; none starts after it (the lease is marked released).
-            await _take(guard)
-            guard.release()
+            await _take(self)
+            turns.give_back(self)
         await self._async_manager._release(self)
 
     async def __aenter__(self) -> AsyncLease:

@@ -30,7 +30,7 @@ except ImportError:  # pragma: no cover - other Pythons: the same rule, in Pytho
             del table[key]
 
 
-from django_redlock.core import extender, flow, untracking
+from django_redlock.core import extender, flow, turns, untracking
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.shapes import Shape
@@ -111,7 +111,7 @@ _State = tuple[
 
 # CPython's PyObject_GC_UnTrack where it can be had (see core.untracking); used on the
 # re-entry registry's plain weak references (see Reentry.put), a thread's dict of them once
-# it holds many (see _untrack_entries), and the guards of auto-extended leases (take_over).
+# it holds many (see _untrack_entries).
 _untrack = untracking.untrack
 _keep_tracked = untracking.keep_tracked
 
@@ -398,7 +398,7 @@ class BaseLease:
         "__weakref__",  # the re-entry registry and the extender hold leases weakly
         "_depth",  # holds by the owner (re-entries); 0 once released
         "_end",  # None, or once it was found lost: (reason, cause, at on the host's clock)
-        "_guard",  # auto-extended leases only: see __init__
+        "_guard",  # auto-extended leases only: whose turn it is (see __init__)
         "_host",
         "_scope",
         "_special_shape",
@@ -412,13 +412,13 @@ class BaseLease:
     # reached no quorum, or None) by each renewal; 9 waiter (the blocking acquire's waiter
     # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
     # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
-    # owner's (names: under the guard); 13 held (which nodes hold it: see __init__) by the
+    # owner's (names: in its turn); 13 held (which nodes hold it: see __init__) by the
     # grant and each renewal that reaches a quorum; 14 fencing token (None, or the int the
-    # database minted: see fencing_token) once, by its owner, under the guard. The tuple is
+    # database minted: see fencing_token) once, by its owner, in its turn. The tuple is
     # replaced whole, never changed in place; once the lease is its owner's, only by a
-    # renewal (or those two setters), which the guard serialises with the owner's extend
-    # when the lease is auto-extended (only the owner renews it otherwise), so no update is
-    # lost.
+    # renewal (or those two setters), which the lease's turn (core.turns) serialises with
+    # the owner's extend when the lease is auto-extended (only the owner renews it
+    # otherwise), so no update is lost.
 
     def __init__(
         self,
@@ -473,9 +473,10 @@ class BaseLease:
         )
         self._depth = 1
         self._end: tuple[str, str, float] | None = None
-        # Set for auto-extended leases only: serialises the extender's renewals with the
-        # owner's extend and release, so a renewal never races a release into a false "lost".
-        self._guard: threading.Lock | None = None
+        # Auto-extended leases only (else None): whose turn it is, False (free) or True
+        # (taken), which serialises the extender's renewals with the owner's extend, release
+        # and setters, so a renewal never races a release into a false "lost" (core.turns).
+        self._guard: bool | None = None
         self._scope: tuple[object, ...] | None = None
 
     @property
@@ -572,13 +573,15 @@ class BaseLease:
     @names.setter
     def names(self, names: tuple[str, ...]) -> None:
         # Set by lock_many once the lease is its owner's: the extender may already renew it,
-        # so under the guard, lest this and a renewal each replace _state and one be lost.
-        guard = self._guard
-        if guard is None:
+        # so in its turn, lest this and a renewal each replace _state and one be lost.
+        if self._guard is None:
             self._state = (*self._state[:12], names, *self._state[13:])
             return
-        with guard:
+        turns.take(self)
+        try:
             self._state = (*self._state[:12], names, *self._state[13:])
+        finally:
+            turns.give_back(self)
 
     @property
     def fencing_token(self) -> int | None:
@@ -590,13 +593,15 @@ class BaseLease:
         # In _state, not a slot of its own: one reference fewer for every collection to visit
         # in every lease, and a fenced lease's token (an int of its own, above the cached
         # small ones) is not one more object to read. Set by its owner once the lease is
-        # its owner's (the extender may renew it meanwhile): under the guard, as names.
-        guard = self._guard
-        if guard is None:
+        # its owner's (the extender may renew it meanwhile): in its turn, as names.
+        if self._guard is None:
             self._state = (*self._state[:14], token)
             return
-        with guard:
+        turns.take(self)
+        try:
             self._state = (*self._state[:14], token)
+        finally:
+            turns.give_back(self)
 
     @property
     def token(self) -> str:
@@ -732,7 +737,7 @@ class BaseLease:
             ttl=self.ttl,
             fencing_token=self.fencing_token,
         )
-        # No guard: a renewal in flight may still extend the old token's keys, which only
+        # Not in its turn: a renewal in flight may still extend the old token's keys, which only
         # gives the adopter more time; the extender starts no renewal of a released lease.
         self._depth = 0
         self._host.forget(self)
@@ -749,10 +754,10 @@ class BaseLease:
         more at the instant it runs out, so that the loss is reported then (``lock_lost``)
         and not at the next scheduled renewal. It never raises.
         """
-        guard = self._guard
-        if guard is None:
+        if self._guard is None:
             return None
-        with guard:
+        turns.take(self)
+        try:
             if self._depth == 0 or self._end is not None:
                 return None
             reporter = self._host.reporter
@@ -768,6 +773,8 @@ class BaseLease:
             except LeaseNotExtended as error:
                 reporter.renewal_missed(self, error)
                 return time.monotonic() + self._retry_in(error.validity)
+        finally:
+            turns.give_back(self)
         return time.monotonic() + self.ttl / 3
 
     def _retry_in(self, left: float) -> float:
@@ -782,9 +789,9 @@ class BaseLease:
     def _refuse_inherited(self) -> None:
         """Raise :class:`LeaseInherited` in a forked child.
 
-        Checked before anything else, the guard included: the parent's extender thread may
-        have held the guard at the instant of the fork, and the child's copy of it then stays
-        locked forever.
+        Checked before anything else, the lease's turn included: the parent's extender thread
+        may have had the turn at the instant of the fork, and the child's copy of it then stays
+        taken forever (core.turns).
         """
         pid = self._state[10]
         if pid != current_pid():
@@ -984,11 +991,9 @@ def take_over(
     background when ``auto_extend`` (until ``hold`` seconds from now, when given), and
     registered in ``registry`` for re-entry when its shape is re-entrant."""
     if auto_extend:
-        guard = lease._guard = threading.Lock()
-        # A lock holds no reference but to its class, so it can be in no cycle: untracked,
-        # an auto-extended lease is one tracked object too (see core.untracking). The call is
-        # a small part of this path (the extender's lock and heap come next).
-        _untrack(id(guard))
+        # Its turn is free (core.turns): a flag, not a lock of its own, so an auto-extended
+        # lease is no more for a collection to read than a plain one.
+        lease._guard = False
         if hold is not None:
             s = lease._state
             lease._state = (*s[:11], time.monotonic() + hold, *s[12:])

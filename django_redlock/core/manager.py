@@ -35,7 +35,7 @@ from functools import partial
 from types import TracebackType
 from typing import Any, Unpack
 
-from django_redlock.core import flow
+from django_redlock.core import flow, turns
 from django_redlock.core.arguments import (
     MAX_NAME_BYTES,
     MAX_ORIGIN_BYTES,
@@ -127,13 +127,15 @@ class Lease(BaseLease):
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """
         self._refuse_inherited()
-        guard = self._guard
-        if guard is None:
+        if self._guard is None:
             self.check()
             return self._host.renew(self)
-        with guard:  # one renewal at a time, the extender's or ours
+        turns.take(self)  # one renewal at a time, the extender's or ours
+        try:
             self.check()
             return self._host.renew(self)
+        finally:
+            turns.give_back(self)
 
     def release(self) -> None:
         """Delete the lock on every node, where it still holds this lease's token.
@@ -148,14 +150,16 @@ class Lease(BaseLease):
         """
         if self._state[10] != process.PID:  # a forked child: no call in the usual case
             self._refuse_inherited()
-        guard = self._guard
-        if guard is None:
+        if self._guard is None:
             if self._end_hold():
                 self._host.release(self)
             return
-        with guard:  # a renewal in flight ends first, and none starts after this
+        turns.take(self)  # a renewal in flight ends first, and none starts after this
+        try:
             if self._end_hold():
                 self._host.release(self)
+        finally:
+            turns.give_back(self)
 
     def owned(self) -> bool:
         """Ask the nodes (one round trip): True while a quorum still holds this lease's token

@@ -2,7 +2,7 @@
 point 4), with real nodes.
 
 Each test cancels one task at one await, made to stay pending by pausing nodes (SIGSTOP),
-by the extender thread holding the lease's guard mid-renewal, or by a connection still being
+by the extender thread having the lease's turn mid-renewal, or by a connection still being
 opened; then checks what must hold whatever was cancelled where:
 
 - another auto-extended lease of the same manager (the bystander) is still renewed past its
@@ -22,6 +22,7 @@ import pytest
 
 from django_redlock import LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
+from django_redlock.core import turns
 from django_redlock.localnodes import LocalCluster, LocalNode
 from tests.helpers import node_client, queued_on_a_majority
 
@@ -294,14 +295,13 @@ def test_extend_cancelled_while_the_extender_renews_the_lease(cluster3):
         assert lease._guard is not None
         cluster[1].pause()
         cluster[2].pause()
-        guard = lease._guard
-        await until(guard.locked, "the extender is renewing it", SHORT_TTL)
+        await until(lambda: turns.is_taken(lease), "the extender is renewing it", SHORT_TTL)
         task = asyncio.create_task(lease.extend())
-        await asyncio.sleep(0.02)  # the extend now waits for the guard
-        assert guard.locked()
+        await asyncio.sleep(0.02)  # the extend now waits for the lease's turn
+        assert turns.is_taken(lease)
         await case.cancel(task)
         cluster.ensure_running()
-        await until(lambda: not guard.locked(), "the renewal is over", NODE_TIMEOUT + 1)
+        await until(lambda: not turns.is_taken(lease), "the renewal is over", NODE_TIMEOUT + 1)
         assert lease.auto_extended
         await lease.release()
         return case
@@ -337,11 +337,10 @@ def test_release_cancelled_while_the_extender_renews_the_lease(cluster3):
         assert lease._guard is not None
         cluster[1].pause()
         cluster[2].pause()
-        guard = lease._guard
-        await until(guard.locked, "the extender is renewing it", SHORT_TTL)
+        await until(lambda: turns.is_taken(lease), "the extender is renewing it", SHORT_TTL)
         task = asyncio.create_task(lease.release())
-        await asyncio.sleep(0.02)  # the release now waits for the guard
-        assert guard.locked()
+        await asyncio.sleep(0.02)  # the release now waits for the lease's turn
+        assert turns.is_taken(lease)
         await case.cancel(task)
         return case
 

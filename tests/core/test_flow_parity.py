@@ -14,25 +14,28 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncLockManager, Lease, LeaseInherited, LockLost, LockManager
+from django_redlock.core import turns
 from tests.core.test_async_parity import collapsed
 from tests.core.test_fork import contended, fork, wait_child
 from tests.helpers import node_client, put_lock
 
 
 def test_an_async_extend_in_a_child_forked_mid_renewal_refuses_at_once(cluster3):
-    # As the sync extend: the inherited check comes before the guard, which the parent's
-    # extender held at the instant of the fork, so the child's copy is locked for good.
+    # As the sync extend: the inherited check comes before the lease's turn, which the
+    # parent's extender had at the instant of the fork, so the child's copy is taken for good.
     async def main() -> None:
         manager = AsyncLockManager(cluster3.urls)
         lease = await manager.acquire("async-mid-renewal", ttl=10.0, auto_extend=True)
-        guard = lease._guard
-        assert guard is not None
+        assert lease._guard is False  # auto-extended, its turn free
         held, done = threading.Event(), threading.Event()
 
         def renewing() -> None:
-            with guard:
+            turns.take(lease)
+            try:
                 held.set()
                 done.wait()
+            finally:
+                turns.give_back(lease)
 
         thread = threading.Thread(target=renewing)
         thread.start()
@@ -65,17 +68,16 @@ def test_an_async_extend_in_a_child_forked_mid_renewal_refuses_at_once(cluster3)
 
 
 def test_an_async_extend_waits_for_the_extenders_renewal(cluster3):
-    # The guard serialises the owner's extend with the extender's renewal, sync or asyncio.
+    # The lease's turn serialises the owner's extend with the extender's renewal, sync or
+    # asyncio.
     async def main() -> None:
         manager = AsyncLockManager(cluster3.urls)
         lease = await manager.acquire("async-guarded", ttl=10.0, auto_extend=True)
-        guard = lease._guard
-        assert guard is not None
-        guard.acquire()  # the extender is renewing
+        assert turns.try_take(lease)  # the extender is renewing
         extending = asyncio.ensure_future(lease.extend())
         await asyncio.sleep(0.05)
         assert not extending.done()
-        guard.release()
+        turns.give_back(lease)
         assert await extending > 9.0
         await lease.release()
 

@@ -23,6 +23,7 @@ import pytest
 
 from django_redlock import LeaseInherited, LockContended, LockManager, RedlockError
 from django_redlock.core import extender as _extender
+from django_redlock.core import turns
 from tests.helpers import queued_on_a_majority
 
 CHILD_DEADLINE = 30.0  # seconds; far above what any child needs, only a hang reaches it
@@ -131,18 +132,20 @@ def test_release_extend_and_check_refuse_in_a_multiprocessing_child(cluster3):
 
 
 def test_a_child_forked_mid_renewal_refuses_at_once_instead_of_hanging(cluster3):
-    # The parent's extender holds the lease's guard during each renewal round trip; a fork at
-    # that instant gives the child a guard locked by a thread it does not have.
+    # The parent's extender has the lease's turn during each renewal round trip; a fork at
+    # that instant gives the child a lease whose turn a thread it does not have took.
     manager = LockManager(cluster3.urls)
     lease = manager.acquire("mid-renewal", ttl=10.0, auto_extend=True)
-    guard = lease._guard
-    assert guard is not None
+    assert lease._guard is False  # auto-extended, its turn free
     held, done = threading.Event(), threading.Event()
 
     def renewing() -> None:
-        with guard:
+        turns.take(lease)
+        try:
             held.set()
             done.wait()
+        finally:
+            turns.give_back(lease)
 
     thread = threading.Thread(target=renewing)
     thread.start()
