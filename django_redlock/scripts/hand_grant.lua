@@ -35,7 +35,11 @@
 -- it releases H on every node (core/flow.py: Acquire.judge). A waiter that died keeps its
 -- grants until they expire (its ttl): only a head whose place has not lapsed is granted, and
 -- a place lapses when its waiter stops trying.
-local function grant_next(key, line, lapse, lined, run)
+-- `no_readers`: the caller saw in this script that the readers key does not exist (release.lua's
+-- weighted EXISTS, nothing in release.lua writing it since), so the look at the last reader
+-- is skipped: a ZRANGE of a missing key finds nothing, as an absent key has no live reader.
+-- Absent or false (every other caller): looked at.
+local function grant_next(key, line, lapse, lined, run, no_readers)
     local first, now = live_head(key, line, lapse, lined)
     if first == nil then
         return
@@ -44,7 +48,8 @@ local function grant_next(key, line, lapse, lined, run)
     local entry = redis.call('HGET', hand, first)
     if entry then
         local round, ttl, token, owner = string.match(entry, '^(%d+) (%d+) (%S+) (.+)$')
-        local readers = redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
+        local readers = no_readers and {}
+            or redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
         local marker = redis.call('HGET', '\0django_redlock:node', 'run')
         if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
             and (run ~= nil and run ~= '' and run

@@ -25,11 +25,18 @@
 -- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
 -- redis.calls and no function of its own: GET, DEL, and one EXISTS that finds no line (so
 -- nothing to clean up or hand over; a waiter's release also learns there whether a hand-off
--- registration of its own may remain). Every other case falls through to the full rules
--- below, as they were.
+-- registration of its own may remain, and whether the readers key exists). Every other case
+-- falls through to the full rules below.
+-- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
+-- was granted the lock, so its place is gone) takes 16 redis.calls: GET, DEL, EXISTS; ZREM
+-- of its own place (finding none, so no HDEL of its lapse time), HDEL of its registration;
+-- live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's HGET of the
+-- head's registration and of the marker, SET and the owner key's PTTL, ZREM, HDEL, HSET of
+-- the 'g' mark, PUBLISH (no look at the readers: none). It took 18 before the two cuts
+-- (issue 25), each argued where it is made below.
 local key = KEYS[1]
 local line = key .. '\0q'
-local released, lined = false, false
+local released, lined, no_readers = false, false, false
 local value = redis.pcall('GET', key)
 if type(value) == 'string' then
     -- lock_key.lua's lock_token, inline: the token is what precedes the first space.
@@ -41,17 +48,24 @@ if type(value) == 'string' then
                 return 1
             end
         else
-            -- The line named twice: 2 per line, 1 for hand-off registrations, in one call.
-            local found = redis.call('EXISTS', line, line, key .. '\0h')
-            if found < 2 then
+            -- Weighted, in one call: the line named 4 times, the hand-off registrations twice,
+            -- the readers of the read-write lock of this name once, so the count
+            -- 4*line + 2*registrations + 1*readers decodes uniquely (an EXISTS argument
+            -- costs the node far less than a redis.call).
+            local hand = key .. '\0h'
+            local found = redis.call('EXISTS', line, line, line, line, hand, hand, key .. '\0r')
+            if found < 4 then
                 -- No line: no place of ours in it, no lapse time either (both are written
                 -- and dropped together), nobody to hand over to; only a registration of
                 -- ours may remain (a granted waiter's 'g' entry).
-                if found == 1 then
-                    redis.call('HDEL', key .. '\0h', ARGV[2])
+                if found >= 2 then
+                    redis.call('HDEL', hand, ARGV[2])
                 end
                 return 1
             end
+            -- No readers key: hand_grant.lua's look at the last reader would find nothing
+            -- (nothing in this script writes it), so it is skipped.
+            no_readers = found % 2 == 0
         end
         released, lined = true, true -- grant_next need not look for the line again
     end
@@ -78,10 +92,20 @@ if not released then
 end
 -- The holder's own place in line may remain on nodes that did not grant it the lock (they
 -- queued it, then the others gave it a quorum): drop it, or it would head the line.
+-- Its lapse time goes only with its place: a place and its lapse time are written and
+-- dropped together by every script (ZADD then HSET: acquire.lua's wait_in_line, hand_yield.lua,
+-- wait_line.lua's take_place; ZREM with HDEL: acquire.lua's head and its own place, live_head
+-- of wake_next.lua, hand_grant.lua, leave.lua, wait_line.lua's leave_place and live_places,
+-- the branch above; both keys get the same expiry in the same script), so when ZREM finds no
+-- place there is no lapse time to drop (a granted holder's place is already gone: the
+-- common case). Were one ever left (a key evicted by a misconfigured maxmemory policy), it
+-- would be harmless: a lapse time is read only for a member found in line, and every ZADD
+-- of a member writes its lapse time anew in the same script.
 if ARGV[2] ~= '' then
-    redis.call('ZREM', line, ARGV[2])
-    redis.call('HDEL', lapse, ARGV[2])
+    if redis.call('ZREM', line, ARGV[2]) == 1 then
+        redis.call('HDEL', lapse, ARGV[2])
+    end
     redis.call('HDEL', key .. '\0h', ARGV[2])
 end
-grant_next(key, line, lapse, lined, ARGV[3])
+grant_next(key, line, lapse, lined, ARGV[3], no_readers)
 return 1
