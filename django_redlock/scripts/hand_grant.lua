@@ -8,7 +8,9 @@
 --
 -- Why no two holders overlap within their validity:
 --   * A node grants only a key that is free here: after the compare-and-delete of the
---     releaser's own token, or when nothing holds it (no key, no live reader of the
+--     releaser's own token (release.lua compares, then the grant's SET writes over its key,
+--     or, when nothing is granted, a DEL deletes it: `ours`; the same, in one script, as a
+--     DEL before the grant), or when nothing holds it (no key, no live reader of the
 --     read-write lock of this name). So each node holds at most one token at a time, as
 --     with a try; a quorum of H is a Redlock quorum like any other.
 --   * The waiter counts node i's grant from the send time of round r (the round in the
@@ -39,9 +41,15 @@
 -- weighted EXISTS, nothing in release.lua writing it since), so the look at the last reader
 -- is skipped: a ZRANGE of a missing key finds nothing, as an absent key has no live reader.
 -- Absent or false (every other caller): looked at.
-local function grant_next(key, line, lapse, lined, run, no_readers)
+-- `ours`: the key still holds the releaser's token, compared by the caller (release.lua, a
+-- waiter's release): the grant writes over it, and every way out that grants nothing
+-- deletes it.
+local function grant_next(key, line, lapse, lined, run, no_readers, ours)
     local first, now = live_head(key, line, lapse, lined)
     if first == nil then
+        if ours then
+            redis.call('DEL', key)
+        end
         return
     end
     local hand = key .. '\0h'
@@ -54,8 +62,9 @@ local function grant_next(key, line, lapse, lined, run, no_readers)
         if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
             and (run ~= nil and run ~= '' and run
                 or string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')) == marker then
-            -- pcall: a node out of memory refuses the SET (this script has no shebang, so
-            -- its DEL went through); the head is then woken as before.
+            -- pcall: a node out of memory refuses the SET if it is the script's first
+            -- write (no shebang; release.lua's DEL or ZREM comes first, so it grants); the
+            -- head is then woken as before (and the releaser's key deleted: `ours`).
             if pcall(set_lock, key, token, owner, ttl) then
                 redis.call('ZREM', line, first)
                 redis.call('HDEL', lapse, first)
@@ -66,6 +75,9 @@ local function grant_next(key, line, lapse, lined, run, no_readers)
                 return
             end
         end
+    end
+    if ours then
+        redis.call('DEL', key)
     end
     wake_member(key, first)
 end

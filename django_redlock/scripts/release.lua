@@ -23,27 +23,28 @@
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
--- redis.calls and no function of its own: GET, DEL, and one EXISTS that finds no line (so
+-- redis.calls and no function of its own: GET, DEL and one EXISTS that finds no line (so
 -- nothing to clean up or hand over; a waiter's release also learns there whether a hand-off
 -- registration of its own may remain, and whether the readers key exists). Every other case
 -- falls through to the full rules below.
 -- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
--- was granted the lock, so its place is gone) takes 16 redis.calls: GET, DEL, EXISTS; ZREM
--- of its own place (finding none, so no HDEL of its lapse time), HDEL of its registration;
+-- was granted the lock, so its place is gone) takes 15 redis.calls: GET, EXISTS; ZREM of
+-- its own place (finding none, so no HDEL of its lapse time), HDEL of its registration;
 -- live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's HGET of the
--- head's registration and of the marker, SET and the owner key's PTTL, ZREM, HDEL, HSET of
--- the 'g' mark, PUBLISH (no look at the readers: none). It took 18 before the two cuts
--- (issue 25), each argued where it is made below.
+-- head's registration and of the marker, the SET that writes the grant over the released
+-- key (no DEL first), the owner key's PTTL, ZREM, HDEL, HSET of the 'g' mark, PUBLISH (no
+-- look at the readers: none). It took 18 before the three cuts (issue 25), each argued where
+-- it is made below.
 local key = KEYS[1]
 local line = key .. '\0q'
-local released, lined, no_readers = false, false, false
+local released, lined, no_readers, ours = false, false, false, false
 local value = redis.pcall('GET', key)
 if type(value) == 'string' then
     -- lock_key.lua's lock_token, inline: the token is what precedes the first space.
     local space = string.find(value, ' ', 1, true)
     if space ~= nil and string.sub(value, 1, space - 1) == ARGV[1] then
-        redis.call('DEL', key)
         if ARGV[2] == '' then
+            redis.call('DEL', key)
             if redis.call('EXISTS', line) == 0 then
                 return 1
             end
@@ -58,6 +59,7 @@ if type(value) == 'string' then
                 -- No line: no place of ours in it, no lapse time either (both are written
                 -- and dropped together), nobody to hand over to; only a registration of
                 -- ours may remain (a granted waiter's 'g' entry).
+                redis.call('DEL', key)
                 if found >= 2 then
                     redis.call('HDEL', hand, ARGV[2])
                 end
@@ -66,6 +68,14 @@ if type(value) == 'string' then
             -- No readers key: hand_grant.lua's look at the last reader would find nothing
             -- (nothing in this script writes it), so it is skipped.
             no_readers = found % 2 == 0
+            -- A line: the key, still ours, is deleted by grant_next unless it grants the
+            -- lock, whose SET then writes the next holder's token over ours: the same as DEL
+            -- then SET in one script (no other command runs in between), one DEL less per
+            -- hand-off. A full node (maxmemory, noeviction) grants as before: the ZREM of
+            -- the holder's place below, a write that needs no memory, comes first, as the
+            -- DEL did, so the SET is never the script's first write (which a full node
+            -- refuses). A single try's release (no place of its own to drop) keeps its DEL.
+            ours = true
         end
         released, lined = true, true -- grant_next need not look for the line again
     end
@@ -107,5 +117,5 @@ if ARGV[2] ~= '' then
     end
     redis.call('HDEL', key .. '\0h', ARGV[2])
 end
-grant_next(key, line, lapse, lined, ARGV[3], no_readers)
+grant_next(key, line, lapse, lined, ARGV[3], no_readers, ours)
 return 1

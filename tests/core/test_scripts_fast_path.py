@@ -233,20 +233,19 @@ def test_the_queueing_try_takes_13_redis_calls(node):
     assert 9_000 < node.pttl("k\x00h") <= 10_000
 
 
-def test_the_granting_release_of_a_granted_holder_takes_16_redis_calls(node):
+def test_the_granting_release_of_a_granted_holder_takes_15_redis_calls(node):
     run_id = steady_hand_off(node)
     node.config_resetstat()
     assert release(node, "k", "b" * 40, "b.n", run_id, "appendonly no") == 1
     assert nested_calls(node) == {
-        "get": 1,
-        "del": 1,
+        "get": 1,  # no DEL: the grant's SET writes over the released key
         "exists": 1,  # the line, the registrations and the readers, weighted, in one call
         "zrem": 2,  # its own place (none: no HDEL of a lapse time), the head's
         "hdel": 2,  # its registration, the head's lapse time
         "time": 1,
         "zrange": 1,  # the head (no look at the readers: the EXISTS found none)
         "hget": 3,  # the head's lapse time, its registration, the marker's run
-        "set": 1,
+        "set": 1,  # the grant, over the released key
         "pttl": 1,  # the owner key
         "hset": 1,  # the head's 'g' mark
         "publish": 1,
@@ -286,3 +285,51 @@ def test_a_waiters_release_keeps_its_registration_count_apart_from_the_readers(n
     assert release(node, "k", "a" * 40, "w.n") == 1
     assert nested_calls(node) == {"get": 1, "del": 1, "exists": 1, "hdel": 1}
     assert node.hkeys("k\x00h") == [b"x.n"]
+
+
+def test_a_release_that_grants_nothing_still_deletes_its_key(node):
+    # The released key is written over only by a grant (hand_grant.lua, `ours`); every
+    # other way out of a release that found a line deletes it.
+    run_id = run_id_of(node)
+    identity = (run_id, "appendonly no")
+    # The only place in line has lapsed: nobody to wake.
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    node.zadd("k\x00q", {"gone.n": 1})
+    node.hset("k\x00e", "gone.n", 1)
+    assert release(node, "k", "a" * 40, "a.n", *identity) == 1
+    assert node.exists("k", "k\x00q", "k\x00e") == 0
+    # A head with no hand-off registration: woken, not granted.
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    node.zadd("k\x00q", {"b.n": 2})
+    node.hset("k\x00e", "b.n", 2**50)
+    assert release(node, "k", "a" * 40, "a.n", *identity) == 1
+    assert node.exists("k") == 0
+    assert node.zrange("k\x00q", 0, -1) == [b"b.n"]
+    # A registration whose owner argument is malformed: set_lock raises, the pcall catches it.
+    node.delete("k\x00q", "k\x00e", "k\x00h")
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    assert acquire(node, "k", "b" * 40, waiter="b.n", ticket=2, hand_round=1) > 0
+    node.hset("k\x00h", "b.n", f"1 10000 {'b' * 40} short")
+    assert release(node, "k", "a" * 40, "a.n", *identity) == 1
+    assert node.exists("k") == 0
+    assert node.zrange("k\x00q", 0, -1) == [b"b.n"]
+
+
+@pytest.mark.parametrize("waiter", ["", "a.n"], ids=["single-try", "waiter"])
+def test_a_release_on_a_node_out_of_memory_still_grants(node, waiter):
+    # The grant's SET needs memory, and a full node (maxmemory, noeviction) refuses a
+    # script's first write that does: the release's DEL (a single try's) or ZREM of its own
+    # place (a waiter's, whose key the grant then writes over) comes first, needing none.
+    if waiter:
+        run_id, holder, head = steady_hand_off(node), "b" * 40, "c"
+    else:
+        queue_behind(node)
+        run_id, holder, head = run_id_of(node), "a" * 40, "b"
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        assert release(node, "k", holder, waiter and "b.n", run_id, "appendonly no") == 1
+    finally:
+        node.config_set("maxmemory", "0")
+    assert lock_token(node, "k") == head.encode() * 40
+    assert node.zrange("k\x00q", 0, -1) == []
