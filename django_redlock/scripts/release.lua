@@ -28,16 +28,16 @@
 -- registration of its own may remain, and whether the readers key exists). Every other case
 -- falls through to the full rules below.
 -- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
--- was granted the lock, so its place is gone) takes 15 redis.calls: GET, EXISTS; ZREM of
--- its own place (finding none, so no HDEL of its lapse time), HDEL of its registration;
--- live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's HGET of the
--- head's registration and of the marker, the SET that writes the grant over the released
--- key (no DEL first), the owner key's PTTL, ZREM, HDEL, HSET of the 'g' mark, PUBLISH (no
--- look at the readers: none). It took 18 before the three cuts (issue 25), each argued where
--- it is made below.
+-- was granted the lock, so its place is gone) takes 14 redis.calls: GET, EXISTS, HDEL of its
+-- registration; live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's
+-- HGET of the head's registration and of the marker, the SET that writes the grant over the
+-- released key (no DEL first), the owner key's PTTL, one ZREM and one HDEL for the places
+-- and lapse times of the head and of the releaser, HSET of the 'g' mark, PUBLISH (no look
+-- at the readers: none). It took 18 before the cuts of issue 25, each argued where it is
+-- made (here and in hand_grant.lua, wake_next.lua).
 local key = KEYS[1]
 local line = key .. '\0q'
-local released, lined, no_readers, ours = false, false, false, false
+local released, lined, no_readers = false, false, false
 local value = redis.pcall('GET', key)
 if type(value) == 'string' then
     -- lock_key.lua's lock_token, inline: the token is what precedes the first space.
@@ -71,11 +71,10 @@ if type(value) == 'string' then
             -- A line: the key, still ours, is deleted by grant_next unless it grants the
             -- lock, whose SET then writes the next holder's token over ours: the same as DEL
             -- then SET in one script (no other command runs in between), one DEL less per
-            -- hand-off. A full node (maxmemory, noeviction) grants as before: the ZREM of
-            -- the holder's place below, a write that needs no memory, comes first, as the
-            -- DEL did, so the SET is never the script's first write (which a full node
-            -- refuses). A single try's release (no place of its own to drop) keeps its DEL.
-            ours = true
+            -- hand-off (hand_grant.lua: `holder`). A full node (maxmemory, noeviction)
+            -- grants as before: the HDEL of the holder's registration below, a write that
+            -- needs no memory, comes first, as the DEL did, so the SET is never the script's
+            -- first write (which a full node refuses). A single try's release keeps its DEL.
         end
         released, lined = true, true -- grant_next need not look for the line again
     end
@@ -100,22 +99,15 @@ if not released then
     end
     return 0
 end
--- The holder's own place in line may remain on nodes that did not grant it the lock (they
--- queued it, then the others gave it a quorum): drop it, or it would head the line.
--- Its lapse time goes only with its place: a place and its lapse time are written and
--- dropped together by every script (ZADD then HSET: acquire.lua's wait_in_line, hand_yield.lua,
--- wait_line.lua's take_place; ZREM with HDEL: acquire.lua's head and its own place, live_head
--- of wake_next.lua, hand_grant.lua, leave.lua, wait_line.lua's leave_place and live_places,
--- the branch above; both keys get the same expiry in the same script), so when ZREM finds no
--- place there is no lapse time to drop (a granted holder's place is already gone: the
--- common case). Were one ever left (a key evicted by a misconfigured maxmemory policy), it
--- would be harmless: a lapse time is read only for a member found in line, and every ZADD
--- of a member writes its lapse time anew in the same script.
+-- A waiter's release drops its registration (a granted waiter's 'g' entry) and its own place
+-- in line, which may remain on nodes that did not grant it the lock (they queued it, then the
+-- others gave it a quorum): hand_grant.lua (`holder`) never takes that place for the head,
+-- and drops it with the head's when it grants (one ZREM and one HDEL for both), else alone,
+-- its lapse time only when ZREM found it (see there why that is enough).
 if ARGV[2] ~= '' then
-    if redis.call('ZREM', line, ARGV[2]) == 1 then
-        redis.call('HDEL', lapse, ARGV[2])
-    end
     redis.call('HDEL', key .. '\0h', ARGV[2])
+    grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
+else
+    grant_next(key, line, lapse, lined, ARGV[3], no_readers)
 end
-grant_next(key, line, lapse, lined, ARGV[3], no_readers, ours)
 return 1

@@ -233,15 +233,15 @@ def test_the_queueing_try_takes_13_redis_calls(node):
     assert 9_000 < node.pttl("k\x00h") <= 10_000
 
 
-def test_the_granting_release_of_a_granted_holder_takes_15_redis_calls(node):
+def test_the_granting_release_of_a_granted_holder_takes_14_redis_calls(node):
     run_id = steady_hand_off(node)
     node.config_resetstat()
     assert release(node, "k", "b" * 40, "b.n", run_id, "appendonly no") == 1
     assert nested_calls(node) == {
         "get": 1,  # no DEL: the grant's SET writes over the released key
         "exists": 1,  # the line, the registrations and the readers, weighted, in one call
-        "zrem": 2,  # its own place (none: no HDEL of a lapse time), the head's
-        "hdel": 2,  # its registration, the head's lapse time
+        "zrem": 1,  # the head's place and its own (none here), in one call
+        "hdel": 2,  # its registration; the head's lapse time and its own, in one call
         "time": 1,
         "zrange": 1,  # the head (no look at the readers: the EXISTS found none)
         "hget": 3,  # the head's lapse time, its registration, the marker's run
@@ -305,6 +305,30 @@ def test_a_release_that_grants_nothing_still_deletes_its_key(node):
     assert release(node, "k", "a" * 40, "a.n", *identity) == 1
     assert node.exists("k") == 0
     assert node.zrange("k\x00q", 0, -1) == [b"b.n"]
+    # The holder's own place heads the line (a node that queued it, then the others gave it
+    # a quorum): never taken for the head, dropped; the next waiter is granted the lock.
+    node.delete("k\x00q", "k\x00e", "k\x00h")
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    assert acquire(node, "k", "b" * 40, waiter="b.n", ticket=2, hand_round=1) > 0
+    node.zadd("k\x00q", {"a.n": 1})
+    node.hset("k\x00e", "a.n", 2**50)
+    assert release(node, "k", "a" * 40, "a.n", *identity) == 1
+    assert lock_token(node, "k") == b"b" * 40
+    assert node.zrange("k\x00q", 0, -1) == []
+    assert node.hkeys("k\x00e") == []
+    # Its place behind the head: dropped with the head's, in one ZREM.
+    assert acquire(node, "k", "c" * 40, waiter="c.n", ticket=3, hand_round=1) > 0
+    node.zadd("k\x00q", {"b.n": 9})
+    node.hset("k\x00e", "b.n", 2**50)
+    assert release(node, "k", "b" * 40, "b.n", *identity) == 1
+    assert lock_token(node, "k") == b"c" * 40
+    assert node.zrange("k\x00q", 0, -1) == []
+    assert node.hkeys("k\x00e") == []
+    # Its place in a line of lapsed places only: dropped, nobody granted or woken.
+    node.zadd("k\x00q", {"c.n": 3, "gone.n": 1})
+    node.hset("k\x00e", mapping={"c.n": 2**50, "gone.n": 1})
+    assert release(node, "k", "c" * 40, "c.n", *identity) == 1
+    assert node.exists("k", "k\x00q", "k\x00e") == 0
     # A registration whose owner argument is malformed: set_lock raises, the pcall catches it.
     node.delete("k\x00q", "k\x00e", "k\x00h")
     assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
