@@ -49,25 +49,27 @@ if type(value) == 'string' then
                 return 1
             end
         else
-            -- Weighted, in one call: the line named 4 times, the hand-off registrations twice,
-            -- the readers of the read-write lock of this name once, so the count
-            -- 4*line + 2*registrations + 1*readers decodes uniquely (an EXISTS argument
-            -- costs the node far less than a redis.call).
-            local hand = key .. '\0h'
-            local found = redis.call('EXISTS', line, line, line, line, hand, hand, key .. '\0r')
-            if found < 4 then
+            -- Weighted, in one call (an EXISTS argument costs the node far less than a
+            -- redis.call): the line named twice, the hand-off registrations once, the
+            -- readers of the read-write lock of this name twice: 2*line + h + 2*readers.
+            local hand, readers = key .. '\0h', key .. '\0r'
+            local found = redis.call('EXISTS', line, line, hand, readers, readers)
+            if found < 2 then
                 -- No line: no place of ours in it, no lapse time either (both are written
                 -- and dropped together), nobody to hand over to; only a registration of
-                -- ours may remain (a granted waiter's 'g' entry).
+                -- ours may remain (a granted waiter's 'g' entry): found is 1.
                 redis.call('DEL', key)
-                if found >= 2 then
+                if found == 1 then
                     redis.call('HDEL', hand, ARGV[2])
                 end
                 return 1
             end
-            -- No readers key: hand_grant.lua's look at the last reader would find nothing
-            -- (nothing in this script writes it), so it is skipped.
-            no_readers = found % 2 == 0
+            -- Below 4, no readers key (without a line, found is at most 3: 2 and 3 are also
+            -- readers without a line, rare, which the full rules below handle: live_head
+            -- finds no head in an absent line, so nothing is granted and no reader looked
+            -- at). Then hand_grant.lua's look at the last reader would find nothing (nothing
+            -- in this script writes the readers key), so it is skipped.
+            no_readers = found < 4
             -- A line: the key, still ours, is deleted by grant_next unless it grants the
             -- lock, whose SET then writes the next holder's token over ours: the same as DEL
             -- then SET in one script (no other command runs in between), one DEL less per

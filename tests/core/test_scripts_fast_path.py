@@ -273,18 +273,23 @@ def test_a_granting_release_still_looks_at_readers_when_their_key_exists(node):
 
 
 def test_a_waiters_release_keeps_its_registration_count_apart_from_the_readers(node):
-    # No line: the weighted EXISTS finds a readers key only (1), which is not a registration
-    # of ours (2): nothing else to drop; with a registration too (3), it is dropped.
-    assert acquire(node, "k", "a" * 40) == b"OK"
-    node.zadd("k\x00r", {"reader": 1})
-    assert release(node, "k", "a" * 40, "w.n") == 1
-    assert node.exists("k") == 0
+    # No line: the weighted EXISTS (2*line + registrations + 2*readers) finds a registration
+    # of ours (1): dropped, and nothing more to do; a readers key without a line (2, or 3
+    # with a registration) takes the full rules, which find nobody in line.
     assert acquire(node, "k", "a" * 40) == b"OK"
     node.hset("k\x00h", mapping={"w.n": f"g1 10000 {'a' * 40} {OWNER}", "x.n": "2 1 t o"})
     node.config_resetstat()
     assert release(node, "k", "a" * 40, "w.n") == 1
     assert nested_calls(node) == {"get": 1, "del": 1, "exists": 1, "hdel": 1}
     assert node.hkeys("k\x00h") == [b"x.n"]
+    for registered in (False, True):
+        assert acquire(node, "k", "a" * 40) == b"OK"
+        node.zadd("k\x00r", {"reader": 1})
+        if registered:
+            node.hset("k\x00h", "w.n", f"g1 10000 {'a' * 40} {OWNER}")
+        assert release(node, "k", "a" * 40, "w.n") == 1
+        assert node.exists("k", "k\x00q") == 0
+        assert node.hkeys("k\x00h") == [b"x.n"]
 
 
 def test_a_release_that_grants_nothing_still_deletes_its_key(node):
