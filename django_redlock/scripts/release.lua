@@ -14,8 +14,9 @@
 --          appends to a command posted with identify=True (release_command(identified=True)).
 --          With it a hand-off grant needs no INFO call (hand_grant.lua).
 --
--- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
--- held by another token: another holder's key is never deleted).
+-- Returns 1 when the key held this token and was deleted (or written over by a grant to the
+-- next waiter, hand_grant.lua), 0 otherwise (absent, expired, or held by another token:
+-- another holder's key is never deleted).
 -- A release grants the lock here to the first waiter in line when that waiter registered a
 -- hand-off token (hand_grant.lua: the safety argument), else wakes only that waiter
 -- (wake_next.lua): it retries at once, the others keep waiting, so a release costs at most
@@ -24,9 +25,9 @@
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
 -- redis.calls and no function of its own: GET, DEL and one EXISTS that finds no line (so
--- nothing to clean up or hand over; a waiter's release also learns there whether a hand-off
--- registration of its own may remain, and whether the readers key exists). Every other case
--- falls through to the full rules below.
+-- nothing to clean up or hand over; a waiter's release runs it before the DEL, and also
+-- learns there whether a hand-off registration of its own may remain, and whether the
+-- readers key exists). Every other case falls through to the full rules below.
 -- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
 -- was granted the lock, so its place is gone) takes 14 redis.calls: GET, EXISTS, HDEL of its
 -- registration; live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's
