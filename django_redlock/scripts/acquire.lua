@@ -53,17 +53,26 @@
 -- it has proven would do nothing (quarantine_longer: equal texts; node_rule: the marker names
 -- this process; HSET q: the stored q is the caller's; the hand-off prelude: no round, or round
 -- 1 with no later round seen).
+-- A waiter's first try that finds the lock held and queues (W3's steady state) takes 13
+-- redis.calls: HMGET of the marker, HGET of its registration (the late-round check), EXISTS,
+-- GET; wait_in_line's ZADD, TIME, HSET of the lapse time, PEXPIRE of the line and of the lapse
+-- times; register_hand's HSET, PTTL and PEXPIRE of the registrations; the holder's PTTL. The
+-- registration read once serves both the check and register_hand (hand_register.lua says
+-- why that is safe): 14 before that cut (issue 25).
 local key = KEYS[1]
 local marker = redis.call('HMGET', '\0django_redlock:node', 'run', 'q')
 local hand_checked = false
+-- The waiter's hand-off registration as read in this script (HGET: a string, or false when
+-- none); nil until read. register_hand (hand_register.lua) reuses it: see there.
+local hand_seen = nil
 local taken = nil -- the fast path's EXISTS count, when it ran (the slow path reuses it)
 if marker[1] == ARGV[9] and marker[2] == ARGV[4] then
     local round = ARGV[8]
     if round == '1' and ARGV[5] ~= '' then
         -- hand_register.lua's prelude for a waiter's first round: refused when a later round
         -- of the same waiter already ran here; a first round registers nothing more.
-        local seen = redis.call('HGET', key .. '\0h', ARGV[5])
-        if seen and (tonumber(string.match(seen, '^g?(%d+) ')) or 0) > 1 then
+        hand_seen = redis.call('HGET', key .. '\0h', ARGV[5])
+        if hand_seen and (tonumber(string.match(hand_seen, '^g?(%d+) ')) or 0) > 1 then
             return 0
         end
         hand_checked = true

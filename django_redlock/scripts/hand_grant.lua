@@ -8,7 +8,9 @@
 --
 -- Why no two holders overlap within their validity:
 --   * A node grants only a key that is free here: after the compare-and-delete of the
---     releaser's own token, or when nothing holds it (no key, no live reader of the
+--     releaser's own token (a waiter's release compares, then the grant's SET writes over
+--     its key, or, when nothing is granted, a DEL deletes it: `holder`; the same, in one
+--     script, as a DEL before the grant), or when nothing holds it (no key, no live reader of the
 --     read-write lock of this name). So each node holds at most one token at a time, as
 --     with a try; a quorum of H is a Redlock quorum like any other.
 --   * The waiter counts node i's grant from the send time of round r (the round in the
@@ -35,25 +37,47 @@
 -- it releases H on every node (core/flow.py: Acquire.judge). A waiter that died keeps its
 -- grants until they expire (its ttl): only a head whose place has not lapsed is granted, and
 -- a place lapses when its waiter stops trying.
-local function grant_next(key, line, lapse, lined, run)
-    local first, now = live_head(key, line, lapse, lined)
-    if first == nil then
-        return
-    end
+-- `no_readers`: the caller saw in this script that the readers key does not exist (release.lua's
+-- weighted EXISTS, nothing in release.lua writing it since), so the look at the last reader
+-- is skipped: a ZRANGE of a missing key finds nothing, as an absent key has no live reader.
+-- Absent or false (every other caller): looked at.
+-- `holder`: a waiter's release (release.lua): the releaser's waiter id. Its key still holds
+-- its token (compared by release.lua): the grant's SET writes over it, and every way out
+-- that grants nothing deletes it (DEL), the same, in one script, as a DEL before the grant.
+-- Its own place may remain in line (a node that queued it, then the others gave it a
+-- quorum): live_head never takes it for the head, and it goes with the head's place (one
+-- ZREM, one HDEL) when the lock is granted, else alone. Its lapse time is dropped only
+-- when ZREM found its place: a place and its lapse time are written and dropped together
+-- by every script (ZADD then HSET: acquire.lua's wait_in_line, hand_yield.lua, wait_line.lua's
+-- take_place; ZREM with HDEL: acquire.lua's head and its own place, live_head, this function,
+-- release.lua's other branch, leave.lua, wait_line.lua's leave_place and live_places; both
+-- keys get the same expiry in the same script), so when ZREM finds no place there is no
+-- lapse time to drop. Were one ever left (a key evicted by a misconfigured maxmemory
+-- policy), it would be harmless: a lapse time is read only for a member found in line, and
+-- every ZADD of a member writes its lapse time anew in the same script.
+local function grant_next(key, line, lapse, lined, run, no_readers, holder)
+    local first, now = live_head(key, line, lapse, lined, holder)
     local hand = key .. '\0h'
-    local entry = redis.call('HGET', hand, first)
+    local entry = first and redis.call('HGET', hand, first)
     if entry then
         local round, ttl, token, owner = string.match(entry, '^(%d+) (%d+) (%S+) (.+)$')
-        local readers = redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
+        local readers = no_readers and {}
+            or redis.call('ZRANGE', key .. '\0r', -1, -1, 'WITHSCORES')
         local marker = redis.call('HGET', '\0django_redlock:node', 'run')
         if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
             and (run ~= nil and run ~= '' and run
                 or string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')) == marker then
-            -- pcall: a node out of memory refuses the SET (this script has no shebang, so
-            -- its DEL went through); the head is then woken as before.
+            -- pcall: a node out of memory refuses the SET if it is the script's first
+            -- write (no shebang; release.lua's DEL or HDEL comes first, so it grants); the
+            -- head is then woken as before (and the releaser's key deleted: `holder`).
             if pcall(set_lock, key, token, owner, ttl) then
-                redis.call('ZREM', line, first)
-                redis.call('HDEL', lapse, first)
+                if holder then
+                    redis.call('ZREM', line, first, holder)
+                    redis.call('HDEL', lapse, first, holder)
+                else
+                    redis.call('ZREM', line, first)
+                    redis.call('HDEL', lapse, first)
+                end
                 -- Marked granted ('g'): the clean-up of a try whose reply was lost never
                 -- deletes a grant the waiter may count (hand_undo.lua).
                 redis.call('HSET', hand, first, 'g' .. entry)
@@ -62,5 +86,13 @@ local function grant_next(key, line, lapse, lined, run)
             end
         end
     end
-    wake_member(key, first)
+    if holder then
+        if redis.call('ZREM', line, holder) == 1 then
+            redis.call('HDEL', lapse, holder)
+        end
+        redis.call('DEL', key)
+    end
+    if first then
+        wake_member(key, first)
+    end
 end

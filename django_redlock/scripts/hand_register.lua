@@ -29,7 +29,15 @@ local function register_hand()
     local hand = KEYS[1] .. '\0h'
     local entry = ARGV[8] .. ' ' .. ARGV[2] .. ' ' .. ARGV[1] .. ' ' .. ARGV[3]
     -- A try that meets a grant keeps its mark (hand_grant.lua), so nothing undoes it.
-    local old = redis.call('HGET', hand, waiter)
+    -- The entry as read by this script's check below, or by acquire.lua's fast path, when
+    -- either ran (hand_seen): nothing wrote it since, as the only write of this hash in
+    -- acquire.lua is this function's own HSET, which runs once and after this read (head()
+    -- drops lapsed places from the line and the lapse times only), and the hash cannot expire
+    -- in between (a script sees its keys' expiry at its start time). Read here otherwise.
+    local old = hand_seen
+    if old == nil then
+        old = redis.call('HGET', hand, waiter)
+    end
     if old and string.sub(old, 1, 1) == 'g' and lock_token(KEYS[1]) == ARGV[1] then
         entry = 'g' .. entry
     end
@@ -41,8 +49,8 @@ end
 local hand_round = tonumber(ARGV[8]) or 0
 -- (acquire.lua's fast path may have run this check for round 1 already: hand_checked.)
 if waiter ~= '' and hand_round >= 1 and not hand_checked then
-    local seen = redis.call('HGET', KEYS[1] .. '\0h', waiter)
-    if seen and (tonumber(string.match(seen, '^g?(%d+) ')) or 0) > hand_round then
+    hand_seen = redis.call('HGET', KEYS[1] .. '\0h', waiter)
+    if hand_seen and (tonumber(string.match(hand_seen, '^g?(%d+) ')) or 0) > hand_round then
         return 0
     end
     if hand_round >= 2 then

@@ -14,8 +14,9 @@
 --          appends to a command posted with identify=True (release_command(identified=True)).
 --          With it a hand-off grant needs no INFO call (hand_grant.lua).
 --
--- Returns 1 when the key held this token and was deleted, 0 otherwise (absent, expired, or
--- held by another token: another holder's key is never deleted).
+-- Returns 1 when the key held this token and was deleted (or written over by a grant to the
+-- next waiter, hand_grant.lua), 0 otherwise (absent, expired, or held by another token:
+-- another holder's key is never deleted).
 -- A release grants the lock here to the first waiter in line when that waiter registered a
 -- hand-off token (hand_grant.lua: the safety argument), else wakes only that waiter
 -- (wake_next.lua): it retries at once, the others keep waiting, so a release costs at most
@@ -23,35 +24,60 @@
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
--- redis.calls and no function of its own: GET, DEL, and one EXISTS that finds no line (so
--- nothing to clean up or hand over; a waiter's release also learns there whether a hand-off
--- registration of its own may remain). Every other case falls through to the full rules
--- below, as they were.
+-- redis.calls and no function of its own: GET, DEL and one EXISTS that finds no line (so
+-- nothing to clean up or hand over; a waiter's release runs it before the DEL, and also
+-- learns there whether a hand-off registration of its own may remain, and whether the
+-- readers key exists). Every other case falls through to the full rules below.
+-- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
+-- was granted the lock, so its place is gone) takes 14 redis.calls: GET, EXISTS, HDEL of its
+-- registration; live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's
+-- HGET of the head's registration and of the marker, the SET that writes the grant over the
+-- released key (no DEL first), the owner key's PTTL, one ZREM and one HDEL for the places
+-- and lapse times of the head and of the releaser, HSET of the 'g' mark, PUBLISH (no look
+-- at the readers: none). It took 18 before the cuts of issue 25, each argued where it is
+-- made (here and in hand_grant.lua, wake_next.lua).
 local key = KEYS[1]
 local line = key .. '\0q'
-local released, lined = false, false
+local released, lined, no_readers = false, false, false
 local value = redis.pcall('GET', key)
 if type(value) == 'string' then
     -- lock_key.lua's lock_token, inline: the token is what precedes the first space.
     local space = string.find(value, ' ', 1, true)
     if space ~= nil and string.sub(value, 1, space - 1) == ARGV[1] then
-        redis.call('DEL', key)
         if ARGV[2] == '' then
+            redis.call('DEL', key)
             if redis.call('EXISTS', line) == 0 then
                 return 1
             end
         else
-            -- The line named twice: 2 per line, 1 for hand-off registrations, in one call.
-            local found = redis.call('EXISTS', line, line, key .. '\0h')
+            -- Weighted, in one call (an EXISTS argument costs the node far less than a
+            -- redis.call): the line named twice, the hand-off registrations once, the
+            -- readers of the read-write lock of this name twice: 2*line + h + 2*readers.
+            local hand, readers = key .. '\0h', key .. '\0r'
+            local found = redis.call('EXISTS', line, line, hand, readers, readers)
             if found < 2 then
                 -- No line: no place of ours in it, no lapse time either (both are written
                 -- and dropped together), nobody to hand over to; only a registration of
-                -- ours may remain (a granted waiter's 'g' entry).
+                -- ours may remain (a granted waiter's 'g' entry): found is 1.
+                redis.call('DEL', key)
                 if found == 1 then
-                    redis.call('HDEL', key .. '\0h', ARGV[2])
+                    redis.call('HDEL', hand, ARGV[2])
                 end
                 return 1
             end
+            -- Below 4, no readers key (without a line, found is at most 3: 2 and 3 are also
+            -- readers without a line, rare, which the full rules below handle: live_head
+            -- finds no head in an absent line, so nothing is granted and no reader looked
+            -- at). Then hand_grant.lua's look at the last reader would find nothing (nothing
+            -- in this script writes the readers key), so it is skipped.
+            no_readers = found < 4
+            -- A line: the key, still ours, is deleted by grant_next unless it grants the
+            -- lock, whose SET then writes the next holder's token over ours: the same as DEL
+            -- then SET in one script (no other command runs in between), one DEL less per
+            -- hand-off (hand_grant.lua: `holder`). A full node (maxmemory, noeviction)
+            -- grants as before: the HDEL of the holder's registration below, a write that
+            -- needs no memory, comes first, as the DEL did, so the SET is never the script's
+            -- first write (which a full node refuses). A single try's release keeps its DEL.
         end
         released, lined = true, true -- grant_next need not look for the line again
     end
@@ -76,12 +102,15 @@ if not released then
     end
     return 0
 end
--- The holder's own place in line may remain on nodes that did not grant it the lock (they
--- queued it, then the others gave it a quorum): drop it, or it would head the line.
+-- A waiter's release drops its registration (a granted waiter's 'g' entry) and its own place
+-- in line, which may remain on nodes that did not grant it the lock (they queued it, then the
+-- others gave it a quorum): hand_grant.lua (`holder`) never takes that place for the head,
+-- and drops it with the head's when it grants (one ZREM and one HDEL for both), else alone,
+-- its lapse time only when ZREM found it (see there why that is enough).
 if ARGV[2] ~= '' then
-    redis.call('ZREM', line, ARGV[2])
-    redis.call('HDEL', lapse, ARGV[2])
     redis.call('HDEL', key .. '\0h', ARGV[2])
+    grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
+else
+    grant_next(key, line, lapse, lined, ARGV[3], no_readers)
 end
-grant_next(key, line, lapse, lined, ARGV[3])
 return 1

@@ -12,25 +12,33 @@
 
 -- The first member of the line whose place has not lapsed (lapsed ones are dropped on the
 -- way, with their hand-off registration, hand_register.lua), or nil. `lined`: the caller saw
--- the line exist in this script (no second EXISTS).
-local function live_head(key, line, lapse, lined)
+-- the line exist in this script (no second EXISTS). `holder`: a releasing waiter
+-- (hand_grant.lua) whose own place, met on the way, is dropped and never taken for the head
+-- (its registration the caller drops); it does not count among the 32 lapsed places.
+local function live_head(key, line, lapse, lined, holder)
     -- Nobody waits (no line): nothing to find. Waiters always queue before they listen.
     if not lined and redis.call('EXISTS', line) == 0 then
         return nil
     end
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-    for _ = 1, 32 do
+    local dropped = 0
+    while dropped < 32 do
         local first = redis.call('ZRANGE', line, 0, 0)
         if #first == 0 then
             return nil
         end
-        if tonumber(redis.call('HGET', lapse, first[1]) or '0') > now then
+        if first[1] == holder then
+            redis.call('ZREM', line, holder)
+            redis.call('HDEL', lapse, holder)
+        elseif tonumber(redis.call('HGET', lapse, first[1]) or '0') > now then
             return first[1], now
+        else
+            redis.call('ZREM', line, first[1])
+            redis.call('HDEL', lapse, first[1])
+            redis.call('HDEL', key .. '\0h', first[1])
+            dropped = dropped + 1
         end
-        redis.call('ZREM', line, first[1])
-        redis.call('HDEL', lapse, first[1])
-        redis.call('HDEL', key .. '\0h', first[1])
     end
     return nil
 end
