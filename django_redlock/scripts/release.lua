@@ -107,9 +107,23 @@ end
 -- others gave it a quorum): hand_grant.lua (`holder`) never takes that place for the head,
 -- and drops it with the head's when it grants (one ZREM and one HDEL for both), else alone,
 -- its lapse time only when ZREM found it (see there why that is enough).
+-- In a pcall: the key, still ours until grant_next writes over it or deletes it, is freed
+-- whatever fails on the way (a foreign key of another type under one of the lock's names, an
+-- ACL without +info), as the DEL that came first did: a script is not rolled back, and an
+-- error must not leave the released lock held for its ttl. Nothing that can fail runs after
+-- a grant's SET (every other key was read with a typed command before it), so the DEL below
+-- never deletes a grant; the lock_token check makes sure of it.
 if ARGV[2] ~= '' then
-    redis.call('HDEL', key .. '\0h', ARGV[2])
-    grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
+    local ok, failure = pcall(function()
+        redis.call('HDEL', key .. '\0h', ARGV[2])
+        grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
+    end)
+    if not ok then
+        if lock_token(key) == ARGV[1] then
+            redis.call('DEL', key)
+        end
+        error(failure)
+    end
 else
     grant_next(key, line, lapse, lined, ARGV[3], no_readers)
 end

@@ -293,7 +293,7 @@ def test_a_waiters_release_keeps_its_registration_count_apart_from_the_readers(n
 
 
 def test_a_release_that_grants_nothing_still_deletes_its_key(node):
-    # The released key is written over only by a grant (hand_grant.lua, `ours`); every
+    # The released key is written over only by a grant (hand_grant.lua, `holder`); every
     # other way out of a release that found a line deletes it.
     run_id = run_id_of(node)
     identity = (run_id, "appendonly no")
@@ -347,8 +347,8 @@ def test_a_release_that_grants_nothing_still_deletes_its_key(node):
 @pytest.mark.parametrize("waiter", ["", "a.n"], ids=["single-try", "waiter"])
 def test_a_release_on_a_node_out_of_memory_still_grants(node, waiter):
     # The grant's SET needs memory, and a full node (maxmemory, noeviction) refuses a
-    # script's first write that does: the release's DEL (a single try's) or ZREM of its own
-    # place (a waiter's, whose key the grant then writes over) comes first, needing none.
+    # script's first write that does: the release's DEL (a single try's) or the HDEL of its
+    # registration (a waiter's HDEL; its key the grant then writes over) comes first, needing none.
     if waiter:
         run_id, holder, head = steady_hand_off(node), "b" * 40, "c"
     else:
@@ -362,3 +362,21 @@ def test_a_release_on_a_node_out_of_memory_still_grants(node, waiter):
         node.config_set("maxmemory", "0")
     assert lock_token(node, "k") == head.encode() * 40
     assert node.zrange("k\x00q", 0, -1) == []
+
+
+@pytest.mark.parametrize("foreign", ["k\x00q", "k\x00e", "k\x00h", "k\x00r"])
+def test_a_waiters_release_that_fails_midway_still_frees_its_key(node, foreign):
+    # A waiter's release no longer deletes its key before it looks at the line (a grant
+    # writes over it): whatever fails on the way (here a foreign string under one of the
+    # lock's names, which no client of ours writes) still frees the key, as the DEL that came
+    # first did, and the error is answered, not hidden. Without the pcall in release.lua the
+    # key stayed held for its whole ttl (review of issue 25's cuts).
+    run_id = run_id_of(node)
+    assert acquire(node, "k", "a" * 40, waiter="a.n", ticket=1, hand_round=1) == b"OK"
+    assert acquire(node, "k", "b" * 40, waiter="b.n", ticket=2, hand_round=2) > 0
+    assert node.zrange("k\x00q", 0, -1) == [b"b.n"]
+    node.delete(foreign)
+    node.set(foreign, "not ours")
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        release(node, "k", "a" * 40, "a.n", run_id, "appendonly no")
+    assert node.exists("k") == 0
