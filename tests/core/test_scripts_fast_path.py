@@ -161,6 +161,9 @@ def test_a_release_that_names_another_process_than_the_markers_grants_nothing(no
 
 def test_the_identified_release_command_counts_the_identity_the_transport_appends(node):
     queue_behind(node)
+    # EVALSHA, as a connection sends it once the script is loaded (run alone or first, the
+    # node had not seen this script yet: NOSCRIPT).
+    node.script_load(scripts.RELEASE.source)
     command, fallback = scripts.release_command("k", "a" * 40, "", identified=True)
     identity = b"$%d\r\n%s\r\n$13\r\nappendonly no\r\n" % (40, run_id_of(node).encode())
     connection = node.connection_pool.get_connection()
