@@ -12,6 +12,7 @@ import shlex
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from django_redlock import LockManager
 from django_redlock.core.health import status
@@ -27,13 +28,18 @@ def readme_acl() -> list[str]:
     return shlex.split(" ".join(match.group(1).split()))
 
 
-def test_the_readme_acl_user_can_do_everything_the_library_does(cluster3):
+def acl_user_urls(cluster: Any) -> list[str]:
+    """Create the page's ACL user on every node of ``cluster``; its URLs, as that user."""
     command = readme_acl()
     password = next(part[1:] for part in command if part.startswith(">"))
-    for node in cluster3:
+    for node in cluster:
         with node_client(node) as client:
             client.execute_command(*command)
-    urls = [node.url.replace("unix://", f"unix://locks:{password}@") for node in cluster3]
+    return [node.url.replace("unix://", f"unix://locks:{password}@") for node in cluster]
+
+
+def test_the_readme_acl_user_can_do_everything_the_library_does(cluster3):
+    urls = acl_user_urls(cluster3)
     manager = LockManager(urls, ttl=10.0, retry_delay=10.0)  # only a wake-up is prompt
     manager.declare_fresh()
     lease = manager.acquire("acl", ttl=10.0)
@@ -66,12 +72,7 @@ def test_the_readme_acl_user_can_use_every_kind_of_lock(cluster3):
     # The kinds' scripts call commands a plain lock's do not (ZSCORE, ZCARD, ZRANGEBYSCORE in
     # the read-write and semaphore scripts; HGETALL in the listing of readers): the page's
     # ACL once lacked them, and the test above, with plain locks only, passed.
-    command = readme_acl()
-    password = next(part[1:] for part in command if part.startswith(">"))
-    for node in cluster3:
-        with node_client(node) as client:
-            client.execute_command(*command)
-    urls = [node.url.replace("unix://", f"unix://locks:{password}@") for node in cluster3]
+    urls = acl_user_urls(cluster3)
     manager = LockManager(urls, ttl=10.0, retry_delay=0.05)
     manager.declare_fresh()
     slot = manager.semaphore("acl-sem", 2).acquire(timeout=5.0)
