@@ -83,6 +83,11 @@ class SignalObserver:
         label_mode: the ``lock`` label of the metrics, ``REDLOCK["METRICS_LABEL"]``.
     """
 
+    # Keeps no lease: each is passed on to the signals' receivers (module globals) and its
+    # name to the metrics, so a thread holding many leases may have them untracked by the
+    # garbage collector (see LockObserver and core.lease._cycle_free).
+    keeps_leases = False
+
     def __init__(self, manager: object = None, *, label_mode: str = "prefix") -> None:
         self.manager = manager
         self.label_mode = label_mode

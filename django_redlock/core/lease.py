@@ -10,13 +10,15 @@ asyncio tasks can never share or overwrite each other's tokens.
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, Protocol, TypeGuard, TypeVar
+from typing import Any, ClassVar, Generic, Protocol, TypeGuard, TypeVar
 
 try:
     # CPython's atomic "delete this key if its weak reference is dead", which
@@ -126,6 +128,49 @@ _keep_tracked = untracking.keep_tracked
 # scope is a tracked tuple holding a task already.)
 _UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 
+# From there on, a thread's scope untracks the lease itself too, when nothing it refers to can
+# refer back to it (see _cycle_free): its lease class says so, and its manager's observer
+# keeps no lease. Then a collection does not read the lease, nor its state through it: a
+# held lease costs a collection only the reference to it that its holder keeps (issue 28,
+# item 4). It is tracked again when it leaves the registry (Reentry.forget): released,
+# handed off or let go, a lease may be kept by anything, an observer among them. Only where
+# both calls can be had: a lease untracked for good could hide a cycle through it forever.
+_track = untracking.track
+_LEASES_UNTRACKED = _track is not _keep_tracked
+_is_tracked = gc.is_tracked
+# Held only across the check and the call that tracks a lease again: PyObject_GC_Track
+# aborts the process on an object already tracked, and two threads releasing one lease at
+# once (a misuse the second release reports) would both find it untracked.
+_tracking = threading.Lock()
+
+
+def _tracking_after_fork_in_child() -> None:
+    """A parent thread may hold the lock at the fork: the child makes its own."""
+    global _tracking
+    _tracking = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_tracking_after_fork_in_child)
+
+
+def _cycle_free(value: object) -> bool:
+    """Whether ``value``, a lease held in a thread's scope, refers to nothing that can refer
+    back to it, so that untracked it can hide no cycle from the collector.
+
+    A sync :class:`~django_redlock.redlock.Lease` refers to: its engine, its scope's tuple
+    (pid, thread id, None: numbers), its shape (strings), its untracked state tuple and its
+    end (strings and a float), None, bools and small ints. The engine holds leases only
+    weakly (the re-entry registry; the extender is the process's), and reaches user code
+    only through its observer, which is told of every lease: so the observer must be none,
+    or one that declares ``keeps_leases = False`` (the Django layer's ``SignalObserver``:
+    signals' receivers are module globals, never garbage). An asyncio lease also refers to
+    its asyncio manager (and its scope holds the task), so it stays tracked: its class says
+    ``_cycle_free_class = False``."""
+    if not getattr(type(value), "_cycle_free_class", False):
+        return False
+    observer = value._host.reporter.observer  # type: ignore[attr-defined]
+    return observer is None or getattr(observer, "keeps_leases", True) is False
+
 
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
     """One owner scope's entries in a :class:`Reentry`: lock name -> plain weak reference.
@@ -209,6 +254,9 @@ class Reentry(Generic[_V]):
             entries[name] = ref
             if entries.scope[2] is None:  # a thread's scope, no task: see _untrack_entries
                 _untrack_entries(entries, size == _UNTRACK_AT)
+                # The lease too (see _LEASES_UNTRACKED): no other thread has it yet.
+                if _LEASES_UNTRACKED and _cycle_free(value):
+                    _untrack(id(value))
         else:
             entries[name] = ref
         if len(entries) >= entries.sweep_at:
@@ -238,6 +286,10 @@ class Reentry(Generic[_V]):
         scope = lease._scope
         if scope is not None:
             self.remove(scope, lease._state[0], lease)
+            if not _is_tracked(lease):  # untracked by put (see _LEASES_UNTRACKED)
+                with _tracking:
+                    if not _is_tracked(lease):
+                        _track(id(lease))
 
     def __bool__(self) -> bool:
         """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
@@ -394,6 +446,10 @@ class BaseLease:
     # ``_state`` too (a shared tuple of bools: see held_on), not a slot: every slot is a
     # reference each collection visits twice, None or not. No attribute of a lease refers back to
     # it, so a dropped lease is freed by reference counting alone.
+    # Whether a lease of this class, held, refers to nothing that can refer back to it
+    # (see _cycle_free): the sync Lease's does not; an asyncio lease's manager might.
+    _cycle_free_class: ClassVar[bool] = False
+
     __slots__ = (
         "__weakref__",  # the re-entry registry and the extender hold leases weakly
         "_depth",  # holds by the owner (re-entries); 0 once released

@@ -101,6 +101,9 @@ class Lease(BaseLease):
     the attributes)."""
 
     __slots__ = ()
+    # Held in a thread holding many, it may be untracked by the collector (core.lease's
+    # _cycle_free): it adds no attribute that could refer back to it.
+    _cycle_free_class = True
     # Hosted by the engine its manager holds (clock, reporter, renewal): the sync rounds of
     # a lease (extend, release, owned) run on the engine's sync transport.
     _host: Engine

@@ -34,7 +34,13 @@ WARN_EVERY = 10.0
 class LockObserver(Protocol):
     """Hears about every lease of a manager (the Django layer sends signals and keeps metrics
     through one). Called synchronously in the thread that did the operation; the extender
-    thread reports lost renewals. Must not raise; must be quick."""
+    thread reports lost renewals. Must not raise; must be quick.
+
+    An observer that keeps no reference to the leases it is told of may say so with a
+    class attribute ``keeps_leases = False`` (the Django layer's does): a thread holding
+    many leases then has them untracked by the garbage collector while they are held (see
+    ``core.lease._cycle_free``), which one that keeps them, and so could close a reference
+    cycle through a lease, would make uncollectable."""
 
     def acquired(self, lease: BaseLease, waited: float) -> None:
         """A lease was taken after ``waited`` seconds."""

@@ -8,15 +8,33 @@ nothing to find, and untracked it works as before: it is freed by reference coun
 untracked tuples and dicts are. Objects it refers to that the collector does track look
 referenced from outside to the collector, which they are.
 
-Used by ``core.lease`` (the re-entry registry's weak references and a thread's dict of them,
-the guards of auto-extended leases) and ``core.extender`` (its heap and its map of leases).
-Where the call cannot be had (another Python, no ``ctypes``), :data:`untrack` does nothing.
+Used by ``core.lease`` (the re-entry registry's weak references, a thread's dict of them, and
+the leases of a thread holding many, tracked again by :data:`track` when released) and
+``core.extender`` (its heap and its map of leases). Where the calls cannot be had (another
+Python, no ``ctypes``), :data:`untrack` and :data:`track` do nothing (nothing was untracked).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+
+
+def _gc_call(symbol: str) -> Callable[[int], None] | None:
+    """CPython's C function ``symbol`` taking one object (``PyObject_GC_UnTrack`` or
+    ``PyObject_GC_Track``), called with an object's ``id()``, or None where it cannot be had
+    (another Python, no ctypes). Called through a ``PYFUNCTYPE`` prototype, which keeps the
+    GIL (the collector's lists need it)."""
+    if sys.implementation.name != "cpython":
+        return None
+    try:
+        import ctypes
+
+        prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
+        call: Callable[[int], None] = prototype((symbol, ctypes.pythonapi))
+    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes, no symbol
+        return None
+    return call
 
 
 def _gc_untracker() -> Callable[[int], None] | None:
@@ -32,19 +50,9 @@ def _gc_untracker() -> Callable[[int], None] | None:
     the absent callback), so it can be in no reference cycle, and the collector has nothing
     to find in it: untracked, it still works as before (cleared in C when its referent
     goes), as untracked tuples and dicts do. ``PyObject_GC_UnTrack`` is the public C API
-    for this, and does nothing to an object not tracked. It is called through a
-    ``PYFUNCTYPE`` prototype, which keeps the GIL (the collector's lists need it).
+    for this, and does nothing to an object not tracked.
     """
-    if sys.implementation.name != "cpython":
-        return None
-    try:
-        import ctypes
-
-        prototype = ctypes.PYFUNCTYPE(None, ctypes.c_void_p)
-        untrack: Callable[[int], None] = prototype(("PyObject_GC_UnTrack", ctypes.pythonapi))
-    except (ImportError, AttributeError, OSError):  # pragma: no cover - no ctypes, no symbol
-        return None
-    return untrack
+    return _gc_call("PyObject_GC_UnTrack")
 
 
 def keep_tracked(address: int) -> None:
@@ -54,3 +62,10 @@ def keep_tracked(address: int) -> None:
 # Called with an object's id(): the object must be alive, and must hold no reference that
 # could close a cycle.
 untrack: Callable[[int], None] = _gc_untracker() or keep_tracked
+
+# Called with an object's id(): the object must be alive, of a GC type, and NOT tracked
+# (CPython's PyObject_GC_Track aborts the process on an object already tracked: check with
+# gc.is_tracked first). Only where untrack is CPython's: else nothing was untracked.
+track: Callable[[int], None] = (
+    (_gc_call("PyObject_GC_Track") or keep_tracked) if untrack is not keep_tracked else keep_tracked
+)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import inspect
 import math
 import re
@@ -17,6 +18,7 @@ from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
 from django_redlock import LockManager, conf, default_manager, get_manager
+from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
 from django_redlock.signals import SignalObserver, observed_manager
 
 
@@ -190,6 +192,21 @@ def test_the_app_builds_managers_that_send_signals(settings, cluster3):
     assert isinstance(manager.observer, SignalObserver)
     assert manager.observer.manager is manager
     assert manager.observer.label_mode == "name"
+
+
+def test_a_thread_holding_many_leases_of_the_apps_manager_has_them_untracked(settings, cluster3):
+    """The app's observer keeps no lease (signals go to module-global receivers), so a thread
+    holding many leases has them untracked by the garbage collector while held, as with no
+    observer (see core.lease._cycle_free), and tracked again once released."""
+    settings.REDLOCK = {"NODES": cluster3.urls}
+    manager = get_manager()
+    leases = [manager.acquire(f"app-untracked-{i}", ttl=10.0) for i in range(4 * UNTRACK_AT)]
+    try:
+        assert not any(gc.is_tracked(lease) for lease in leases[UNTRACK_AT:])
+    finally:
+        for lease in leases:
+            lease.release()
+    assert all(gc.is_tracked(lease) for lease in leases)
 
 
 def test_a_manager_factory_decides_how_the_manager_is_built(cluster3):
