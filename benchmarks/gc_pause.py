@@ -13,6 +13,14 @@ pure-Python floor: N of the cheapest lease Python can hold (``gc_model.FloorLeas
 ``__slots__`` object, its strings and floats in a tuple the collector untracks, no registry),
 then 2N of them (two tracked objects per lease, as ours had before the re-entry registry's
 weak references were untracked), timed the same way, with ours over each.
+
+On a shared machine the collector's speed drifts by several times over seconds (other tenants'
+memory traffic), so a "before" timed seconds before the "after" can put any growth on either
+side of zero. Each growth is therefore also measured *paired*: a twin of this process is
+forked just before the leases (or locks, or floor objects) are taken, holding everything but
+them, and the twin and this process then run full collections in strict alternation (41
+pairs, each the twin's then ours, a few ms apart); the paired growth is the median of the
+per-pair differences (ours minus the twin's, CPU ms). The ratios are of paired growths.
 """
 
 from __future__ import annotations
@@ -20,9 +28,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 import statistics
+import struct
 import sys
 import time
+import warnings
 from typing import Any
 
 import redis
@@ -65,14 +76,81 @@ class _Collections:
         )
 
 
+class _Twin:
+    """A forked copy of this process as it is at construction, which runs one full
+    collection each time it is asked and answers with its CPU time in ms; what this process
+    takes afterwards (the leases) it does not hold. Its collections and ours alternate
+    strictly (see :func:`_paired`), so both see the machine as it is at that moment."""
+
+    def __init__(self) -> None:
+        gc.collect()
+        self._ask_read, self._ask = os.pipe()
+        self._answer, self._answer_write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+            pid = os.fork()
+        if pid == 0:  # the twin: collects when asked, never returns
+            code = 1
+            try:
+                os.close(self._ask)
+                os.close(self._answer)
+                while os.read(self._ask_read, 1) == b"c":
+                    start = time.thread_time()
+                    gc.collect()
+                    spent = (time.thread_time() - start) * 1000
+                    os.write(self._answer_write, struct.pack("d", spent))
+                code = 0
+            finally:
+                os._exit(code)  # nothing of the parent's (its nodes, its atexit) is ours
+        self.pid = pid
+        os.close(self._ask_read)
+        os.close(self._answer_write)
+
+    def collect(self) -> float:
+        """The twin's CPU ms for one full collection, run now."""
+        os.write(self._ask, b"c")
+        return float(struct.unpack("d", os.read(self._answer, 8))[0])
+
+    def close(self) -> None:
+        os.write(self._ask, b"q")
+        os.close(self._ask)
+        os.close(self._answer)
+        os.waitpid(self.pid, 0)
+
+
+class _Paired:
+    """``repeat`` pairs of full collections, the twin's then ours, CPU ms: the medians of
+    each side and of the per-pair differences (ours minus the twin's: the paired growth)."""
+
+    def __init__(self, twin: _Twin, repeat: int = 41) -> None:
+        for _ in range(3):  # the twin's first collections copy its pages (copy-on-write)
+            twin.collect()
+            gc.collect()
+        ours, theirs = [], []
+        for _ in range(repeat):
+            theirs.append(twin.collect())
+            start = time.thread_time()
+            gc.collect()
+            ours.append((time.thread_time() - start) * 1000)
+        self.repeat = repeat
+        self.ours, self.twin = statistics.median(ours), statistics.median(theirs)
+        self.growth = statistics.median(a - b for a, b in zip(ours, theirs, strict=True))
+
+    def __str__(self) -> str:
+        return (
+            f"paired growth {self.growth:.2f} ms CPU (median of {self.repeat} pairs; "
+            f"medians: held {self.ours:.2f}, twin {self.twin:.2f})"
+        )
+
+
 def _reference(url: str, count: int) -> tuple[float, float, float]:
     """redis-py's ``Lock``, ``count`` of them held on the node at ``url``: objects tracked
-    and references visited per lock, and the CPU ms (medians) a full collection gains while
-    they are held."""
+    and references visited per lock, and the CPU ms a full collection gains while they are
+    held (paired with a twin holding none: see :class:`_Paired`)."""
     client = redis.Redis.from_url(url)
     gc.collect()
     objects, references = _census()
-    idle = _Collections().cpu
+    twin = _Twin()
     locks = []
     for i in range(count):
         lock = client.lock(f"w8-ref-{i}", timeout=TTL)
@@ -80,35 +158,36 @@ def _reference(url: str, count: int) -> tuple[float, float, float]:
         locks.append(lock)
     gc.collect()
     held_objects, held_references = _census()
-    holding = _Collections().cpu
+    paired = _Paired(twin)
+    twin.close()
     for lock in locks:
         lock.release()
     client.close()
     return (
         (held_objects - objects) / count,
         (held_references - references) / count,
-        holding - idle,
+        paired.growth,
     )
 
 
-def _floor(count: int) -> tuple[float, float, float, float]:
+def _floor(count: int) -> tuple[float, float, float]:
     """``count`` ``FloorLease`` objects held (in one list, as the leases are): objects
     tracked and references visited per object, and the CPU ms a full collection gains while
-    they are held (of the medians, and of the fastest)."""
+    they are held (paired with a twin holding none: see :class:`_Paired`)."""
     gc.collect()
     objects, references = _census()
-    idle = _Collections()
+    twin = _Twin()
     held = floor_leases(count)
     gc.collect()
     gc.collect()  # the tuples are untracked by the collection after the one that sees them
     held_objects, held_references = _census()
-    holding = _Collections()
+    paired = _Paired(twin)
+    twin.close()
     del held
     return (
         (held_objects - objects) / count,
         (held_references - references) / count,
-        holding.cpu - idle.cpu,
-        holding.fastest_cpu - idle.fastest_cpu,
+        paired.growth,
     )
 
 
@@ -143,6 +222,7 @@ def main() -> None:
         gc.collect()
         objects, references = _census()
         idle = _Collections()
+        twin = _Twin()  # holds none of the leases (see _Paired)
         pauses = _Pauses()
         gc.callbacks.append(pauses)
         runner = asyncio.Runner()
@@ -169,6 +249,8 @@ def main() -> None:
         gc.collect()
         held_objects, held_references = _census()
         holding = _Collections()
+        paired = _Paired(twin)
+        twin.close()
         kind = ("asyncio" if args.asyncio else "sync") + (" auto-extended" if auto else "")
         print(f"Python {sys.version.split()[0]}, {count} held {kind} leases on 3 nodes")
         print(
@@ -181,6 +263,7 @@ def main() -> None:
             f"growth: {holding.cpu - idle.cpu:.2f} ms CPU, {holding.wall - idle.wall:.2f} ms "
             "wall (medians)"
         )
+        print(f"against a twin holding none, collections alternating: {paired}")
         print(
             f"automatic full collections while taking them: {len(pauses.full)}, longest "
             f"{max(pauses.full, default=0.0):.2f} ms wall"
@@ -197,28 +280,26 @@ def main() -> None:
         sync_leases.clear()
         async_leases.clear()
         print(f"unreachable objects found after the release: {gc.collect()}")
-        ours = holding.cpu - idle.cpu
+        # Paired growths from here on (see _Paired): each side's twin forked just before.
+        ours = paired.growth
         objects_each, references_each, theirs = _reference(cluster.urls[0], count)
         print(
             f"redis-py Lock, {count} held on 1 node: {objects_each:.2f} objects tracked, "
             f"{references_each:.2f} references visited per lock; a full collection gains "
-            f"{theirs:.2f} ms CPU (ours: {ours:.2f} ms, {ours / theirs:.2f}x)"
+            f"{theirs:.2f} ms CPU, paired (ours: {ours:.2f} ms, {_times(ours, theirs)})"
         )
-        # The fastest collections move least with the machine's load: their growth too.
-        ours_fastest = holding.fastest_cpu - idle.fastest_cpu
         for per_lease, what in ((1, "one per lease"), (2, "two per lease")):
-            objects_each, references_each, floor, fastest = _floor(per_lease * count)
+            objects_each, references_each, floor = _floor(per_lease * count)
             print(
                 f"floor, {per_lease * count} FloorLease held ({what}): {objects_each:.2f} "
                 f"objects tracked, {references_each:.2f} references visited per object; a full "
-                f"collection gains {floor:.2f} ms CPU, fastest {fastest:.2f} (ours: "
-                f"{ours:.2f} ms, {_times(ours, floor)}; fastest {ours_fastest:.2f} ms, "
-                f"{_times(ours_fastest, fastest)})"
+                f"collection gains {floor:.2f} ms CPU, paired (ours: {ours:.2f} ms, "
+                f"{_times(ours, floor)})"
             )
 
 
-def _times(ours: float, floor: float) -> str:
-    return f"{ours / floor:.2f}x" if floor > 0 else "no growth measured"
+def _times(ours: float, other: float) -> str:
+    return f"{ours / other:.2f}x" if other > 0 else "no growth measured"
 
 
 if __name__ == "__main__":
