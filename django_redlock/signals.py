@@ -21,6 +21,7 @@ raises is logged and ignored, so a broken metrics hook can never break locking.
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING
 
 from django.dispatch import Signal
@@ -77,23 +78,39 @@ class SignalObserver:
 
     Args:
         manager: the manager observed, the sender of every signal (of a lease's signals,
-            whether a sync or asyncio manager sharing its engine took it; when not set, the
-            lease's engine); may be set after the manager is built, which needs its
-            observer first.
+            whether a sync or asyncio manager sharing its engine took it; when not set, or
+            once that manager is gone, the lease's engine); may be set after the manager is
+            built, which needs its observer first. Held weakly (see below).
         label_mode: the ``lock`` label of the metrics, ``REDLOCK["METRICS_LABEL"]``.
     """
 
-    # Keeps no lease: each is passed on to the signals' receivers (module globals) and its
-    # name to the metrics, so a thread holding many leases may have them untracked by the
-    # garbage collector (see LockObserver and core.lease._cycle_free).
+    # Keeps no lease, and lets nothing reach one through it: each lease is passed on to the
+    # signals' receivers and its name to the metrics; the manager (the signals' sender, where
+    # receivers may hang anything) is held weakly, and there is no __dict__. So nothing a
+    # lease reaches through its engine's observer can refer back to it, and a thread holding
+    # many leases may have them untracked by the garbage collector (core.lease._cycle_free,
+    # which trusts this declaration on this exact class only, not on a subclass).
     keeps_leases = False
+    __slots__ = ("_manager", "label_mode")
 
     def __init__(self, manager: object = None, *, label_mode: str = "prefix") -> None:
+        self._manager: weakref.ref[object] | None = None
         self.manager = manager
         self.label_mode = label_mode
 
+    @property
+    def manager(self) -> object:
+        """The manager observed, or None (not set, or gone)."""
+        ref = self._manager
+        return None if ref is None else ref()
+
+    @manager.setter
+    def manager(self, manager: object) -> None:
+        self._manager = None if manager is None else weakref.ref(manager)
+
     def _sender(self, lease: BaseLease) -> object:
-        return lease.host if self.manager is None else self.manager
+        manager = self.manager
+        return lease.host if manager is None else manager
 
     def _label(self, name: str) -> str:
         return metrics.label_for(name, self.label_mode)

@@ -166,6 +166,35 @@ class Engine:
         TypeError, ValueError: a bad argument; the message names it.
     """
 
+    # Slots, no __dict__: every held lease refers to its engine, and a thread's leases are
+    # untracked by the garbage collector while held (core.lease._cycle_free), which is safe
+    # only while nothing the engine reaches can be made to refer back to a lease. Code handed
+    # the engine (a signal's sender when its observer has no manager, ``lease.host``) cannot
+    # hang anything on it.
+    __slots__ = (
+        "__weakref__",
+        "_contact",
+        "_default_checks",
+        "_line_lifetime_ms",
+        "addresses",
+        "clock",
+        "connections",
+        "default_timeout",
+        "drift_factor",
+        "held",
+        "hello",
+        "key_prefix",
+        "max_ttl",
+        "node_timeout",
+        "nodes",
+        "owners",
+        "quarantine",
+        "quorum",
+        "reporter",
+        "retry_delay",
+        "ttl",
+    )
+
     def __init__(
         self,
         nodes: Sequence[object],
@@ -511,9 +540,10 @@ class Engine:
                 reporter.acquired(lease, waited)
         except BaseException:
             # Else a re-entrant acquire in this thread would get a lease whose keys are
-            # being freed, and the extender would keep renewing them.
-            let_go(lease)
+            # being freed, and the extender would keep renewing them. Forgotten first: that
+            # tracks it again (if the registry untracked it) before its hold ends.
             self.forget(lease)
+            let_go(lease)
             raise
         return lease
 

@@ -140,17 +140,32 @@ _LEASES_UNTRACKED = _track is not _keep_tracked
 _is_tracked = gc.is_tracked
 # Held only across the check and the call that tracks a lease again: PyObject_GC_Track
 # aborts the process on an object already tracked, and two threads releasing one lease at
-# once (a misuse the second release reports) would both find it untracked.
-_tracking = threading.Lock()
+# once (a misuse the second release reports) would both find it untracked. Re-entrant: a
+# signal handler, or a finalizer run by a collection (3.12+ runs them between bytecodes),
+# may release another lease on this thread while it holds the lock.
+_tracking = threading.RLock()
 
 
 def _tracking_after_fork_in_child() -> None:
     """A parent thread may hold the lock at the fork: the child makes its own."""
     global _tracking
-    _tracking = threading.Lock()
+    _tracking = threading.RLock()
+
+
+def track_again(lease: BaseLease) -> None:
+    """Have the collector track ``lease`` again if the registry untracked it (see
+    _LEASES_UNTRACKED): before its hold ends (released, handed off, let go), so that no
+    interruption between the two leaves a lease that is no longer held untracked."""
+    if not _is_tracked(lease):
+        with _tracking:
+            if not _is_tracked(lease):
+                _track(id(lease))
 
 
 os.register_at_fork(after_in_child=_tracking_after_fork_in_child)
+
+
+_BUILTIN = type(time.monotonic)
 
 
 def _cycle_free(value: object) -> bool:
@@ -159,17 +174,26 @@ def _cycle_free(value: object) -> bool:
 
     A sync :class:`~django_redlock.redlock.Lease` refers to: its engine, its scope's tuple
     (pid, thread id, None: numbers), its shape (strings), its untracked state tuple and its
-    end (strings and a float), None, bools and small ints. The engine holds leases only
-    weakly (the re-entry registry; the extender is the process's), and reaches user code
-    only through its observer, which is told of every lease: so the observer must be none,
-    or one that declares ``keeps_leases = False`` (the Django layer's ``SignalObserver``:
-    signals' receivers are module globals, never garbage). An asyncio lease also refers to
-    its asyncio manager (and its scope holds the task), so it stays tracked: its class says
-    ``_cycle_free_class = False``."""
+    end (strings and a float), None, bools and small ints. The engine has no ``__dict__``
+    (nothing can be hung on it), holds leases only weakly (the re-entry registry; the
+    extender is the process's), and reaches user code only through its clock and its
+    observer, which is told of every lease: so the clock must be a builtin (the default
+    ``time.monotonic``), and the observer none, or one whose own class declares
+    ``keeps_leases = False`` (the Django layer's ``SignalObserver``, which also holds its
+    manager, where receivers may hang anything, weakly). An asyncio lease also refers to
+    its asyncio manager, whose connections hold the futures that tasks wait on (and its
+    scope holds its task), so it stays tracked: its class says ``_cycle_free_class =
+    False``."""
     if not getattr(type(value), "_cycle_free_class", False):
         return False
-    observer = value._host.reporter.observer  # type: ignore[attr-defined]
-    return observer is None or getattr(observer, "keeps_leases", True) is False
+    host = value._host  # type: ignore[attr-defined]
+    # The clock the engine calls: a builtin (time.monotonic) reaches nothing; an injected one
+    # (a test's fake clock) might keep leases.
+    if type(host.clock) is not _BUILTIN:
+        return False
+    observer = host.reporter.observer
+    # Declared on the observer's own class: a subclass may keep what its base did not.
+    return observer is None or type(observer).__dict__.get("keeps_leases") is False
 
 
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
@@ -286,10 +310,7 @@ class Reentry(Generic[_V]):
         scope = lease._scope
         if scope is not None:
             self.remove(scope, lease._state[0], lease)
-            if not _is_tracked(lease):  # untracked by put (see _LEASES_UNTRACKED)
-                with _tracking:
-                    if not _is_tracked(lease):
-                        _track(id(lease))
+            track_again(lease)  # untracked by put (see _LEASES_UNTRACKED)
 
     def __bool__(self) -> bool:
         """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
@@ -645,11 +666,17 @@ class BaseLease:
         return self._state[14]
 
     @fencing_token.setter
-    def fencing_token(self, token: int | None) -> None:
+    def fencing_token(self, token: object) -> None:
         # In _state, not a slot of its own: one reference fewer for every collection to visit
         # in every lease, and a fenced lease's token (an int of its own, above the cached
         # small ones) is not one more object to read. Set by its owner once the lease is
         # its owner's (the extender may renew it meanwhile): in its turn, as names.
+        # A plain int, copied: anything else in the state could refer back to the lease,
+        # which may be untracked (see _cycle_free), and would keep the state tracked.
+        if token is not None:
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise TypeError(f"fencing_token must be an int or None, not {token!r}")
+            token = int(token)
         if self._guard is None:
             self._state = (*self._state[:14], token)
             return
@@ -795,6 +822,7 @@ class BaseLease:
         )
         # Not in its turn: a renewal in flight may still extend the old token's keys, which only
         # gives the adopter more time; the extender starts no renewal of a released lease.
+        track_again(self)  # before the hold ends: see track_again
         self._depth = 0
         self._host.forget(self)
         self._host.reporter.handed_off(self, self._host.clock() - self.acquired_at)
@@ -900,6 +928,7 @@ class BaseLease:
             return False
         # Released from now on, whatever happens to the round: the extender starts no more
         # renewals of it, and a second release raises.
+        track_again(self)  # before the hold ends: see track_again
         self._depth = 0
         self._host.forget(self)
         return True

@@ -36,11 +36,13 @@ class LockObserver(Protocol):
     through one). Called synchronously in the thread that did the operation; the extender
     thread reports lost renewals. Must not raise; must be quick.
 
-    An observer that keeps no reference to the leases it is told of may say so with a
-    class attribute ``keeps_leases = False`` (the Django layer's does): a thread holding
-    many leases then has them untracked by the garbage collector while they are held (see
-    ``core.lease._cycle_free``), which one that keeps them, and so could close a reference
-    cycle through a lease, would make uncollectable."""
+    An observer through which nothing can reach a lease (it keeps none, and holds nothing
+    that code could hang one on: no ``__dict__``, its manager held weakly) may say so with a
+    class attribute ``keeps_leases = False`` on its own class (the Django layer's
+    ``SignalObserver`` does; a subclass must say it again): a thread holding many leases then
+    has them untracked by the garbage collector while they are held (see
+    ``core.lease._cycle_free``). Through any other observer a lease could close a reference
+    cycle that, untracked, would never be freed, so their leases stay tracked."""
 
     def acquired(self, lease: BaseLease, waited: float) -> None:
         """A lease was taken after ``waited`` seconds."""

@@ -135,7 +135,8 @@ def run_path(
             asyncio.run(scenario(manager, holder, cluster))
         else:
             amanager = AsyncLockManager(cluster.urls, **options)
-            observer.manager = LockManager.sharing(amanager)
+            sender = LockManager.sharing(amanager)  # the observer holds it weakly
+            observer.manager = sender
             asyncio.run(scenario(amanager, holder, cluster))
     after = metrics.summary()
     holder.close()

@@ -369,6 +369,7 @@ def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
         counts["scopes"] = len(scopes)
         first = leases[0]
         counts["all_tracked"] = all(gc.is_tracked(lease) for lease in leases)
+        counts["cycle_free"] = lease_module._cycle_free(leases[-1])
         counts["shares"] = all(
             set(own_tracked(lease)) <= {manager.engine, shared, first._scope} for lease in leases
         )
@@ -380,6 +381,7 @@ def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
     # Tracked: an asyncio lease refers to its asyncio manager, and its scope to its task
     # (see core.lease._cycle_free).
     assert counts["all_tracked"]
+    assert counts["cycle_free"] is False
     assert counts["shares"]
     # The lease alone, as a sync lease (a little slack for the rounds).
     assert counts["tracked"] <= COUNT + 100
@@ -444,15 +446,6 @@ def test_a_thread_holding_many_leases_has_them_untracked_until_released(
     handle = given.handle()
     assert gc.is_tracked(given)
     manager.adopt(handle).release()
-    # Kept with the cycle it is in, once released: collected with it.
-    kept = leases.pop()
-    kept.release()
-    gone = weakref.ref(kept)
-    cycle: list[object] = [kept]
-    cycle.append(cycle)
-    del kept, cycle
-    gc.collect()
-    assert gone() is None
     for lease in leases:
         lease.release()
     assert all(gc.is_tracked(lease) for lease in leases)
@@ -511,3 +504,110 @@ def test_a_forked_child_tracks_released_leases_although_a_parent_thread_held_the
         leave.set()
         thread.join()
     assert status == 0
+
+
+def test_leases_stay_tracked_under_an_observer_that_only_inherits_keeping_none(
+    cluster3, no_automatic_collection
+):
+    """``keeps_leases = False`` is trusted on the observer's own class only: a subclass may
+    keep what its base did not, and must say so again."""
+
+    class Inheriting(ForgettingObserver):
+        def acquired(self, lease: object, waited: float) -> None:
+            self.leases.append(lease)
+
+    manager = LockManager(cluster3.urls, observer=Inheriting(), ttl=10.0)
+    leases = [manager.acquire(f"inherited-{i}") for i in range(4 * UNTRACK_AT)]
+    assert all(gc.is_tracked(lease) for lease in leases)
+    engine = weakref.ref(manager.engine)
+    manager.close()
+    del manager, leases
+    gc.collect()
+    assert engine() is None
+
+
+def test_leases_stay_tracked_under_an_injected_clock(cluster3):
+    """A clock the user gives the manager may be a method of an object that keeps leases."""
+    ticks = iter(range(10**9))
+
+    class Clock:
+        def now(self) -> float:
+            return float(next(ticks))
+
+    manager = LockManager(cluster3.urls, ttl=10.0, clock=Clock().now)
+    lease = manager.acquire("clocked")
+    assert lease_module._cycle_free(lease) is False
+    lease.release()
+    plain = LockManager(cluster3.urls, ttl=10.0)
+    lease = plain.acquire("clocked")
+    assert lease_module._cycle_free(lease) is True
+    lease.release()
+
+
+def test_nothing_can_be_hung_on_the_engine_every_lease_refers_to(cluster3):
+    """Code handed the engine (``lease.host``; a signal's sender when its observer has no
+    manager) cannot make it refer to a lease: it has no ``__dict__``."""
+    manager = LockManager(cluster3.urls)
+    with pytest.raises(AttributeError):
+        manager.engine.recent = []  # type: ignore[attr-defined]
+    lease = manager.acquire("hung")
+    with pytest.raises(AttributeError):
+        lease.host.last = lease  # type: ignore[attr-defined]
+    lease.release()
+
+
+def test_a_release_that_fails_midway_leaves_the_lease_tracked(cluster3, monkeypatch):
+    """The lease is tracked again before its hold ends: an error (or an interrupt) in the
+    registry's removal leaves no released lease untracked."""
+    manager = LockManager(cluster3.urls, ttl=10.0)
+    leases = [manager.acquire(f"midway-{i}") for i in range(2 * UNTRACK_AT)]
+    last = leases[-1]
+    assert not gc.is_tracked(last)
+
+    def failing(*args: object) -> None:
+        raise RuntimeError("interrupted")
+
+    monkeypatch.setattr(lease_module.Reentry, "remove", failing)
+    with pytest.raises(RuntimeError):
+        last.release()
+    assert gc.is_tracked(last)
+    monkeypatch.undo()
+    with pytest.raises(LeaseReleased):
+        last.release()
+    for lease in leases[:-1]:
+        lease.release()
+
+
+def test_a_release_on_a_thread_already_tracking_a_lease_again_does_not_deadlock(cluster3):
+    """A signal handler or a finalizer may release a lease on a thread that is inside the
+    lock serialising tracking (between two calls): it is re-entrant."""
+    manager = LockManager(cluster3.urls, ttl=10.0)
+    leases = [manager.acquire(f"reentrant-{i}") for i in range(2 * UNTRACK_AT)]
+    assert not gc.is_tracked(leases[-1])
+    done = threading.Event()
+
+    def release_inside() -> None:
+        with lease_module._tracking:
+            leases[-1].release()
+        done.set()
+
+    thread = threading.Thread(target=release_inside, daemon=True)
+    thread.start()
+    thread.join(10.0)
+    assert done.is_set()
+    assert gc.is_tracked(leases[-1])
+    for lease in leases[:-1]:
+        lease.release()
+
+
+def test_a_fencing_token_is_an_int(cluster3):
+    """Anything else in the lease's state could refer back to it."""
+    manager = LockManager(cluster3.urls, ttl=10.0)
+    lease = manager.acquire("fenced")
+    for bad in ("7", 7.0, True, [7]):
+        with pytest.raises(TypeError, match="fencing_token"):
+            lease.fencing_token = bad
+    lease.fencing_token = 10**12 + 7
+    assert lease.fencing_token == 10**12 + 7
+    lease.fencing_token = None
+    lease.release()

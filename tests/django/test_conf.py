@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import gc
 import inspect
@@ -10,7 +11,9 @@ import math
 import re
 import secrets
 import sys
+import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -19,7 +22,8 @@ from django.views.debug import ExceptionReporter
 
 from django_redlock import LockManager, conf, default_manager, get_manager
 from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
-from django_redlock.signals import SignalObserver, observed_manager
+from django_redlock.exceptions import LockContended
+from django_redlock.signals import SignalObserver, lock_acquired, lock_busy, observed_manager
 
 
 def test_the_manager_is_built_from_settings_and_rebuilt_when_they_change(settings, cluster3):
@@ -195,9 +199,9 @@ def test_the_app_builds_managers_that_send_signals(settings, cluster3):
 
 
 def test_a_thread_holding_many_leases_of_the_apps_manager_has_them_untracked(settings, cluster3):
-    """The app's observer keeps no lease (signals go to module-global receivers), so a thread
-    holding many leases has them untracked by the garbage collector while held, as with no
-    observer (see core.lease._cycle_free), and tracked again once released."""
+    """The app's observer keeps no lease and holds its manager weakly, so a thread holding
+    many leases has them untracked by the garbage collector while held, as with no observer
+    (see core.lease._cycle_free), and tracked again once released."""
     settings.REDLOCK = {"NODES": cluster3.urls}
     manager = get_manager()
     leases = [manager.acquire(f"app-untracked-{i}", ttl=10.0) for i in range(4 * UNTRACK_AT)]
@@ -233,3 +237,57 @@ def test_the_settings_do_not_reach_into_the_signals():
         if isinstance(node, ast.Import | ast.ImportFrom)
     ]
     assert not any(module.endswith("signals") for module in imported), imported
+
+
+def try_busy(manager: LockManager, leases: list[Any]) -> None:
+    """Fail to take a held lock while ``leases`` are this frame's: a receiver that keeps the
+    error keeps its traceback, which keeps this frame and the leases."""
+    held = leases
+    with contextlib.suppress(LockContended):
+        manager.acquire("busy-0", blocking=False)
+    assert held
+
+
+@pytest.mark.parametrize("keep", ["leases", "errors"])
+def test_receivers_that_keep_leases_on_the_sender_leave_a_dropped_manager_collectable(
+    cluster3, keep
+):
+    """A receiver may hang anything on the sender (the manager): leases, or an error whose
+    traceback holds the frame that held leases. The observer holds its manager weakly, so no
+    lease reaches the manager, and an untracked lease hides no cycle: a manager dropped while
+    a thread holds many of its leases is freed by the collector, and those leases with it
+    (they then run out by their ttl instead of being renewed for ever)."""
+
+    def keep_lease(sender: Any, lease: Any, **kwargs: Any) -> None:
+        sender.__dict__.setdefault("recent", []).append(lease)
+
+    def keep_error(sender: Any, error: Any, **kwargs: Any) -> None:
+        sender.last_busy = error
+
+    receiver = keep_lease if keep == "leases" else keep_error
+    signal = lock_acquired if keep == "leases" else lock_busy
+    signal.connect(receiver)
+    gc.collect()
+    gc.disable()
+    try:
+        observer = SignalObserver()
+        manager = LockManager(cluster3.urls, observer=observer, ttl=10.0)
+        observer.manager = manager
+        other = LockManager(cluster3.urls, ttl=10.0)
+        taken = other.acquire("busy-0")
+        leases = [manager.acquire(f"kept-{i}", auto_extend=True) for i in range(4 * UNTRACK_AT)]
+        untracked = sum(not gc.is_tracked(lease) for lease in leases)
+        try_busy(manager, leases)
+        lease = weakref.ref(leases[-1])
+        engine = weakref.ref(manager.engine)
+        manager.close()
+        del manager, observer, leases
+        gc.collect()
+        assert untracked >= 3 * UNTRACK_AT
+        assert engine() is None
+        assert lease() is None
+        taken.release()
+        other.close()
+    finally:
+        gc.enable()
+        signal.disconnect(receiver)
