@@ -106,7 +106,15 @@ class SignalObserver:
 
     @manager.setter
     def manager(self, manager: object) -> None:
-        self._manager = None if manager is None else weakref.ref(manager)
+        if manager is None:
+            self._manager = None
+            return
+        try:
+            self._manager = weakref.ref(manager)
+        except TypeError:
+            raise TypeError(
+                f"manager must be a lock manager (held weakly), not {type(manager).__name__}"
+            ) from None
 
     def _sender(self, lease: BaseLease) -> object:
         manager = self.manager

@@ -216,8 +216,13 @@ def clip_text(text: str, limit: int) -> str:
 
 
 def clip_origin(origin: str | None) -> str | None:
-    """The ``origin`` as kept and stored: at most :data:`MAX_ORIGIN_BYTES` UTF-8 bytes."""
-    return None if origin is None else clip_text(origin, MAX_ORIGIN_BYTES)
+    """The ``origin`` as kept and stored: at most :data:`MAX_ORIGIN_BYTES` UTF-8 bytes (a
+    ``str`` subclass's text as a plain ``str``: its instance may carry anything)."""
+    if origin is None:
+        return None
+    if type(origin) is not str and isinstance(origin, str):
+        origin = str.__str__(origin)
+    return clip_text(origin, MAX_ORIGIN_BYTES)
 
 
 def validate_name(name: object) -> str:
@@ -232,6 +237,8 @@ def validate_name(name: object) -> str:
     """
     if not isinstance(name, str):
         raise TypeError(f"name must be a str, not {type(name).__name__}")
+    if type(name) is not str:  # a subclass's instance may carry anything: keep its text only
+        name = str.__str__(name)
     if not name:
         raise ValueError("name must not be empty")
     if name.isascii():  # the common case: already NFC, one byte per character

@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 from django_redlock.core import flow
@@ -156,6 +157,43 @@ class Sharing(Protocol):
     def engine(self) -> Engine: ...
 
 
+_ATOMS = (str, int, float, bool, bytes, type(None))
+_ADDRESS_FIELDS = tuple(field.name for field in dataclasses.fields(NodeAddress))
+_BUILTIN = type(time.monotonic)
+
+
+def reaches_no_lease(
+    addresses: Sequence[NodeAddress], clock: object, observer: object, key_prefix: object
+) -> bool:
+    """Whether an engine built from these refers to nothing of the user's that could refer
+    back to a lease (an allow-list: anything not known to be closed counts as open).
+
+    Every held lease refers to its engine, so a lease may be untracked by the garbage
+    collector (``core.lease._cycle_free``) only if no path leads from the engine back to it.
+    The engine's own objects hold leases weakly or not at all; what the user gave it is
+    closed only if: each node address holds plain strings, numbers, bools and None (no
+    redis-py ``CredentialProvider``, no object among the TLS options), the key prefix is a
+    plain ``str``, the clock is a builtin function of a module (the default
+    ``time.monotonic``: an injected clock may be a method of anything), and the observer is
+    None or its own class says ``keeps_leases = False`` (the Django layer's
+    ``SignalObserver``: no ``__dict__``, its manager held weakly)."""
+    if type(clock) is not _BUILTIN or not isinstance(getattr(clock, "__self__", None), ModuleType):
+        return False
+    if observer is not None and type(observer).__dict__.get("keeps_leases") is not False:
+        return False
+    if type(key_prefix) is not str:
+        return False
+    for address in addresses:
+        for name in _ADDRESS_FIELDS:
+            value = getattr(address, name)
+            if type(value) is tuple:  # ssl_options: (name, value) pairs
+                if any(type(item) not in _ATOMS for pair in value for item in pair):
+                    return False
+            elif type(value) not in _ATOMS:
+                return False
+    return True
+
+
 class Engine:
     """What the sync and the asyncio manager share (see the module docstring).
 
@@ -184,6 +222,7 @@ class Engine:
         "held",
         "hello",
         "key_prefix",
+        "leases_untrackable",
         "max_ttl",
         "node_timeout",
         "nodes",
@@ -272,6 +311,10 @@ class Engine:
         )
         """The sync transport, one connection set per thread: the sync manager's rounds and
         every lease's renewal by the extender thread (sync or asyncio lease)."""
+        self.leases_untrackable = reaches_no_lease(self.addresses, clock, observer, key_prefix)
+        """Whether nothing of the user's that this engine refers to can refer to a lease, so
+        that a thread holding many of its sync leases may have them untracked by the garbage
+        collector (``core.lease._cycle_free``): fixed at construction, from what it was given."""
 
     def __repr__(self) -> str:
         return f"<Engine quorum {self.quorum} of {len(self.addresses)}: {self.describe()}>"

@@ -142,14 +142,18 @@ _is_tracked = gc.is_tracked
 # aborts the process on an object already tracked, and two threads releasing one lease at
 # once (a misuse the second release reports) would both find it untracked. Re-entrant: a
 # signal handler, or a finalizer run by a collection (3.12+ runs them between bytecodes),
-# may release another lease on this thread while it holds the lock.
+# may release a lease on this thread while it holds the lock; _being_tracked (the leases
+# this thread is tracking again, read and changed only under the lock) keeps such a handler
+# from tracking the very lease the interrupted call is about to track.
 _tracking = threading.RLock()
+_being_tracked: list[object] = []
 
 
 def _tracking_after_fork_in_child() -> None:
     """A parent thread may hold the lock at the fork: the child makes its own."""
-    global _tracking
+    global _tracking, _being_tracked
     _tracking = threading.RLock()
+    _being_tracked = []
 
 
 def track_again(lease: BaseLease) -> None:
@@ -158,14 +162,17 @@ def track_again(lease: BaseLease) -> None:
     interruption between the two leaves a lease that is no longer held untracked."""
     if not _is_tracked(lease):
         with _tracking:
-            if not _is_tracked(lease):
-                _track(id(lease))
+            if any(other is lease for other in _being_tracked):
+                return  # re-entered (a signal handler's release): the outer call tracks it
+            _being_tracked.append(lease)
+            try:
+                if not _is_tracked(lease):
+                    _track(id(lease))
+            finally:
+                _being_tracked.pop()
 
 
 os.register_at_fork(after_in_child=_tracking_after_fork_in_child)
-
-
-_BUILTIN = type(time.monotonic)
 
 
 def _cycle_free(value: object) -> bool:
@@ -173,27 +180,18 @@ def _cycle_free(value: object) -> bool:
     back to it, so that untracked it can hide no cycle from the collector.
 
     A sync :class:`~django_redlock.redlock.Lease` refers to: its engine, its scope's tuple
-    (pid, thread id, None: numbers), its shape (strings), its untracked state tuple and its
-    end (strings and a float), None, bools and small ints. The engine has no ``__dict__``
-    (nothing can be hung on it), holds leases only weakly (the re-entry registry; the
-    extender is the process's), and reaches user code only through its clock and its
-    observer, which is told of every lease: so the clock must be a builtin (the default
-    ``time.monotonic``), and the observer none, or one whose own class declares
-    ``keeps_leases = False`` (the Django layer's ``SignalObserver``, which also holds its
-    manager, where receivers may hang anything, weakly). An asyncio lease also refers to
-    its asyncio manager, whose connections hold the futures that tasks wait on (and its
-    scope holds its task), so it stays tracked: its class says ``_cycle_free_class =
-    False``."""
+    (pid, thread id, None: numbers), its shape (strings), its untracked state tuple (plain
+    strings and numbers: names and origins are kept as plain ``str``, the fencing token as an
+    ``int``) and its end (strings and a float), None, bools and small ints. The engine has
+    no ``__dict__`` (nothing can be hung on it) and holds leases only weakly (the re-entry
+    registry; the extender is the process's); what the user gave it is judged once, when it
+    is built (``Engine.leases_untrackable``: see ``core.engine.reaches_no_lease``). An
+    asyncio lease also refers to its asyncio manager, whose connections hold the futures
+    that tasks wait on (and its scope holds its task), so it stays tracked: its class says
+    ``_cycle_free_class = False``."""
     if not getattr(type(value), "_cycle_free_class", False):
         return False
-    host = value._host  # type: ignore[attr-defined]
-    # The clock the engine calls: a builtin (time.monotonic) reaches nothing; an injected one
-    # (a test's fake clock) might keep leases.
-    if type(host.clock) is not _BUILTIN:
-        return False
-    observer = host.reporter.observer
-    # Declared on the observer's own class: a subclass may keep what its base did not.
-    return observer is None or type(observer).__dict__.get("keeps_leases") is False
+    return bool(getattr(value._host, "leases_untrackable", False))  # type: ignore[attr-defined]
 
 
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]

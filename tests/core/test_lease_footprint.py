@@ -16,6 +16,7 @@ cycle, and is freed by reference counting alone once dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import os
 import threading
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import redis
 
 from django_redlock import LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
@@ -34,8 +36,8 @@ from django_redlock.core import lease as lease_module
 from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
 from django_redlock.core.manager import Lease
 from django_redlock.core.shapes import Shape
-from django_redlock.exceptions import LeaseReleased
-from tests.core.test_fork import fork, wait_child
+from django_redlock.exceptions import LeaseReleased, LockLost
+from tests.core.test_fork import fork, in_child, wait_child
 
 _M = TypeVar("_M")
 
@@ -611,3 +613,85 @@ def test_a_fencing_token_is_an_int(cluster3):
     assert lease.fencing_token == 10**12 + 7
     lease.fencing_token = None
     lease.release()
+
+
+class KeepingProvider(redis.CredentialProvider):
+    """A redis-py credential provider that also keeps the leases of the manager built with it
+    (a tenant object, say): the engine keeps it, so leases kept there close a cycle."""
+
+    def __init__(self) -> None:
+        self.held: list[object] = []
+
+    def get_credentials(self) -> tuple[str]:
+        return ("unused",)
+
+
+def test_only_an_engine_given_nothing_that_could_keep_a_lease_untracks_them(cluster3):
+    """What the user gives an engine is judged once, on an allow-list: a credential provider,
+    a key prefix or a clock of the user's own, or an observer that does not say it keeps no
+    lease, could each keep leases the engine refers to (a cycle through each lease)."""
+    assert LockManager(cluster3.urls).engine.leases_untrackable
+    assert LockManager(cluster3.urls, observer=ForgettingObserver()).engine.leases_untrackable
+    provider = KeepingProvider()
+    clients = [redis.Redis.from_url(url, credential_provider=provider) for url in cluster3.urls]
+    assert not LockManager(clients).engine.leases_untrackable
+    plain = [redis.Redis.from_url(url) for url in cluster3.urls]
+    assert LockManager(plain).engine.leases_untrackable
+
+    class Prefix(str):
+        pass
+
+    assert not LockManager(cluster3.urls, key_prefix=Prefix("p:")).engine.leases_untrackable
+    assert not LockManager(cluster3.urls, clock=lambda: 0.0).engine.leases_untrackable
+    assert not LockManager(cluster3.urls, observer=KeepingObserver()).engine.leases_untrackable
+
+
+def test_names_and_origins_given_as_str_subclasses_are_kept_as_plain_str(cluster3):
+    """A subclass's instance may carry anything, which the lease's state would then hold."""
+
+    class Text(str):
+        pass
+
+    manager = LockManager(cluster3.urls, ttl=10.0)
+    lease = manager.acquire(Text("sub-name"), origin=Text("sub-origin"))
+    assert type(lease.name) is str
+    assert lease.name == "sub-name"
+    assert type(lease.origin) is str
+    assert lease.origin == "sub-origin"
+    lease.release()
+
+
+def test_a_release_reentered_on_the_same_lease_never_tracks_it_twice(cluster3):
+    """A signal handler (a graceful shutdown releasing what the process holds) may run inside
+    the release of the very lease it releases, between the check and the call that track it
+    again: CPython aborts the process on tracking a tracked object. The handler's release
+    leaves the tracking to the interrupted one. In a child: an abort would kill the run."""
+
+    def body() -> int:
+        manager = LockManager(cluster3.urls, ttl=10.0)
+        leases = [manager.acquire(f"reentered-{i}") for i in range(2 * UNTRACK_AT)]
+        target = leases[-1]
+        if gc.is_tracked(target):
+            return 2
+        real = lease_module._is_tracked
+        calls: list[object] = []
+
+        def is_tracked(obj: object) -> bool:
+            result = real(obj)
+            calls.append(obj)
+            if obj is target and len(calls) == 2:  # the check under the lock: "handled" here
+                with contextlib.suppress(LeaseReleased, LockLost):
+                    target.release()
+            return result
+
+        lease_module._is_tracked = is_tracked
+        try:
+            with contextlib.suppress(LeaseReleased, LockLost):
+                target.release()  # its keys were freed by the "handler"
+        finally:
+            lease_module._is_tracked = real
+        for lease in leases[:-1]:
+            lease.release()
+        return 0 if gc.is_tracked(target) and len(calls) >= 2 else 3
+
+    assert in_child(body) == 0
