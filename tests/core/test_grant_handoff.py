@@ -336,7 +336,12 @@ def test_a_waiter_that_died_at_the_head_holds_its_grant_only_until_its_ttl(clust
         taken = late.acquire("handed", ttl=5.0, timeout=10.0)
         waited = time.monotonic() - started
         assert waited < 5.0  # the dead waiter's 1.5 s ttl, not the holder's 30 s
-        assert _holders(cluster3) == [taken.token.encode()] * 3
+        # A quorum at least: the dead waiter's grants run out node by node (each from its own
+        # node's grant), and a try that finds two of them gone has its quorum there while the
+        # third still runs out (CI saw [token, None, token] once, under load).
+        held = _holders(cluster3)
+        assert held.count(taken.token.encode()) >= 2, held
+        assert set(held) <= {taken.token.encode(), None}, held
         taken.release()
     holder.close()
 
