@@ -583,10 +583,9 @@ class Engine:
                 reporter.acquired(lease, waited)
         except BaseException:
             # Else a re-entrant acquire in this thread would get a lease whose keys are
-            # being freed, and the extender would keep renewing them. Forgotten first: that
-            # tracks it again (if the registry untracked it) before its hold ends.
-            self.forget(lease)
+            # being freed, and the extender would keep renewing them.
             let_go(lease)
+            self.forget(lease)
             raise
         return lease
 

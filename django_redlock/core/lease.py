@@ -132,9 +132,9 @@ _UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 # refer back to it (see _cycle_free): its lease class says so, and its manager's observer
 # keeps no lease. Then a collection does not read the lease, nor its state through it: a
 # held lease costs a collection only the reference to it that its holder keeps (issue 28,
-# item 4). It is tracked again when it leaves the registry (Reentry.forget): released,
-# handed off or let go, a lease may be kept by anything, an observer among them. Only where
-# both calls can be had: a lease untracked for good could hide a cycle through it forever.
+# item 4). It is tracked again as its hold ends (let_go, before it leaves the registry):
+# released, handed off or let go, a lease may be kept by anything, an observer among them.
+# Only where both calls can be had: a lease untracked for good could hide a cycle for ever.
 _track = untracking.track
 _LEASES_UNTRACKED = _track is not _keep_tracked
 _is_tracked = gc.is_tracked
@@ -158,8 +158,7 @@ def _tracking_after_fork_in_child() -> None:
 
 def track_again(lease: BaseLease) -> None:
     """Have the collector track ``lease`` again if the registry untracked it (see
-    _LEASES_UNTRACKED): before its hold ends (released, handed off, let go), so that no
-    interruption between the two leaves a lease that is no longer held untracked."""
+    _LEASES_UNTRACKED): by :func:`let_go`, before the hold ends."""
     if not _is_tracked(lease):
         with _tracking:
             if any(other is lease for other in _being_tracked):
@@ -308,7 +307,6 @@ class Reentry(Generic[_V]):
         scope = lease._scope
         if scope is not None:
             self.remove(scope, lease._state[0], lease)
-            track_again(lease)  # untracked by put (see _LEASES_UNTRACKED)
 
     def __bool__(self) -> bool:
         """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
@@ -820,8 +818,7 @@ class BaseLease:
         )
         # Not in its turn: a renewal in flight may still extend the old token's keys, which only
         # gives the adopter more time; the extender starts no renewal of a released lease.
-        track_again(self)  # before the hold ends: see track_again
-        self._depth = 0
+        let_go(self)
         self._host.forget(self)
         self._host.reporter.handed_off(self, self._host.clock() - self.acquired_at)
         return handle
@@ -926,8 +923,7 @@ class BaseLease:
             return False
         # Released from now on, whatever happens to the round: the extender starts no more
         # renewals of it, and a second release raises.
-        track_again(self)  # before the hold ends: see track_again
-        self._depth = 0
+        let_go(self)
         self._host.forget(self)
         return True
 
@@ -1095,8 +1091,11 @@ def take_over(
 
 
 def let_go(lease: BaseLease) -> None:
-    """The owner never gets ``lease`` (its acquire failed after the grant): it counts as
-    released, so the extender renews it no more."""
+    """End ``lease``'s hold (released, handed off, or never got by its owner because its
+    acquire failed after the grant): it counts as released, so the extender renews it no
+    more. Tracked again by the collector first, if the registry untracked it (see
+    track_again): no interruption between the two leaves a lease no longer held untracked."""
+    track_again(lease)
     lease._depth = 0
 
 

@@ -18,6 +18,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import pytest
 
@@ -62,6 +63,26 @@ def in_child(body: Callable[[], int]) -> int:
         finally:
             os._exit(code)
     return wait_child(pid)
+
+
+def in_child_while_held(lock: AbstractContextManager[object], body: Callable[[], int]) -> int:
+    """Run ``body`` in a child forked while another thread of this process is inside
+    ``lock``, as a parent thread may be at any fork: its exit code (see :func:`in_child`)."""
+    inside, leave = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with lock:
+            inside.set()
+            leave.wait()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    inside.wait()
+    try:
+        return in_child(body)
+    finally:
+        leave.set()
+        thread.join()
 
 
 def contended(urls: list[str], name: str) -> bool:

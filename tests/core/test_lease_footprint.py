@@ -37,7 +37,7 @@ from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
 from django_redlock.core.manager import Lease
 from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
-from tests.core.test_fork import fork, in_child, wait_child
+from tests.core.test_fork import in_child, in_child_while_held
 
 _M = TypeVar("_M")
 
@@ -478,33 +478,16 @@ def test_leases_stay_tracked_when_the_observer_may_keep_them(cluster3, no_automa
 def test_a_forked_child_tracks_released_leases_although_a_parent_thread_held_the_lock(cluster3):
     # A parent thread inside the lock that serialises tracking a lease again, at the instant
     # of the fork, would leave the child's copy locked for good: the child gets a new one.
-    inside, leave = threading.Event(), threading.Event()
+    def body() -> int:
+        manager = LockManager(cluster3.urls, ttl=10.0)
+        leases = [manager.acquire(f"child-{i}") for i in range(2 * UNTRACK_AT)]
+        if gc.is_tracked(leases[-1]):
+            return 1
+        for lease in leases:
+            lease.release()
+        return 0 if all(gc.is_tracked(lease) for lease in leases) else 2
 
-    def holder() -> None:
-        with lease_module._tracking:
-            inside.set()
-            leave.wait()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    inside.wait()
-    try:
-        pid = fork()
-        if pid == 0:
-            code = 1
-            try:
-                manager = LockManager(cluster3.urls, ttl=10.0)
-                leases = [manager.acquire(f"child-{i}") for i in range(2 * UNTRACK_AT)]
-                if not gc.is_tracked(leases[-1]):
-                    for lease in leases:
-                        lease.release()
-                    code = 0 if all(gc.is_tracked(lease) for lease in leases) else 2
-            finally:
-                os._exit(code)
-        status = wait_child(pid, 20.0)  # HUNG if the child's release never returned
-    finally:
-        leave.set()
-        thread.join()
+    status = in_child_while_held(lease_module._tracking, body)  # HUNG if a release hung
     assert status == 0
 
 

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from django_redlock.core import turns
-from tests.core.test_fork import fork, wait_child
+from tests.core.test_fork import in_child_while_held
 
 
 class Flagged:
@@ -103,29 +103,12 @@ def test_waiters_on_different_leases_each_wake_for_their_own():
 def test_a_forked_child_takes_turns_although_a_parent_thread_held_the_condition():
     # A parent thread inside the condition at the instant of the fork would leave the child's
     # copy of it locked for good: the child gets a new one.
-    inside, leave = threading.Event(), threading.Event()
+    def body() -> int:
+        lease = Flagged()
+        if turns.try_take(lease):
+            turns.give_back(lease)
+            return 0
+        return 1
 
-    def holder() -> None:
-        with turns._condition:
-            inside.set()
-            leave.wait()
-
-    thread = threading.Thread(target=holder)
-    thread.start()
-    inside.wait()
-    try:
-        pid = fork()
-        if pid == 0:
-            code = 1
-            try:
-                lease = Flagged()
-                if turns.try_take(lease):
-                    turns.give_back(lease)
-                    code = 0
-            finally:
-                os._exit(code)
-        status = wait_child(pid, 20.0)  # HUNG if the child's turn never came
-    finally:
-        leave.set()
-        thread.join()
+    status = in_child_while_held(turns._condition, body)  # HUNG if the turn never came
     assert status == 0
