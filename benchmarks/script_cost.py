@@ -19,11 +19,30 @@ On a shared 2-core machine both move by up to 2x between runs: compare the cases
 ``--callgrind`` runs the server under valgrind and reports its instructions per call (kIr,
 thousands) instead of CPU: they do not move with the machine's load (its µs columns are then
 valgrind's, ~50x slow).
+
+``--split`` (with ``--callgrind``) also says where each call's instructions go, from the
+server's own function names (so it needs a server binary that has them: Redis 7's
+``redis-server`` does, through its dynamic symbols; the bundled Valkey is stripped, and
+``--split`` then uses ``redis-server`` unless ``--binary`` names another):
+
+- ``commands``: the commands the script calls, run by the server (``scriptCall``);
+- ``replies``: their replies made into Lua values (``parseReply``);
+- ``Lua``: the script's own code, everything else inside ``lua_pcall`` (the Lua VM, string
+  and number work, building each ``redis.call``'s arguments);
+- ``KEYS/ARGV``: the rest of ``luaCallFunction``: the script's KEYS and ARGV tables, the
+  reply to the client, and the Lua collector's step after each call (``lua_gc``, also
+  shown on its own);
+- ``request``: outside the script: reading and parsing the request, finding the script,
+  the event loop.
+
+``python -m benchmarks.script_cost --callgrind --split --calls 2000 --repeat 1``.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -52,10 +71,13 @@ OWNER = (
 class Node:
     """One connection to the node, pipelining commands and reading their replies."""
 
-    def __init__(self, path: str, counted: int | None = None) -> None:
+    def __init__(self, path: str, counted: int | None = None, split: bool = False) -> None:
         # The pid of a server run under callgrind: its instructions are counted instead of
         # its CPU time.
         self.counted = counted
+        # --split: where the instructions counted by the last dump went (see _inclusive).
+        self.split = split
+        self.last_split: dict[str, int] = {}
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.connect(path)
         self.reader = hiredis.Reader()
@@ -96,6 +118,8 @@ class Node:
         )
         (new,) = set(dumps.glob("callgrind.out.*")) - before
         totals = [line for line in new.read_text().splitlines() if line.startswith("totals:")]
+        if self.split:
+            self.last_split = _inclusive(new)
         new.unlink()
         return int(totals[0].split()[1]) / 1000
 
@@ -111,6 +135,44 @@ class Node:
             fields = dict(item.split("=") for item in rest.split(","))
             out[name[len("cmdstat_") :]] = (int(fields["calls"]), float(fields["usec"]))
         return out
+
+
+# The server functions --split reads (inclusive instructions): see the module docstring.
+_SPLIT_FUNCTIONS = ("luaCallFunction", "lua_pcall", "scriptCall", "parseReply", "lua_gc")
+_ANNOTATED = re.compile(r"^\s*([\d,]+) \(\s*[\d.]+%\)\s+\S*?:(\w+) \[")
+
+
+def _inclusive(dump: Path) -> dict[str, int]:
+    """The inclusive instructions of each of ``_SPLIT_FUNCTIONS`` in a callgrind dump."""
+    text = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        match = _ANNOTATED.match(line)
+        if match and match[2] in _SPLIT_FUNCTIONS and match[2] not in found:
+            found[match[2]] = int(match[1].replace(",", ""))
+    return found
+
+
+def _split_text(found: dict[str, int], total_kir: float, calls: int) -> str:
+    """``found`` (see _inclusive) as kIr per call in the parts the module docstring names."""
+    if "luaCallFunction" not in found or "lua_pcall" not in found:
+        return "split: this server's symbols do not name its Lua functions"
+    # A script that calls no command has no scriptCall or parseReply: 0 for them.
+    per = {name: found.get(name, 0) / 1000 / calls for name in _SPLIT_FUNCTIONS}
+    parts = {
+        "commands": per["scriptCall"],
+        "replies": per["parseReply"],
+        "Lua": per["lua_pcall"] - per["scriptCall"] - per["parseReply"],
+        "KEYS/ARGV": per["luaCallFunction"] - per["lua_pcall"],
+        "request": total_kir - per["luaCallFunction"],
+    }
+    shown = ", ".join(f"{name} {value:.1f}" for name, value in parts.items())
+    return f"split kIr/call: {shown} (lua_gc {per['lua_gc']:.1f})"
 
 
 def _replies_ok(replies: list[object], expect: Callable[[object], bool], case: str) -> None:
@@ -146,7 +208,10 @@ def measure(
     )
     inside = sum(spent for _, spent in inner.values()) / calls
     per_call = cpu / len(measured) if node.counted else cpu * 1e6 / len(measured)
-    return case, usec / calls, per_call, f"commands {inside:.2f} us: {nested}"
+    text = f"commands {inside:.2f} us: {nested}"
+    if node.split and node.last_split and command == "evalsha":
+        text += "; " + _split_text(node.last_split, per_call, len(measured))
+    return case, usec / calls, per_call, text
 
 
 class Counted(LocalNode):
@@ -157,6 +222,9 @@ class Counted(LocalNode):
             "valgrind",
             "--tool=callgrind",
             "--collect-systime=no",
+            # Every dump names its functions in full (else a later dump refers to names by
+            # numbers that only an earlier dump defines, and --split cannot read it).
+            "--compress-strings=no",
             f"--callgrind-out-file={self.directory}/callgrind.out.%p",
             *super()._arguments(),
         ]
@@ -173,8 +241,21 @@ def main() -> None:
         help="run the server under valgrind: count its instructions per call (kIr), which "
         "do not move with the machine's load (use fewer --calls: it runs ~50x slower)",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="with --callgrind: where each call's instructions go (needs a server binary "
+        "with function names: redis-server unless --binary names another)",
+    )
     options = parser.parse_args()
     calls = options.calls
+    if options.split:
+        if not options.callgrind:
+            parser.error("--split needs --callgrind")
+        if options.binary is None:
+            options.binary = shutil.which("redis-server")
+            if options.binary is None:
+                parser.error("--split needs a server with function names: pass --binary")
 
     with tempfile.TemporaryDirectory(prefix="rl-", dir="/tmp") as directory:
         server = (Counted if options.callgrind else LocalNode)(
@@ -183,7 +264,9 @@ def main() -> None:
         server.start()
         try:
             print(f"server: {server_version(server.binary)}; {calls} calls per case")
-            node = Node(server.socket_path, server.pid if options.callgrind else None)
+            node = Node(
+                server.socket_path, server.pid if options.callgrind else None, options.split
+            )
             runs = [run_cases(node, calls, f"r{run}:") for run in range(options.repeat)]
         finally:
             server.stop()
