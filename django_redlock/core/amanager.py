@@ -100,6 +100,11 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         logger.debug("release finished after its caller was cancelled: %s", task.exception())
 
 
+# The releases a plain ``with`` started (AsyncLease.__enter__), until each is done: the
+# loop holds a task only weakly.
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
 class AsyncLease(BaseLease):
     """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
     ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
@@ -115,15 +120,30 @@ class AsyncLease(BaseLease):
     was, held until its current validity runs out (or renewed by auto-extension).
     """
 
-    __slots__ = ("_async_manager", "_closing")
-    # The release a plain ``with`` started (see __enter__): set only then, never read.
-    _closing: asyncio.Task[None]
+    # Its asyncio manager, weakly: that manager's per-loop connections hold the futures that
+    # tasks wait on (and their loop the tasks), and a task's frame may hold this lease, so a
+    # strong reference would make a cycle through every lease a task holds. With it weak, an
+    # asyncio lease refers to what a sync one does (core.lease's _cycle_free), and a task
+    # holding many has them untracked by the collector as a thread does (issue 28, item 4).
+    __slots__ = ("_manager",)
+    _cycle_free_class = True
+    _host: Engine
 
     def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
         # Hosted by the engine, as a sync lease (clock, reporter, and the extender's
         # renewals, which are sync rounds); its own rounds are the asyncio manager's.
         super().__init__(manager, **fields)
-        self._async_manager = manager
+        self._manager = weakref.ref(manager)  # one per manager: CPython shares it
+
+    @property
+    def _async_manager(self) -> AsyncLockManager:
+        """The asyncio manager that took the lease; if it is gone (dropped once the loop
+        that used it ended: its connections' guard keeps it until then), a new one on the
+        same engine, whose connections to this loop open on demand."""
+        manager = self._manager()
+        if manager is None:
+            manager = AsyncLockManager._on_engine(self._host)
+        return manager
 
     async def owned(self) -> bool:
         """Ask the nodes (one round trip) whether a quorum still holds this lease (see
@@ -224,7 +244,10 @@ class AsyncLease(BaseLease):
         if not self._released:
             with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
                 loop = asyncio.get_running_loop()
-                self._closing = loop.create_task(self._release_quietly())
+                # Kept in a set, not on the lease: the task's frame holds the lease.
+                closing = loop.create_task(self._release_quietly())
+                _CLOSING.add(closing)
+                closing.add_done_callback(_CLOSING.discard)
         raise TypeError(
             "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
             "not with a plain 'with'"
@@ -300,6 +323,13 @@ class AsyncLockManager(EngineConfigured):
         shared = cls.__new__(cls)
         shared._share(manager.engine, sleep)
         return shared
+
+    @classmethod
+    def _on_engine(cls, engine: Engine) -> AsyncLockManager:
+        """A manager on ``engine`` for a lease whose own manager is gone (AsyncLease)."""
+        made = cls.__new__(cls)
+        made._share(engine, None)
+        return made
 
     def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:
         self.engine = engine

@@ -124,11 +124,10 @@ _keep_tracked = untracking.keep_tracked
 # is untracked: a held lease is one object the collector tracks, itself; and a thread's
 # dict of them is untracked too (see _untrack_entries), so that a collection reads no weak
 # reference either (a second call on each such put: each insert tracks the dict again).
-# (Many scopes holding a lease or two each, asyncio tasks, keep theirs tracked: each such
-# scope is a tracked tuple holding a task already.)
+# (Many scopes holding a lease or two each, asyncio tasks, keep theirs tracked.)
 _UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
 
-# From there on, a thread's scope untracks the lease itself too, when nothing it refers to can
+# From there on, a scope untracks the lease itself too, when nothing it refers to can
 # refer back to it (see _cycle_free): its lease class says so, and its manager's observer
 # keeps no lease. Then a collection does not read the lease, nor its state through it: a
 # held lease costs a collection only the reference to it that its holder keeps (issue 28,
@@ -175,19 +174,21 @@ os.register_at_fork(after_in_child=_tracking_after_fork_in_child)
 
 
 def _cycle_free(value: object) -> bool:
-    """Whether ``value``, a lease held in a thread's scope, refers to nothing that can refer
-    back to it, so that untracked it can hide no cycle from the collector.
+    """Whether ``value``, a lease held in a thread's or a task's scope, refers to nothing that
+    can refer back to it, so that untracked it can hide no cycle from the collector.
 
     A sync :class:`~django_redlock.redlock.Lease` refers to: its engine, its scope's tuple
-    (pid, thread id, None: numbers), its shape (strings), its untracked state tuple (plain
+    (pid, thread id, and None or a weak reference to its asyncio task: see
+    ``core.owner.owner_scope``), its shape (strings), its untracked state tuple (plain
     strings and numbers: names and origins are kept as plain ``str``, the fencing token as an
     ``int``) and its end (strings and a float), None, bools and small ints. The engine has
     no ``__dict__`` (nothing can be hung on it) and holds leases only weakly (the re-entry
     registry; the extender is the process's); what the user gave it is judged once, when it
     is built (``Engine.leases_untrackable``: see ``core.engine.reaches_no_lease``). An
-    asyncio lease also refers to its asyncio manager, whose connections hold the futures
-    that tasks wait on (and its scope holds its task), so it stays tracked: its class says
-    ``_cycle_free_class = False``."""
+    asyncio lease refers to the same, and to its asyncio manager only through a weak
+    reference: that manager's connections hold the futures that tasks wait on, its loop's
+    handles hold the tasks, and a task's frame may hold the lease, so a strong reference
+    would close a cycle through it (see ``AsyncLease``)."""
     if not getattr(type(value), "_cycle_free_class", False):
         return False
     return bool(getattr(value._host, "leases_untrackable", False))  # type: ignore[attr-defined]
@@ -273,7 +274,11 @@ class Reentry(Generic[_V]):
         if size >= _UNTRACK_AT:  # a scope holding many leases: see core.untracking
             _untrack(id(ref))  # before it goes in: an untracked dict never holds it tracked
             entries[name] = ref
-            if entries.scope[2] is None:  # a thread's scope, no task: see _untrack_entries
+            task = entries.scope[2]
+            # A thread's scope, or a task's held weakly (core.owner.owner_scope): see
+            # _untrack_entries. A task held strongly (one that cannot be weakly referenced)
+            # keeps its dict, and its leases, tracked.
+            if task is None or type(task) is weakref.ref:
                 _untrack_entries(entries, size == _UNTRACK_AT)
                 # The lease too (see _LEASES_UNTRACKED): no other thread has it yet.
                 if _LEASES_UNTRACKED and _cycle_free(value):
@@ -327,10 +332,13 @@ class Reentry(Generic[_V]):
         for scope, entries in list(scopes.items()):
             _sweep_entries(entries)
             if not entries:
-                task: Any = scope[2]
-                if (task.done() if task is not None else scope[1] == me) and (
-                    scopes.get(scope) is entries and not entries
-                ):
+                owner: Any = scope[2]
+                if owner is None:
+                    over = scope[1] == me
+                else:
+                    task = owner() if type(owner) is weakref.ref else owner
+                    over = task is None or task.done()  # gone, or done
+                if over and scopes.get(scope) is entries and not entries:
                     del scopes[scope]
         self._sweep_at = max(self._FIRST_SWEEP, 2 * len(scopes))
 
@@ -341,17 +349,19 @@ def _untrack_entries(entries: _Entries, crossing: bool) -> None:
 
     Such a dict holds ``str`` keys, untracked plain weak references (which hold no strong
     reference: see ``core.untracking``), and in its slots the scope tuple (pid, thread id,
-    None: numbers) and an int: it can be in no reference cycle, so a collection has nothing
-    to find in it, and untracked it reads none of the weak references either (a dict's
-    traversal visits each value: the header of each, a cache miss per held lease per pass).
+    None or a weak reference to a task) and an int: it can be in no reference cycle, so a
+    collection has nothing to find in it, and untracked it reads none of the weak references
+    either (a dict's traversal visits each value: the header of each, a cache miss per held
+    lease per pass).
     A held lease then costs a collection what the pure-Python floor does: itself and its
     state tuple. The dict still holds its weak references as before; their referents are
     freed, and the references cleared, by reference counting or by the collector as before.
 
-    Not an asyncio task's scope: its tuple holds the task, and an untracked container hides
-    its references from the collector, so the task (and all it reaches) would look
-    referenced from outside, and a cycle through it (a manager dropped with its task) could
-    never be collected. Those dicts stay tracked.
+    An asyncio task's scope too: its tuple holds the task only weakly (pid, thread id, a weak
+    reference with no callback: core.owner.owner_scope), so the dict reaches no task. (A
+    task that cannot be weakly referenced is held, and its dict stays tracked: an untracked
+    container hides its references from the collector, so the task and all it reaches would
+    look referenced from outside, and a cycle through it could never be collected.)
 
     Called after each put past the threshold: CPython up to 3.13 tracks an untracked dict
     again on any insert of a value of a GC type (a weak reference is one, tracked or not:
@@ -1085,8 +1095,8 @@ def take_over(
     shape = lease._special_shape
     if shape is None or shape.reentrant:
         # The registry's tuple for this scope, equal to ``scope``: one shared by all the
-        # leases the scope holds (an asyncio task's holds the task, so the collector
-        # tracks it: one per task, not one per lease).
+        # leases the scope holds (an asyncio task's holds a weak reference to the task, so
+        # the collector tracks it: one per task, not one per lease).
         lease._scope = registry.put(scope, lease._state[0], lease)
 
 

@@ -18,6 +18,7 @@ import json
 import sys
 import threading
 import time
+import weakref
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -172,14 +173,23 @@ _THREAD_SCOPES: dict[int, tuple[object, ...]] = {}
 
 
 def owner_scope() -> tuple[object, ...]:
-    """Who owns a lease taken here: (pid, thread id, asyncio task or None)."""
+    """Who owns a lease taken here: (pid, thread id, a weak reference to the asyncio task, or
+    None outside a task)."""
     asyncio = sys.modules.get("asyncio")
     if asyncio is not None and asyncio.events._get_running_loop() is not None:
         task = asyncio.current_task()
         if task is not None:
-            # The task object itself (not its id, which a later task may reuse); held only
-            # while the lease is, and dropped on its last release.
-            return (current_pid(), threading.get_ident(), task)
+            # The task itself (not its id, which a later task may reuse), held weakly: a
+            # lease keeps its scope, and a task's frame may keep the lease, so a strong
+            # reference would make a cycle through every lease a task holds, which the
+            # collector could not see once the lease is untracked (core.lease's
+            # _cycle_free). CPython hands out one weak reference per task (no callback),
+            # which compares and hashes as the task while it lives: the task's scopes are
+            # equal, and the same object.
+            try:
+                return (current_pid(), threading.get_ident(), weakref.ref(task))
+            except TypeError:  # a task object that cannot be weakly referenced: held
+                return (current_pid(), threading.get_ident(), task)
     ident = threading.get_ident()
     scope = _THREAD_SCOPES.get(ident)
     if scope is None or scope[0] != process.PID:  # a new thread, or a forked child

@@ -8,8 +8,9 @@ nothing to find, and untracked it works as before: it is freed by reference coun
 untracked tuples and dicts are. Objects it refers to that the collector does track look
 referenced from outside to the collector, which they are.
 
-Used by ``core.lease`` (the re-entry registry's weak references, a thread's dict of them, and
-the leases of a thread holding many, tracked again by :data:`track` when released) and
+Used by ``core.lease`` (the re-entry registry's weak references, a thread's or a task's
+dict of them, and the leases of a thread or task holding many, tracked again by
+:data:`track` when released) and
 ``core.extender`` (its heap and its map of leases). Where the calls cannot be had (another
 Python, no ``ctypes``), :data:`untrack` and :data:`track` do nothing (nothing was untracked).
 """

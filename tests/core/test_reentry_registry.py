@@ -11,9 +11,12 @@ import os
 import threading
 import weakref
 
+import pytest
+
 from django_redlock import LockManager
 from django_redlock.core import lease
 from django_redlock.core.lease import Reentry
+from django_redlock.core.owner import owner_scope
 
 
 class Value:
@@ -198,10 +201,32 @@ def test_a_thread_scope_holding_many_is_a_dict_the_collector_does_not_track():
     check()
 
 
-def test_an_asyncio_scopes_dict_stays_tracked():
-    """An asyncio task's scope tuple holds the task: the dict holding that tuple stays one
-    the collector tracks, or the task (and what it reaches) would look referenced from
-    outside, and a cycle through it could never be collected."""
+def test_an_asyncio_scopes_dict_is_untracked_as_a_threads_is():
+    """An asyncio task's scope holds the task weakly (owner_scope), so its dict of many weak
+    references is one the collector need not track, as a thread's: it can be in no cycle."""
+    registry: Reentry[Value] = Reentry()
+    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    states: list[bool] = []
+    scopes: list[tuple[object, ...]] = []
+
+    async def hold() -> None:
+        scope = owner_scope()
+        scopes.append(scope)
+        for i, value in enumerate(values):
+            registry.put(scope, f"k{i}", value)
+            states.append(gc.is_tracked(registry._scopes[scope]))
+        assert all(registry.get(owner_scope(), f"k{i}") is value for i, value in enumerate(values))
+
+    asyncio.run(hold())
+    assert type(scopes[0][2]) is weakref.ref
+    assert all(states[: lease._UNTRACK_AT - 1])
+    assert not any(states[lease._UNTRACK_AT - 1 :])
+
+
+def test_a_scope_holding_its_task_keeps_its_dict_tracked():
+    """A task that cannot be weakly referenced is held by its scope (owner_scope): the dict
+    holding that tuple stays one the collector tracks, or the task (and what it reaches)
+    would look referenced from outside, and a cycle through it could never be collected."""
     registry: Reentry[Value] = Reentry()
     values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
     states: list[bool] = []
@@ -211,7 +236,6 @@ def test_an_asyncio_scopes_dict_stays_tracked():
         for i, value in enumerate(values):
             registry.put(scope, f"k{i}", value)
             states.append(gc.is_tracked(registry._scopes[scope]))
-        assert all(registry.get(scope, f"k{i}") is value for i, value in enumerate(values))
 
     asyncio.run(hold())
     assert all(states)
@@ -219,8 +243,9 @@ def test_an_asyncio_scopes_dict_stays_tracked():
 
 def test_the_scope_tuple_is_the_registrys_one():
     """Values registered under equal scopes get one scope tuple back, the first put's: an
-    asyncio task's scope is a new tuple at each acquire (it holds the task, so the collector
-    tracks it), and its leases keep the registry's instead (one per task, not per lease)."""
+    asyncio task's scope is a new tuple at each acquire (it holds a weak reference to the
+    task, so the collector tracks it), and its leases keep the registry's instead (one per
+    task, not per lease)."""
     registry: Reentry[Value] = Reentry()
     first, second = Value(), Value()
     scope = (os.getpid(), threading.get_ident(), Value())
@@ -268,18 +293,24 @@ def test_another_threads_release_leaves_the_scope_to_its_thread():
     assert not registry._scopes
 
 
-def test_a_done_tasks_empty_scope_is_swept():
+@pytest.mark.parametrize("weakly", [True, False], ids=["task-gone", "task-done"])
+def test_a_done_tasks_empty_scope_is_swept(weakly: bool):
+    """Whether the scope holds its task weakly (owner_scope; once the task is gone) or
+    strongly (a task that cannot be weakly referenced; done)."""
     registry: Reentry[Value] = Reentry()
     values = [Value()]
 
     async def hold() -> tuple[object, ...]:
         task = asyncio.current_task()
-        scope = (os.getpid(), threading.get_ident(), task)
+        scope = owner_scope() if weakly else (os.getpid(), threading.get_ident(), task)
         registry.put(scope, "a", values[0])
         return scope
 
     scope = asyncio.run(hold())
     values.clear()  # dropped without release, by a task now done
+    if weakly:
+        gc.collect()
+        assert scope[2]() is None  # type: ignore[operator]
     assert scope in registry._scopes
     assert len(registry) == 0
     assert scope not in registry._scopes  # the task is not kept by the registry
