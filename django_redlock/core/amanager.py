@@ -105,6 +105,11 @@ def _retrieve(task: asyncio.Future[None]) -> None:
 _CLOSING: set[asyncio.Task[None]] = set()
 
 
+# What AsyncLockManager._on_engine made, by id(engine), weakly: held strongly, a manager would
+# keep its engine and the loops it reached alive for good.
+_ORPHANS: weakref.WeakValueDictionary[int, AsyncLockManager] = weakref.WeakValueDictionary()
+
+
 class AsyncLease(BaseLease):
     """A held lock from :class:`AsyncLockManager`: ``await lease.extend()``,
     ``await lease.release()``, or ``async with``; ``name``, ``validity``, ``lost``,
@@ -326,9 +331,15 @@ class AsyncLockManager(EngineConfigured):
 
     @classmethod
     def _on_engine(cls, engine: Engine) -> AsyncLockManager:
-        """A manager on ``engine`` for a lease whose own manager is gone (AsyncLease)."""
-        made = cls.__new__(cls)
-        made._share(engine, None)
+        """A manager on ``engine`` for a lease whose own manager is gone (AsyncLease): the
+        one made last for it while that one lives (its connections to a loop keep it until
+        that loop ends), so the leases of a dropped manager share one set of connections per
+        loop rather than open one per call."""
+        made = _ORPHANS.get(id(engine))
+        if made is None or made.engine is not engine:
+            made = cls.__new__(cls)
+            made._share(engine, None)
+            _ORPHANS[id(engine)] = made
         return made
 
     def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:

@@ -442,6 +442,10 @@ def test_an_asyncio_lease_whose_manager_is_gone_is_still_released(cluster3):
 
     async def give_back() -> None:
         assert await lease.owned()
+        stand_in = lease._async_manager
+        assert stand_in is lease._async_manager  # one for every call in this loop
+        assert stand_in.engine is lease.host
+        await lease.extend()
         await lease.release()
 
     asyncio.run(give_back())
