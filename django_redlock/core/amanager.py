@@ -142,12 +142,14 @@ class AsyncLease(BaseLease):
 
     @property
     def _async_manager(self) -> AsyncLockManager:
-        """The asyncio manager that took the lease; if it is gone (dropped once the loop
-        that used it ended: its connections' guard keeps it until then), a new one on the
-        same engine, whose connections to this loop open on demand."""
+        """The asyncio manager that took the lease; if it is gone (dropped, once the loops
+        that used it ended: its connections' guard, which each such loop keeps, keeps it
+        until then), a stand-in on the same engine, whose connections to this loop open on
+        demand."""
         manager = self._manager()
         if manager is None:
             manager = AsyncLockManager._on_engine(self._host)
+            self._manager = weakref.ref(manager)  # for its later calls too
         return manager
 
     async def owned(self) -> bool:
@@ -384,6 +386,14 @@ class AsyncLockManager(EngineConfigured):
         with self._lock:
             connections = self._loops.get(loop)
             if connections is None:
+                # The entries of loops closed with their guard pending (a loop closed on
+                # pending tasks, never cancelled): an entry's connections refer to its loop,
+                # so it would never leave this weakly keyed map, and with it the futures of
+                # the tasks left waiting, those tasks and the leases they hold. Their
+                # transports cannot be closed through a closed loop: they close as they are
+                # freed.
+                for closed in [other for other in self._loops if other.is_closed()]:
+                    del self._loops[closed]
                 engine = self.engine
                 connections = LoopConnections(
                     engine.addresses,
@@ -400,6 +410,17 @@ class AsyncLockManager(EngineConfigured):
                 # with it, or every ended loop (one per asyncio.run, or per async_to_sync
                 # call) would stay in memory with its connections.
                 guard.add_done_callback(partial(self._forget_loop, connections))
+                # Kept by the loop itself while it runs (the loop holds its tasks only
+                # weakly): otherwise a manager nobody else keeps (its leases hold it weakly)
+                # would be freed with its guard, pending, while the loop still runs. Not by a
+                # module global: a loop closed with the guard pending would keep it for ever.
+                try:
+                    guards = loop.__dict__.setdefault("_django_redlock_guards", set())
+                except AttributeError:  # a loop with no __dict__ (uvloop): as before
+                    pass
+                else:
+                    guards.add(guard)
+                    guard.add_done_callback(guards.discard)
             self._last = (weakref.ref(loop), connections)
         return connections
 

@@ -117,4 +117,12 @@ def as_handle(value: object) -> LeaseHandle:
         raise ValueError("handle holds no valid ttl")
     if fencing is not None and (isinstance(fencing, bool) or not isinstance(fencing, int)):
         raise ValueError("handle holds no valid fencing token")
-    return LeaseHandle(name=name, key=key, token=token, ttl=float(ttl), fencing_token=fencing)
+    # Plain str and int: an adopted lease keeps them in its state, which nothing held in it
+    # may refer back from (a held lease may be untracked: core.lease's _cycle_free).
+    return LeaseHandle(
+        name=name,
+        key=str.__str__(key),
+        token=str.__str__(token),
+        ttl=float(ttl),
+        fencing_token=None if fencing is None else int.__index__(fencing),
+    )

@@ -187,9 +187,16 @@ def owner_scope() -> tuple[object, ...]:
             # which compares and hashes as the task while it lives: the task's scopes are
             # equal, and the same object.
             try:
-                return (current_pid(), threading.get_ident(), weakref.ref(task))
+                ref = weakref.ref(task)
             except TypeError:  # a task object that cannot be weakly referenced: held
                 return (current_pid(), threading.get_ident(), task)
+            # Hashed now, while the task lives: a weak reference keeps the hash it once
+            # computed, and cannot compute one once its task is gone. A lease of a kind the
+            # registry does not hold (a semaphore slot, a read lease) keeps its scope unhashed
+            # until its release forgets it, which may run after its task is gone (a slot
+            # taken in a task of its own, under asyncio.wait_for or gather).
+            hash(ref)
+            return (current_pid(), threading.get_ident(), ref)
     ident = threading.get_ident()
     scope = _THREAD_SCOPES.get(ident)
     if scope is None or scope[0] != process.PID:  # a new thread, or a forked child

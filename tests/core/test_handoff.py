@@ -21,7 +21,7 @@ from django_redlock import (
     LockManager,
     QuorumUnreachable,
 )
-from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.wire.scripts import RELEASE
 from tests.helpers import lock_token, node_client
 
@@ -289,3 +289,29 @@ def test_an_adopted_lease_with_little_left_is_renewed_before_it_runs_out(cluster
         assert due[0] - time.monotonic() < adopted.validity
     finally:
         adopted.release()
+
+
+def test_a_handles_strings_and_numbers_are_taken_as_plain_ones():
+    """What an adopted lease keeps in its state must refer to nothing (a held lease may be
+    untracked by the collector: core.lease's _cycle_free), so a handle's key and token given
+    as ``str`` subclasses, and its fencing token as an ``int`` subclass, come out plain."""
+
+    class Carrying(str):
+        pass
+
+    class Counting(int):
+        pass
+
+    handle = as_handle(
+        LeaseHandle(
+            name="plain",
+            key=Carrying("redlock:plain"),
+            token=Carrying("ab" * 20),
+            ttl=10.0,
+            fencing_token=Counting(7),
+        )
+    )
+    assert type(handle.key) is str
+    assert type(handle.token) is str
+    assert type(handle.fencing_token) is int
+    assert (handle.key, handle.token, handle.fencing_token) == ("redlock:plain", "ab" * 20, 7)
