@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - other Pythons: the same rule, in Pytho
 from django_redlock.core import extender, flow, turns, untracking
 from django_redlock.core.arguments import clip_origin
 from django_redlock.core.handle import LeaseHandle
-from django_redlock.core.shapes import Shape
+from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.exceptions import (
     LeaseInherited,
     LeaseNotExtended,
@@ -191,7 +191,15 @@ def _cycle_free(value: object) -> bool:
     would close a cycle through it (see ``AsyncLease``)."""
     if not getattr(type(value), "_cycle_free_class", False):
         return False
+    # The library's own shapes hold strings and numbers; a shape of the user's own (given to
+    # acquire_shape) might hold anything.
+    shape = value._special_shape  # type: ignore[attr-defined]
+    if shape is not None and type(shape) not in _OWN_SHAPES:
+        return False
     return bool(getattr(value._host, "leases_untrackable", False))  # type: ignore[attr-defined]
+
+
+_OWN_SHAPES = frozenset({Shape, Slots, ReadWrite, Many})
 
 
 class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]

@@ -830,3 +830,20 @@ def test_a_kept_manager_drops_the_connections_of_a_loop_closed_on_pending_tasks(
     gc.collect()
     assert refs["task"]() is None
     assert all(ref() is None for ref in refs["leases"])
+
+
+def test_a_lease_of_a_shape_of_the_users_own_stays_tracked(cluster3, no_automatic_collection):
+    """acquire_shape takes any Shape: one of the user's own might hold anything, the lease
+    among it, so its lease stays tracked however many its thread holds."""
+
+    class OwnShape(Shape):
+        pass
+
+    manager = LockManager(cluster3.urls)
+    leases = [manager.acquire(f"own-shape-{i}", ttl=10.0) for i in range(UNTRACK_AT)]
+    own = manager.acquire_shape("own-shape", OwnShape("redlock:own-shape"), ttl=10.0)
+    plain = manager.acquire("own-shape-plain", ttl=10.0)
+    assert gc.is_tracked(own)
+    assert not gc.is_tracked(plain)  # past the threshold, as the test is meant to be
+    for lease in [*leases, own, plain]:
+        lease.release()
