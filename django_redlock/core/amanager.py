@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -100,9 +101,22 @@ def _retrieve(task: asyncio.Future[None]) -> None:
         logger.debug("release finished after its caller was cancelled: %s", task.exception())
 
 
-# The releases a plain ``with`` started (AsyncLease.__enter__), until each is done: the
-# loop holds a task only weakly.
-_CLOSING: set[asyncio.Task[None]] = set()
+# Seconds: how far off the timer that keeps a task (_keep_with_loop) is set where a loop
+# takes no infinite time (uvloop's timers are whole milliseconds): a year.
+_A_YEAR = 365 * 24 * 3600.0
+
+
+def _keep_with_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Have ``loop`` keep ``task`` while the loop is open and the task is not done (a loop
+    holds its tasks only weakly), through a timer that never fires: closing the loop drops
+    its timers, so a loop closed on the task, kept or not, keeps nothing of it. Not a module
+    global (which a loop closed with the task pending would leave holding it for ever), nor
+    the loop's ``__dict__`` (which a closed loop still referenced would hold)."""
+    try:
+        keeper = loop.call_at(math.inf, task.cancel)
+    except (OverflowError, ValueError):  # a loop whose timers must be finite
+        keeper = loop.call_later(_A_YEAR, task.cancel)
+    task.add_done_callback(lambda _: keeper.cancel())
 
 
 # What AsyncLockManager._on_engine made, by id(engine), weakly: held strongly, a manager would
@@ -251,10 +265,8 @@ class AsyncLease(BaseLease):
         if not self._released:
             with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
                 loop = asyncio.get_running_loop()
-                # Kept in a set, not on the lease: the task's frame holds the lease.
-                closing = loop.create_task(self._release_quietly())
-                _CLOSING.add(closing)
-                closing.add_done_callback(_CLOSING.discard)
+                # Kept by the loop, not by the lease: the task's frame holds the lease.
+                _keep_with_loop(loop, loop.create_task(self._release_quietly()))
         raise TypeError(
             "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
             "not with a plain 'with'"
@@ -410,17 +422,10 @@ class AsyncLockManager(EngineConfigured):
                 # with it, or every ended loop (one per asyncio.run, or per async_to_sync
                 # call) would stay in memory with its connections.
                 guard.add_done_callback(partial(self._forget_loop, connections))
-                # Kept by the loop itself while it runs (the loop holds its tasks only
-                # weakly): otherwise a manager nobody else keeps (its leases hold it weakly)
-                # would be freed with its guard, pending, while the loop still runs. Not by a
-                # module global: a loop closed with the guard pending would keep it for ever.
-                try:
-                    guards = loop.__dict__.setdefault("_django_redlock_guards", set())
-                except AttributeError:  # a loop with no __dict__ (uvloop): as before
-                    pass
-                else:
-                    guards.add(guard)
-                    guard.add_done_callback(guards.discard)
+                # Kept by the loop while it is open: otherwise a manager nobody else keeps
+                # (its leases hold it weakly) would be freed with its guard, pending, while
+                # the loop still runs.
+                _keep_with_loop(loop, guard)
             self._last = (weakref.ref(loop), connections)
         return connections
 

@@ -338,24 +338,30 @@ def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
 
     async def main() -> None:
         await (await shared.acquire("warm-up-2", ttl=10.0)).release()
-        before_tracked, before_touched = tracked(), touched()
-        leases: list[AsyncLease] = []
-        for i in range(COUNT):
-            leases.append(await shared.acquire(f"async-own-{i}", ttl=10.0))
-        counts["tracked"] = tracked() - before_tracked
-        counts["own"] = added(before_touched, touched())
-        counts["scopes"] = len({id(lease._scope) for lease in leases})
-        scope = leases[0]._scope
-        assert scope is not None
-        counts["task"] = scope[2]
-        counts["tracked_first"] = all(gc.is_tracked(lease) for lease in leases[: UNTRACK_AT - 1])
-        counts["untracked_rest"] = not any(gc.is_tracked(lease) for lease in leases[UNTRACK_AT:])
-        counts["cycle_free"] = lease_module._cycle_free(leases[-1])
-        counts["refers"] = {id(ref) for lease in leases for ref in gc.get_referents(lease)}
-        counts["shared"] = {id(manager.engine), id(leases[0]._scope), id(leases[0]._manager)}
-        for lease in leases:
-            await lease.release()
-        counts["all_tracked_after"] = all(gc.is_tracked(lease) for lease in leases)
+        # Three batches, the fewest counted (as per_batch does for sync leases): what the
+        # rounds leave meanwhile (a late reply's round, read later) only adds to a batch.
+        for batch in range(3):
+            before_tracked, before_touched = tracked(), touched()
+            leases: list[AsyncLease] = []
+            for i in range(COUNT):
+                leases.append(await shared.acquire(f"async-own-{batch}-{i}", ttl=10.0))
+            counts.setdefault("tracked", []).append(tracked() - before_tracked)
+            counts.setdefault("own", []).append(added(before_touched, touched()))
+            counts["scopes"] = len({id(lease._scope) for lease in leases})
+            scope = leases[0]._scope
+            assert scope is not None
+            counts["task"] = scope[2]
+            counts["tracked_first"] = all(
+                gc.is_tracked(lease) for lease in leases[: UNTRACK_AT - 1]
+            )
+            counts["untracked_rest"] = not any(
+                gc.is_tracked(lease) for lease in leases[UNTRACK_AT:]
+            )
+            counts["cycle_free"] = lease_module._cycle_free(leases[-1])
+            for lease in leases:
+                await lease.release()
+            counts["all_tracked_after"] = all(gc.is_tracked(lease) for lease in leases)
+            del leases
 
     asyncio.run(main())
     assert counts["scopes"] == 1  # one task: one scope tuple for all its leases
@@ -363,19 +369,18 @@ def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
     assert counts["tracked_first"]
     assert counts["untracked_rest"]
     assert counts["cycle_free"] is True
-    # Of what the leases refer to that is any lease's own, only the untracked state tuples.
-    assert counts["shared"] <= counts["refers"]
     assert counts["all_tracked_after"]  # tracked again as each hold ended
-    assert counts["tracked"] <= UNTRACK_AT + 100
-    assert counts["own"] <= ASYNC_OWN_OBJECTS * COUNT + 100
+    assert min(counts["tracked"]) <= UNTRACK_AT + 100, counts["tracked"]
+    assert min(counts["own"]) <= ASYNC_OWN_OBJECTS * COUNT + 100, counts["own"]
 
 
 def _abandon_a_task_holding_leases(
-    urls: list[str], manager: AsyncLockManager | None = None
+    urls: list[str], manager: AsyncLockManager | None = None, keep_loop: bool = False
 ) -> dict[str, Any]:
     """Run a task that takes many leases (every other one auto-extended) and then waits in
     the line of a lock held elsewhere, close its loop with the task pending there, and drop
-    every reference to them but weak ones (returned), and to ``manager`` unless it is given.
+    every reference to them but weak ones (returned), and to ``manager`` unless it is given,
+    and to the closed loop unless ``keep_loop`` (then returned too, as ``refs["loop"]``).
     Waiting, the task is reached from its manager: the manager's connections to the loop
     reach the loop, whose timer wakes it."""
     blocker = LockManager(urls).acquire("abandoned-blocker", ttl=60.0)
@@ -403,6 +408,8 @@ def _abandon_a_task_holding_leases(
     loop.run_until_complete(asyncio.sleep(0.2))  # in line, its wake-up timer set
     loop.close()
     blocker.release()
+    if keep_loop:
+        refs["loop"] = loop
     return refs
 
 
@@ -847,3 +854,23 @@ def test_a_lease_of_a_shape_of_the_users_own_stays_tracked(cluster3, no_automati
     assert not gc.is_tracked(plain)  # past the threshold, as the test is meant to be
     for lease in [*leases, own, plain]:
         lease.release()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+def test_a_closed_loop_still_referenced_keeps_no_task_or_lease(
+    cluster3, no_automatic_collection, monkeypatch
+):
+    """A closed loop kept by the program (a variable, asyncio.set_event_loop) holds nothing
+    of a task left pending on it: the loop keeps its connections' guard through a timer,
+    which closing the loop drops (the second review found a guard kept in the loop's
+    __dict__ holding the task, and its auto-extended leases renewed, for as long as the
+    closed loop was referenced)."""
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # see above
+    refs = _abandon_a_task_holding_leases(cluster3.urls, keep_loop=True)
+    assert refs["loop"].is_closed()
+    gc.collect()
+    gc.collect()
+    assert refs["task"]() is None
+    assert refs["manager"]() is None
+    assert all(ref() is None for ref in refs["leases"])
