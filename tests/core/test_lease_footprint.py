@@ -413,13 +413,20 @@ def _abandon_a_task_holding_leases(
     return refs
 
 
-# Collecting what a closed loop left behind warns, as it should: "Task was destroyed but it
-# is pending", transports never closed, and the connections' guard, finalized, failing to
-# close them on the closed loop. Those are the misuse this test makes, not what it tests.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.fixture
+def closed_loop_noise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """For tests that close a loop on pending tasks. Collecting what such a loop left behind
+    reports errors, as it should: "Task was destroyed but it is pending", transports never
+    closed, and the connections' guard, finalized, failing to close them on the closed loop.
+    That is the misuse the tests make, not what they test. pytest would also keep each such
+    error until the test ends, traceback and frames included, and the leases in those frames
+    with them: they are dropped here, as Python does."""
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)
+
+
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_a_task_abandoned_holding_many_leases_is_freed_and_its_leases_renewed_no_more(
-    cluster3, no_automatic_collection
+    cluster3, no_automatic_collection, closed_loop_noise
 ):
     """A pending task left on a closed loop, its frame holding many untracked leases
     (auto-extended ones among them), is found by the collector, and its leases with it: no
@@ -815,18 +822,14 @@ def test_a_manager_nobody_keeps_lives_while_its_loop_runs(cluster3, caplog):
     assert "destroyed but it is pending" not in caplog.text
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_a_kept_manager_drops_the_connections_of_a_loop_closed_on_pending_tasks(
-    cluster3, no_automatic_collection, monkeypatch
+    cluster3, no_automatic_collection, closed_loop_noise
 ):
     """A manager the program keeps (the process-wide one) kept, for a loop closed with a task
     pending in a lock's line, that loop's connections, whose futures hold the task and so the
     leases it holds (renewed for ever, auto-extended). Its next use on another loop drops
     them (the first review of weak managers found this, older than weak managers)."""
-    # pytest keeps each unraisable error it is told of, traceback and frames included, until
-    # the test ends: the leases in those frames with them. Dropped here, as Python does.
-    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)
     manager = AsyncLockManager(cluster3.urls)
     refs = _abandon_a_task_holding_leases(cluster3.urls, manager)
     assert refs["untracked"][UNTRACK_AT:] == [True] * UNTRACK_AT
@@ -856,17 +859,15 @@ def test_a_lease_of_a_shape_of_the_users_own_stays_tracked(cluster3, no_automati
         lease.release()
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_a_closed_loop_still_referenced_keeps_no_task_or_lease(
-    cluster3, no_automatic_collection, monkeypatch
+    cluster3, no_automatic_collection, closed_loop_noise
 ):
     """A closed loop kept by the program (a variable, asyncio.set_event_loop) holds nothing
     of a task left pending on it: the loop keeps its connections' guard through a timer,
     which closing the loop drops (the second review found a guard kept in the loop's
     __dict__ holding the task, and its auto-extended leases renewed, for as long as the
     closed loop was referenced)."""
-    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: None)  # see above
     refs = _abandon_a_task_holding_leases(cluster3.urls, keep_loop=True)
     assert refs["loop"].is_closed()
     gc.collect()
