@@ -442,6 +442,24 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
         "the identified release's grants",
     )
 
+    # What a redis.call costs a script around its command, by the number of calls: a script
+    # of n EXISTS of its (missing) key, against the empty script of one argument.
+    for count in (1, 4, 13):
+        body = b"local key = KEYS[1]\n" + b"redis.call('EXISTS', key)\n" * count + b"return 1"
+        sha = node.call("SCRIPT", "LOAD", body)
+        assert isinstance(sha, bytes)
+        names = keys(f"calls{count}")
+        rows.append(
+            measure(
+                node,
+                f"script of {count} EXISTS calls",
+                "evalsha",
+                [],
+                [encode_command("EVALSHA", sha, 1, k) for k in names],
+                one,
+            )
+        )
+
     # What an EVALSHA costs before the script does anything, by argument count (idea 4).
     for count in (1, 4, 8, 14):
         body = b"return 1 -- %d" % count
