@@ -442,41 +442,24 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
         "the identified release's grants",
     )
 
+    def script_row(case: str, body: bytes, names: list[str], *extra: str) -> None:
+        """Load ``body`` and measure it on each of ``names`` (its one key), with ``extra``."""
+        sha = node.call("SCRIPT", "LOAD", body)
+        assert isinstance(sha, bytes)
+        commands = [encode_command("EVALSHA", sha, 1, k, *extra) for k in names]
+        rows.append(measure(node, case, "evalsha", [], commands, one))
+
     # What a redis.call costs a script around its command, by the number of calls: a script
     # of n EXISTS of its (missing) key, against the empty script of one argument.
     for count in (1, 4, 13):
         body = b"local key = KEYS[1]\n" + b"redis.call('EXISTS', key)\n" * count + b"return 1"
-        sha = node.call("SCRIPT", "LOAD", body)
-        assert isinstance(sha, bytes)
-        names = keys(f"calls{count}")
-        rows.append(
-            measure(
-                node,
-                f"script of {count} EXISTS calls",
-                "evalsha",
-                [],
-                [encode_command("EVALSHA", sha, 1, k) for k in names],
-                one,
-            )
-        )
+        script_row(f"script of {count} EXISTS calls", body, keys(f"calls{count}"))
 
     # What an EVALSHA costs before the script does anything, by argument count (idea 4).
     for count in (1, 4, 8, 14):
         body = b"return 1 -- %d" % count
-        sha = node.call("SCRIPT", "LOAD", body)
-        assert isinstance(sha, bytes)
-        names = keys(f"empty{count}")
         extra = ["x" * 8] * (count - 1)
-        rows.append(
-            measure(
-                node,
-                f"empty script, {count} keys+args",
-                "evalsha",
-                [],
-                [encode_command("EVALSHA", sha, 1, k, *extra) for k in names],
-                one,
-            )
-        )
+        script_row(f"empty script, {count} keys+args", body, keys(f"empty{count}"), *extra)
     return rows
 
 
