@@ -12,8 +12,9 @@ that returns at a quorum, release by the compare-and-delete script, nothing else
 run at each node count of ``--nodes`` (1, 3, 5), on the first N of the same five nodes, and so
 does the floor at equal work (``benchmarks/floor.py``): the minimal client sending our very
 acquire and release. W1, W2 and W1i split ours / minimal into its two factors: ours / that
-floor (the client's share) and that floor / minimal (the scripts' share). W3 has no such
-contender: our blocking acquire waits in the nodes' line, which the floor's retry loop does not.
+floor (the client's share) and that floor / minimal (the scripts' share). W3 does the same with
+its own floor (``benchmarks/floor_line.py``): the minimal client sending our blocking acquire,
+which waits in the nodes' line and takes hand-off grants, and the holder's granting release.
 
 - W1: one client, acquire + release of fresh keys; p50/p99 µs per pair (lower is better).
   Contenders: django_redlock, the minimal Redlock and the same-commands floor at each N,
@@ -27,8 +28,9 @@ contender: our blocking acquire waits in the nodes' line, which the floor's retr
   better), hand-offs/s and their share (consecutive holders in different processes), waits,
   Jain's fairness index over the processes, lost updates (``benchmarks/contention.py``).
   Contenders: django_redlock and the minimal Redlock at each N (the minimal one, having no wait
-  line, retries after a short random sleep), the same-commands floor at each N (W2 only),
-  redis-py ``Lock`` and python-redis-lock (1 node), pottery ``Redlock`` N=5.
+  line, retries after a short random sleep), the same-commands floor at each N (W2's, and W3's
+  that waits in line), redis-py ``Lock`` and python-redis-lock (1 node), pottery ``Redlock``
+  N=5. ``python -m benchmarks.w3_budget`` splits W3's CPU per critical section.
 - W4: 5 nodes with 2 paused by SIGSTOP; success rate, p50/p99 acquire latency, and the
   process's threads and open sockets before and after. Contenders: django_redlock and pottery
   (redis-py's ``Lock`` has one node, so "2 of 5 paused" does not apply to it).
@@ -400,14 +402,16 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
-def _process_contenders(nodes: list[int], floor: bool = False) -> list[tuple[str, str, int]]:
-    """W2's and W3's contenders: the references of ``CONTENDERS``, then ours and the minimal
-    Redlock at each node count (``(kind, label, N)``); with ``floor``, the same-commands floor
-    too (W2 only: W3's blocking acquire waits in our line, which the floor has not)."""
+def _process_contenders(nodes: list[int], floor: str) -> list[tuple[str, str, int]]:
+    """W2's and W3's contenders: the references of ``CONTENDERS``, then ours, the minimal
+    Redlock and the same-commands floor of kind ``floor`` (W2's ``floor``, W3's
+    ``floor_line``, which waits in our line) at each node count (``(kind, label, N)``)."""
     contenders = list(CONTENDERS)
-    kinds = [("django_redlock", "django_redlock"), ("minimal", "minimal Redlock")]
-    if floor:
-        kinds.append(("floor", "same-commands floor"))
+    kinds = [
+        ("django_redlock", "django_redlock"),
+        ("minimal", "minimal Redlock"),
+        (floor, "same-commands floor"),
+    ]
     for n in nodes:
         for kind, name in kinds:
             if not any(label == f"{name} N={n}" for _, label, _ in contenders):
@@ -428,7 +432,7 @@ def w2(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> N
 
     print(f"\nW2: 4 processes, distinct keys, {seconds:g} s each, medians of {runs} runs")
     print(f"{'contender':28} {'pairs/s':>9} {'server CPU µs/pair':>19}")
-    contenders = _process_contenders(nodes, floor=True)
+    contenders = _process_contenders(nodes, "floor")
     rates: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
     server: dict[str, list[float]] = {label: [] for _, label, _ in contenders}
     for order in _rotations(contenders, runs):
@@ -473,7 +477,7 @@ def w3(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> N
         f"{'contender':28} {'CS/s':>7} {'handoffs/s':>10} {'share':>6} {'wait p50':>9} "
         f"{'wait p99':>9} {'Jain':>5} {'lost':>5}"
     )
-    contenders = _process_contenders(nodes)
+    contenders = _process_contenders(nodes, "floor_line")
     runs_of: dict[str, list[W3Result]] = {label: [] for _, label, _ in contenders}
     for order in _rotations(contenders, runs):
         for kind, label, n in order:
@@ -495,6 +499,7 @@ def w3(cluster5: LocalCluster, nodes: list[int], seconds: float, runs: int) -> N
         target = "  (target >= 1.00x)" if n == 5 else ""
         print(_ratio_line(f"N={n}: ours / minimal", rate(f"django_redlock N={n}"),
                           rate(f"minimal Redlock N={n}"), target))  # fmt: skip
+    _decomposition(nodes, rate, "critical sections/s, higher is better")
     for n in nodes:
         ours, floor = results[f"django_redlock N={n}"], results[f"minimal Redlock N={n}"]
         targets = "  (targets for ours at N=5: >= 0.95, >= 0.99)" if n == 5 else ""

@@ -1,10 +1,11 @@
 """W2 and W3: several processes, side by side, one library at a time.
 
 Contenders (``kind``): ``django_redlock``, ``redis-py``, ``python-redis-lock``, ``pottery`` and
-``minimal`` (``benchmarks/minimal_redlock.py``, the floor of the algorithm), and ``floor``
-(``benchmarks/floor.py``: the minimal client sending our commands, W2 only). The minimal client
-has no wait line, so its blocking lock tries again after a random sleep of 0 to
-``MINIMAL_RETRY_DELAY`` seconds, as a typical naive Redlock client does.
+``minimal`` (``benchmarks/minimal_redlock.py``, the floor of the algorithm), ``floor``
+(``benchmarks/floor.py``: the minimal client sending our commands, W2) and ``floor_line``
+(``benchmarks/floor_line.py``: the same for our blocking acquire, waiting in line, W3). The
+minimal client has no wait line, so its blocking lock tries again after a random sleep of 0
+to ``MINIMAL_RETRY_DELAY`` seconds, as a typical naive Redlock client does.
 
 - W2: 4 processes, each taking and releasing its own keys: pairs/s.
 - W3: 8 processes on one key with a 1 ms critical section: critical sections/s, hand-offs/s
@@ -83,6 +84,11 @@ def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextMa
 
         floor = SameCommandsRedlock(urls, NODE_TIMEOUT)
         return lambda name: _minimal_lock(floor, name)
+    if kind == "floor_line":
+        from benchmarks.floor_line import SameCommandsLine
+
+        line = SameCommandsLine(urls, NODE_TIMEOUT)
+        return lambda name: line.lock(f"redlock:{name}", int(TTL * 1000))
     raise ValueError(kind)
 
 

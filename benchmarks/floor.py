@@ -43,11 +43,12 @@ from django_redlock.wire.scripts import GRANTED, RELEASE, acquire_command, relea
 @dataclass(frozen=True)
 class Held:
     """A lock this client holds: its key, its token, and the validity (seconds) it had when
-    ``acquire`` returned."""
+    ``acquire`` returned; a waiter's id when it waited in line (``benchmarks/floor_line.py``)."""
 
     key: str
     token: str
     validity: float
+    waiter: str = ""
 
 
 class SameCommandsRedlock(Rounds):

@@ -167,12 +167,15 @@ class Rounds:
         *,
         stop_at_refusals: bool,
         held: Any = None,
+        replies: list[object] | None = None,
     ) -> int:
         """Send ``commands[i]`` to node ``i`` and count the answers equal to ``yes``.
 
         Returns at a quorum of ``yes``; else when every node answered, when (if
         ``stop_at_refusals``) no quorum can be reached any more, or after the node timeout.
         With ``held`` (a release), a node answering ``NOSCRIPT`` is sent :meth:`_noscript`.
+        ``replies`` (W3's floor, ``benchmarks/floor_line.py``): each answer is stored at its
+        node's index (the others are left as they are).
         """
         socks, readers, owed, alive = self._socks, self._readers, self._owed, self._alive
         count = len(socks)
@@ -221,6 +224,8 @@ class Rounds:
                         socks[index].sendall(self._noscript(held, index))
                     else:
                         answered[index] = True
+                        if replies is not None:
+                            replies[index] = reply
                         if reply == yes:
                             granted += 1
                         else:

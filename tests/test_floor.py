@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import gc
 import re
+import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack, closing
+from typing import Any
 
 import pytest
 
-from benchmarks.floor import SameCommandsRedlock
+from benchmarks.floor import Held, SameCommandsRedlock
+from benchmarks.floor_line import SameCommandsLine
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
+from django_redlock.wire.scripts import HAND_UNDO
 from tests.helpers import node_client
 
 TTL_MS = 10_000
@@ -135,3 +140,141 @@ def test_its_release_falls_back_to_eval_when_a_node_lost_the_script(cluster3):
             with node_client(node) as client:
                 freed += client.exists("redlock:flushed") == 0
         assert freed >= floor.quorum
+
+
+# W3's floor (benchmarks/floor_line.py): a waiter's id (listener id, nonce) differs too.
+_WAITER = re.compile(r"\b[0-9a-f]{12}\.[0-9a-f]{8}\b")
+# An undo's token comes after its three keys (the lock, its line, its lapse times).
+_UNDO_TOKEN = re.compile(r"^(EVALSHA [0-9a-f]{40} 3 \S+ \S+ \S+) [0-9a-f]{40} ")
+
+
+def _line_commands(monitor, count: int) -> tuple[list[str], set[str]]:
+    """The next ``count`` script commands a node ran, normalized, and apart from them the
+    undos of tries whose reply was not waited for (how many, and where, depends on timing)."""
+    scripts: list[str] = []
+    undos: set[str] = set()
+    while len(scripts) < count:
+        command = monitor.next_command()["command"]
+        if not command.startswith(("EVALSHA", "EVAL ")):
+            continue
+        command = _WAITER.sub("<waiter>", _normalized(command))
+        if command.startswith(f"EVALSHA {HAND_UNDO.sha.decode()} "):
+            undos.add(_UNDO_TOKEN.sub(r"\1 <token> ", command))
+        else:
+            scripts.append(command)
+    return scripts, undos
+
+
+def _in_line(cluster, key: str) -> None:
+    """Until every node has one waiter in the line of ``key`` (its try reached them all)."""
+    clients = [node_client(node) for node in cluster]
+    try:
+        deadline = time.monotonic() + 5
+        while not all(client.zcard(f"{key}\x00q") == 1 for client in clients):
+            assert time.monotonic() < deadline, "the waiter's try never reached every node"
+            time.sleep(0.005)
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _ours_hand_off(first: LockManager, second: LockManager, cluster) -> None:
+    """A holds, B waits in line, A's release grants B the lock, B releases: with managers."""
+    held = first.acquire("line", timeout=5)
+    taken: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: taken.append(second.acquire("line", timeout=5)), name="waiter"
+    )
+    waiter.start()
+    _in_line(cluster, "redlock:line")
+    held.release()
+    waiter.join(5)
+    (lease,) = taken
+    lease.release()
+
+
+def _floor_hand_off(first: SameCommandsLine, second: SameCommandsLine, cluster) -> None:
+    """The same with two same-commands lines (benchmarks/floor_line.py)."""
+    held = first.acquire_in_line("redlock:line", TTL_MS, timeout=5)
+    taken: list[Held] = []
+    waiter = threading.Thread(
+        target=lambda: taken.append(second.acquire_in_line("redlock:line", TTL_MS, timeout=5)),
+        name="waiter",
+    )
+    waiter.start()
+    _in_line(cluster, "redlock:line")
+    assert first.release_in_line(held)
+    waiter.join(5)
+    (lease,) = taken
+    assert 0 < lease.validity < TTL_MS / 1000
+    assert second.release_in_line(lease)
+
+
+def test_the_line_floor_sends_what_a_blocking_lock_sends(cluster3):
+    with ExitStack() as stack:
+        managers = []
+        for _ in range(2):
+            manager = LockManager(cluster3.urls, ttl=TTL_MS / 1000, node_timeout=1.0)
+            stack.callback(manager.close)
+            manager.acquire("warm", blocking=False).release()  # connected: no hello below
+            managers.append(manager)
+        # The waiter's owner record names its thread, which the floor reads when it is made.
+        made: list[SameCommandsLine] = []
+        for name in ("MainThread", "waiter"):
+            maker = threading.Thread(
+                target=lambda: made.append(SameCommandsLine(cluster3.urls, 1.0)), name=name
+            )
+            maker.start()
+            maker.join()
+        lines = [stack.enter_context(closing(line)) for line in made]
+        # Once before: each waiter's first wait subscribes, and tries again at once (a release
+        # may have come before the subscription). What is compared is the steady state.
+        _ours_hand_off(managers[0], managers[1], cluster3)
+        _floor_hand_off(lines[0], lines[1], cluster3)
+        monitors = [
+            stack.enter_context(stack.enter_context(closing(node_client(node))).monitor())
+            for node in cluster3
+        ]
+        _ours_hand_off(managers[0], managers[1], cluster3)
+        _floor_hand_off(lines[0], lines[1], cluster3)
+        for monitor in monitors:
+            # Each: A's acquire (free), B's try (queued), A's release (grants B), B's release.
+            ours, ours_undos = _line_commands(monitor, 4)
+            its, its_undos = _line_commands(monitor, 4)
+            for part in ("<token>", "<ms>", "<us>", "<waiter>"):
+                assert part in ours[1]
+            assert its == ours
+            if ours_undos and its_undos:
+                assert its_undos == ours_undos
+
+
+def test_the_line_floor_takes_a_hand_off_from_a_quorum_of_grants(cluster5):
+    # Two nodes paused: the grants of three still make a lease, dated from the waiter's try.
+    with (
+        closing(SameCommandsLine(cluster5.urls)) as first,
+        closing(SameCommandsLine(cluster5.urls)) as second,
+    ):
+        # Subscribed to the lock's channel while every node answers (as when it connects).
+        assert second.release_in_line(second.acquire_in_line("redlock:grants", TTL_MS, 5))
+        held = first.acquire_in_line("redlock:grants", TTL_MS, timeout=5)
+        cluster5[3].pause()
+        cluster5[4].pause()
+        taken: list[Held] = []
+        waiter = threading.Thread(
+            target=lambda: taken.append(second.acquire_in_line("redlock:grants", TTL_MS, timeout=5))
+        )
+        waiter.start()
+        time.sleep(0.2)  # its try reached the three nodes that run
+        assert not taken
+        assert first.release_in_line(held)
+        waiter.join(5)
+        (lease,) = taken
+        assert 0 < lease.validity < TTL_MS / 1000
+        # Ours, on the three nodes that run, sees the lock held by the waiter.
+        manager = LockManager(cluster5.urls[:3], ttl=TTL_MS / 1000)
+        try:
+            with pytest.raises(LockNotAcquired):
+                manager.acquire("grants", blocking=False)
+        finally:
+            manager.close()
+        assert second.release_in_line(lease)
