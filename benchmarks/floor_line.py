@@ -17,7 +17,9 @@ each node's ``MONITOR``. What it leaves out, as the minimal client does: the own
 observers, re-entry, reconnection, renewal of the place in line while it waits (a wait
 longer than the place's life tries again, as ours does after its poll delay), a grant heard
 from fewer than a quorum (it tries again at the end of the wait), and every check of bad
-input.
+input. Off W3's path it also differs in small ways: an error reply counts as heard (ours
+sends an undo behind it), a try that gives up yields what it holds and sends no leave, and a
+node whose socket fails is not reconnected.
 
 So W3 splits as W1 and W2 do: ours / this floor is the client's share, this floor / the
 minimal Redlock the scripts' share (what a fair line with our rules costs the nodes and the
@@ -106,6 +108,10 @@ class SameCommandsLine(SameCommandsRedlock):
         owner = f"{self._owner_id}{base36(int(time.time() * 1000))}{self._owner_rest}"
         drift = ttl_ms * DRIFT_FACTOR + DRIFT_FLOOR_MS
         sent: dict[int, float] = {}
+        # Per node, the round of the last reply heard from it (+ 0.5 after a yield there):
+        # a grant naming an older round is stale, that reply said where things stand (as
+        # flow.Acquire.hear_grants and _hand_clean_up keep it).
+        answered: dict[int, float] = {}
         attempt = 0
         while True:
             attempt += 1
@@ -120,10 +126,14 @@ class SameCommandsLine(SameCommandsRedlock):
             validity = (ttl_ms - drift) / 1000 - (time.monotonic() - start)
             if granted >= self.quorum and validity > 0:
                 return Held(key, token, validity, waiter)
+            for index, reply in enumerate(replies):
+                if reply is not None:
+                    answered[index] = attempt + 0.5 if reply == GRANTED else attempt
             self._clean_up(replies, key, token, waiter, ticket, attempt)
             if time.monotonic() > deadline:
                 raise TimeoutError(f"same-commands line: {key} not acquired in {timeout:g} s")
-            rounds = self._wait(waiter.encode(), random.uniform(0.5, 1.5) * RETRY_DELAY)
+            delay = random.uniform(0.5, 1.5) * RETRY_DELAY
+            rounds = self._wait(waiter.encode(), delay, answered)
             if len(rounds) >= self.quorum:
                 # A grant naming round r was made after the node ran round r's try: the
                 # lease dates from the send of the oldest round the quorum's grants name.
@@ -184,10 +194,11 @@ class SameCommandsLine(SameCommandsRedlock):
                 raise RuntimeError(f"same-commands line: SUBSCRIBE answered {reply!r}")
         self._channels.add(channel)
 
-    def _wait(self, waiter: bytes, seconds: float) -> dict[int, int]:
+    def _wait(self, waiter: bytes, seconds: float, answered: dict[int, float]) -> dict[int, int]:
         """Hear what releases publish to ``waiter`` for up to ``seconds``: node index ->
-        the round its grant names. Returns at a quorum of grants, or when woken without a
-        grant (the next try goes at once), or at the end of the wait."""
+        the round its grant names, unless older than the last reply heard from that node
+        (``answered``). Returns at a quorum of grants, or when woken without a grant (the
+        next try goes at once), or at the end of the wait."""
         deadline = time.monotonic() + seconds
         rounds: dict[int, int] = {}
         while len(rounds) < self.quorum:
@@ -207,5 +218,7 @@ class SameCommandsLine(SameCommandsRedlock):
                         continue
                     if not round_:
                         return rounds  # woken, no grant: try again now
-                    rounds[index] = max(rounds.get(index, 0), int(round_))
+                    grant = int(round_)
+                    if grant >= answered.get(index, 0):
+                        rounds[index] = max(rounds.get(index, 0), grant)
         return rounds

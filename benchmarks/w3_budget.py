@@ -5,15 +5,19 @@ busy loop, on a machine of 2 cores shared with every node. The busy holder takes
 the whole millisecond, so everything else a critical section needs (the release, the grants or
 the retries, the next try, the servers' scripts, waking the next holder) must fit on the other
 core, or it pushes the next body back. This runs W3's workload again, the same way for every
-contender, and measures, per critical section:
+contender (every worker connected and warmed up, then one window of ``--seconds`` for all:
+``benchmarks.contention.launch``), and measures, per critical section:
 
 - the clients' CPU: every worker's own user and system time (``getrusage``) over the run,
   the 1 ms busy loop included; and of that, the CPU inside the acquire calls (the wait, the
   tries, the wake-up) and inside the release calls (``time.thread_time`` around each);
-- the servers' CPU: ``INFO cpu`` of every node, before and after (user + system);
-- the script calls each node ran (``INFO commandstats``: ``evalsha`` and ``eval``), and
-  the plain ``SET`` calls (the minimal client's acquire);
-- the two cores' load: CPU spent over twice the wall time (1.0: both cores busy throughout);
+- the servers' CPU: ``INFO cpu`` of every node, from the start of the window to the end of
+  the run (user + system);
+- the script calls each node ran (``INFO commandstats``: ``evalsha`` and ``eval``), and its
+  ``SET`` calls: the minimal client's acquire, and for ours and the floors the grant's
+  ``SET`` inside the release script (commandstats counts the commands a script calls too);
+- the two cores' load: CPU spent over twice the wall time from the start of the window to
+  the end of the last critical section (1.0: both cores busy throughout);
 - for every contender, the gap from one body's end to the next body's start (p50), and how
   long the holder's release took (p50), from stamps each worker takes around its body.
 
@@ -30,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import multiprocessing
 import os
 import resource
 import statistics
@@ -40,18 +43,24 @@ from typing import Any
 
 import redis
 
-from benchmarks.contention import make_locker
+from benchmarks.contention import launch, make_locker
 from django_redlock.localnodes import LocalCluster
 
 HOLD = 0.001  # seconds: W3's critical section
 PROCESSES = 8
 
 
-def _worker(kind: str, urls: list[str], seconds: float, hold: str, go: Any, out: Any) -> None:
+def _worker(
+    index: int, go: Any, start: Any, out: Any, kind: str, urls: list[str], seconds: float,
+    hold: str,
+) -> None:  # fmt: skip
     locker = make_locker(kind, urls)
+    with locker(f"w3b:warm:{kind}:{index}"):  # connected and warmed up before the clock
+        pass
+    out.put(("ready", index))
     go.wait()
+    deadline = float(start.value) + seconds
     before = resource.getrusage(resource.RUSAGE_SELF)
-    deadline = time.monotonic() + seconds
     # (body start, body end, release end) on the machine-wide monotonic clock
     sections: list[tuple[float, float, float]] = []
     # CPU seconds (user + system) of this thread inside the acquire and the release calls
@@ -119,32 +128,26 @@ class Budget:
 
 
 def run(kind: str, cluster: LocalCluster, seconds: float, hold: str) -> Budget:
-    context = multiprocessing.get_context("spawn")
-    go, out = context.Event(), context.Queue()
-    workers = [
-        context.Process(target=_worker, args=(kind, cluster.urls, seconds, hold, go, out))
-        for _ in range(PROCESSES)
-    ]
-    for worker in workers:
-        worker.start()
-    time.sleep(1.5)  # every worker imported and connected before the clock starts
     clients = [redis.Redis.from_url(url) for url in cluster.urls]
-    before = _server_state(clients)
-    began = time.monotonic()
-    go.set()
-    results = [out.get(timeout=180) for _ in workers]
-    wall = time.monotonic() - began
+    before: list[tuple[float, int, int]] = []
+
+    def at_start() -> None:
+        before.append(_server_state(clients))
+        before.append((time.monotonic(), 0, 0))
+
+    results = launch(_worker, (kind, cluster.urls, seconds, hold), PROCESSES, at_start)
     after = _server_state(clients)
-    for worker in workers:
-        worker.join(60)
     for client in clients:
         client.close()
+    (began, _, _) = before[1]
+    last = max(section[2] for _, own in results for section in own)
+    wall = last - began
     sections = sorted(section for _, own in results for section in own)
     count = len(sections)
     usages = [usage for usage, _ in results]
     user, system, acquiring, releasing = (sum(column) for column in zip(*usages, strict=True))
     client_cpu = user + system
-    server_cpu = after[0] - before[0]
+    server_cpu = after[0] - before[0][0]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(sections)]
     releases = [end - body_end for _, body_end, end in sections]
     nodes = len(cluster.urls)
@@ -156,8 +159,8 @@ def run(kind: str, cluster: LocalCluster, seconds: float, hold: str) -> Budget:
         acquire_cpu_us=acquiring / count * 1e6,
         release_cpu_us=releasing / count * 1e6,
         server_cpu_us=server_cpu / count * 1e6,
-        scripts_per_node=(after[1] - before[1]) / count / nodes,
-        sets_per_node=(after[2] - before[2]) / count / nodes,
+        scripts_per_node=(after[1] - before[0][1]) / count / nodes,
+        sets_per_node=(after[2] - before[0][2]) / count / nodes,
         load=(client_cpu + server_cpu) / (2 * wall),
         gap_p50_us=statistics.median(gaps) * 1e6 if gaps else 0.0,
         release_p50_us=statistics.median(releases) * 1e6,
@@ -177,7 +180,7 @@ def main() -> None:
     )
     header = (
         f"{'contender':16} {'CS/s':>6} {'client user':>11} {'system':>7} {'acquire':>8} "
-        f"{'release':>8} {'server CPU':>10} {'scripts/node':>12} {'SET/node':>8} "
+        f"{'release':>8} {'server CPU':>10} {'scripts/node':>12} {'SETs/node':>9} "
         f"{'load':>5} {'gap p50':>8} {'release p50':>11}"
     )
     print(header)
@@ -189,7 +192,7 @@ def main() -> None:
                 f"{got.kind:16} {got.per_second:6.0f} {got.client_user_us:11.0f} "
                 f"{got.client_system_us:7.0f} {got.acquire_cpu_us:8.0f} {got.release_cpu_us:8.0f} "
                 f"{got.server_cpu_us:10.0f} {got.scripts_per_node:12.2f} "
-                f"{got.sets_per_node:8.2f} {got.load:5.2f} {got.gap_p50_us:8.0f} "
+                f"{got.sets_per_node:9.2f} {got.load:5.2f} {got.gap_p50_us:8.0f} "
                 f"{got.release_p50_us:11.0f}"
             )
 

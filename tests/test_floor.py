@@ -12,8 +12,8 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, closing
-from typing import Any
 
 import pytest
 
@@ -21,7 +21,7 @@ from benchmarks.floor import Held, SameCommandsRedlock
 from benchmarks.floor_line import SameCommandsLine
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
-from django_redlock.wire.scripts import HAND_UNDO
+from django_redlock.wire.scripts import HAND_UNDO, HOT_SCRIPTS
 from tests.helpers import node_client
 
 TTL_MS = 10_000
@@ -142,27 +142,50 @@ def test_its_release_falls_back_to_eval_when_a_node_lost_the_script(cluster3):
         assert freed >= floor.quorum
 
 
-# W3's floor (benchmarks/floor_line.py): a waiter's id (listener id, nonce) differs too.
+# W3's floor (benchmarks/floor_line.py): what varies there is numbered in order of first
+# appearance, so the same token or waiter id must come back where ours brings it back.
 _WAITER = re.compile(r"\b[0-9a-f]{12}\.[0-9a-f]{8}\b")
-# An undo's token comes after its three keys (the lock, its line, its lapse times).
-_UNDO_TOKEN = re.compile(r"^(EVALSHA [0-9a-f]{40} 3 \S+ \S+ \S+) [0-9a-f]{40} ")
+_HEX40 = re.compile(r"\b[0-9a-f]{40}\b")
+# Commands of the test's own clients: the sentinels, the look at the line, a connection's.
+_OURS_DONE, _ITS_DONE = "ECHO ours-done", "ECHO its-done"
+_HELPERS = ("ZCARD ", "HELLO ", "CLIENT ", "ECHO ")
 
 
-def _line_commands(monitor, count: int) -> tuple[list[str], set[str]]:
-    """The next ``count`` script commands a node ran, normalized, and apart from them the
-    undos of tries whose reply was not waited for (how many, and where, depends on timing)."""
-    scripts: list[str] = []
-    undos: set[str] = set()
-    while len(scripts) < count:
-        command = monitor.next_command()["command"]
-        if not command.startswith(("EVALSHA", "EVAL ")):
+def _numbered(command: str, seen: dict[str, str], keep: set[str]) -> str:
+    """``command`` with each token (40 hex digits that are not in ``keep``: the node's run
+    id, the scripts' ids) and each waiter id replaced by a numbered placeholder, the owner's
+    time and the ticket by fixed ones."""
+
+    def number(kind: str) -> Callable[[re.Match[str]], str]:
+        def replace(match: re.Match[str]) -> str:
+            text = match[0]
+            if text in keep:
+                return text
+            count = sum(placeholder[1] == kind for placeholder in seen.values())
+            return seen.setdefault(text, f"<{kind}{count + 1}>")
+
+        return replace
+
+    command = _WAITER.sub(number("w"), _HEX40.sub(number("t"), command))
+    command = _OWNER_TIME.sub(r" \1<ms> {", command)
+    return _TICKET.sub(" <us> ", command)
+
+
+def _until(monitor, sentinel: str, keep: set[str]) -> tuple[list[str], list[str]]:
+    """Every command a client sent a node until ``sentinel`` (not those a script called),
+    numbered, but the test's own; apart from them the undos of tries whose reply was not
+    waited for (whether a node gets one depends on timing)."""
+    seen: dict[str, str] = {}
+    commands: list[str] = []
+    undos: list[str] = []
+    undo = f"EVALSHA {HAND_UNDO.sha.decode()} "
+    while (seen_now := monitor.next_command())["command"] != sentinel:
+        command = seen_now["command"]
+        if seen_now.get("client_type") == "lua" or command.startswith(_HELPERS):
             continue
-        command = _WAITER.sub("<waiter>", _normalized(command))
-        if command.startswith(f"EVALSHA {HAND_UNDO.sha.decode()} "):
-            undos.add(_UNDO_TOKEN.sub(r"\1 <token> ", command))
-        else:
-            scripts.append(command)
-    return scripts, undos
+        numbered = _numbered(command, seen, keep)
+        (undos if command.startswith(undo) else commands).append(numbered)
+    return commands, undos
 
 
 def _in_line(cluster, key: str) -> None:
@@ -178,72 +201,75 @@ def _in_line(cluster, key: str) -> None:
             client.close()
 
 
-def _ours_hand_off(first: LockManager, second: LockManager, cluster) -> None:
-    """A holds, B waits in line, A's release grants B the lock, B releases: with managers."""
+def _ours_hand_off(
+    first: LockManager, second: LockManager, waiter: ThreadPoolExecutor, cluster
+) -> None:
+    """A holds, B (in the ``waiter`` thread) waits in line, A's release grants B the lock, B
+    releases: with managers."""
     held = first.acquire("line", timeout=5)
-    taken: list[Any] = []
-    waiter = threading.Thread(
-        target=lambda: taken.append(second.acquire("line", timeout=5)), name="waiter"
-    )
-    waiter.start()
+    taken = waiter.submit(second.acquire, "line", timeout=5)
     _in_line(cluster, "redlock:line")
     held.release()
-    waiter.join(5)
-    (lease,) = taken
-    lease.release()
+    waiter.submit(taken.result(5).release).result(5)
 
 
-def _floor_hand_off(first: SameCommandsLine, second: SameCommandsLine, cluster) -> None:
+def _floor_hand_off(
+    first: SameCommandsLine, second: SameCommandsLine, waiter: ThreadPoolExecutor, cluster
+) -> None:
     """The same with two same-commands lines (benchmarks/floor_line.py)."""
     held = first.acquire_in_line("redlock:line", TTL_MS, timeout=5)
-    taken: list[Held] = []
-    waiter = threading.Thread(
-        target=lambda: taken.append(second.acquire_in_line("redlock:line", TTL_MS, timeout=5)),
-        name="waiter",
-    )
-    waiter.start()
+    taken = waiter.submit(second.acquire_in_line, "redlock:line", TTL_MS, timeout=5)
     _in_line(cluster, "redlock:line")
     assert first.release_in_line(held)
-    waiter.join(5)
-    (lease,) = taken
+    lease = taken.result(5)
     assert 0 < lease.validity < TTL_MS / 1000
-    assert second.release_in_line(lease)
+    assert waiter.submit(second.release_in_line, lease).result(5)
 
 
 def test_the_line_floor_sends_what_a_blocking_lock_sends(cluster3):
     with ExitStack() as stack:
+        # B's thread, the same for every hand-off: ours keeps a thread's connections, and the
+        # owner record names the thread (the floor reads it when it is made, there too).
+        waiter = stack.enter_context(ThreadPoolExecutor(1, thread_name_prefix="waiter"))
         managers = []
         for _ in range(2):
             manager = LockManager(cluster3.urls, ttl=TTL_MS / 1000, node_timeout=1.0)
             stack.callback(manager.close)
             manager.acquire("warm", blocking=False).release()  # connected: no hello below
             managers.append(manager)
-        # The waiter's owner record names its thread, which the floor reads when it is made.
-        made: list[SameCommandsLine] = []
-        for name in ("MainThread", "waiter"):
-            maker = threading.Thread(
-                target=lambda: made.append(SameCommandsLine(cluster3.urls, 1.0)), name=name
-            )
-            maker.start()
-            maker.join()
-        lines = [stack.enter_context(closing(line)) for line in made]
-        # Once before: each waiter's first wait subscribes, and tries again at once (a release
-        # may have come before the subscription). What is compared is the steady state.
-        _ours_hand_off(managers[0], managers[1], cluster3)
-        _floor_hand_off(lines[0], lines[1], cluster3)
+        first_line = stack.enter_context(closing(SameCommandsLine(cluster3.urls, 1.0)))
+        second_line = stack.enter_context(
+            closing(waiter.submit(SameCommandsLine, cluster3.urls, 1.0).result(5))
+        )
+        # Once before: B's first wait subscribes, and tries again at once (a release may
+        # have come before the subscription); its thread connects. Compared: the steady state.
+        _ours_hand_off(managers[0], managers[1], waiter, cluster3)
+        _floor_hand_off(first_line, second_line, waiter, cluster3)
+        keep = {script.sha.decode() for script in HOT_SCRIPTS}
+        clients = [stack.enter_context(closing(node_client(node))) for node in cluster3]
+        keep |= {str(client.info("server")["run_id"]) for client in clients}
         monitors = [
             stack.enter_context(stack.enter_context(closing(node_client(node))).monitor())
             for node in cluster3
         ]
-        _ours_hand_off(managers[0], managers[1], cluster3)
-        _floor_hand_off(lines[0], lines[1], cluster3)
+        _ours_hand_off(managers[0], managers[1], waiter, cluster3)
+        for client in clients:
+            client.echo("ours-done")
+        _floor_hand_off(first_line, second_line, waiter, cluster3)
+        for client in clients:
+            client.echo("its-done")
         for monitor in monitors:
-            # Each: A's acquire (free), B's try (queued), A's release (grants B), B's release.
-            ours, ours_undos = _line_commands(monitor, 4)
-            its, its_undos = _line_commands(monitor, 4)
-            for part in ("<token>", "<ms>", "<us>", "<waiter>"):
-                assert part in ours[1]
+            # Each: A's acquire (free), B's try (queued), A's release (grants B), B's release;
+            # and nothing else, but an undo behind B's try where its round did not wait.
+            ours, ours_undos = _until(monitor, _OURS_DONE, keep)
+            its, its_undos = _until(monitor, _ITS_DONE, keep)
+            assert len(ours) == 4, ours
+            for part in ("<t1>", "<t2>", "<ms>", "<us>", "<w1>"):
+                assert part in " ".join(ours)
             assert its == ours
+            # At most one node of three is not waited for (a quorum of two refused).
+            assert len(ours_undos) <= 1
+            assert len(its_undos) <= 1
             if ours_undos and its_undos:
                 assert its_undos == ours_undos
 
