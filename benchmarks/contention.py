@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import queue
 import random
 import statistics
 import time
@@ -67,7 +68,15 @@ def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextMa
     if kind == "python-redis-lock":
         import redis_lock
 
-        client = _client(urls[0])
+        # Its wait is a BLPOP of up to its expire: a socket timeout shorter than that fails
+        # the wait, not the node (a waiter's p99 is about 110 ms in W3), so its client waits
+        # as long as its BLPOP does; its other commands answer in microseconds anyway.
+        client = redis.Redis.from_url(
+            urls[0],
+            socket_timeout=TTL + 1.0,
+            socket_connect_timeout=NODE_TIMEOUT,
+            retry=Retry(NoBackoff(), 0),
+        )
         return lambda name: redis_lock.Lock(client, name, expire=int(TTL))
     if kind == "pottery":
         from pottery import Redlock
@@ -233,16 +242,35 @@ def launch(
     ]
     for worker in workers:
         worker.start()
-    ready = [out.get(timeout=120) for _ in workers]
+    ready = _collect(out, workers, 120.0)
     assert all(message[0] == "ready" for message in ready), ready
     if at_start is not None:
         at_start()
     start.value = time.monotonic()  # machine-wide on Linux: the workers' clock too
     go.set()
-    results = [out.get(timeout=180) for _ in workers]
+    results = _collect(out, workers, 180.0)
     for worker in workers:
         worker.join(60)
     return results
+
+
+def _collect(out: Any, workers: list[Any], timeout: float) -> list[Any]:
+    """One message from each worker within ``timeout`` seconds; RuntimeError at once when a
+    worker died (its traceback is on stderr) instead of waiting out the timeout."""
+    messages: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(messages) < len(workers):
+        try:
+            messages.append(out.get(timeout=0.5))
+        except queue.Empty:
+            dead = [worker.name for worker in workers if worker.exitcode not in (None, 0)]
+            if dead:
+                for worker in workers:
+                    worker.kill()
+                raise RuntimeError(f"benchmark workers died: {', '.join(dead)}") from None
+            if time.monotonic() > deadline:
+                raise
+    return messages
 
 
 def run_w2(kind: str, urls: list[str], seconds: float, processes: int = 4) -> float:
