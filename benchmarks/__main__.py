@@ -67,7 +67,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from benchmarks.contention import _client
-from benchmarks.pairs import NODE_TIMEOUT, TTL, PairRunner, ours, redis_py
+from benchmarks.pairs import (
+    NODE_TIMEOUT,
+    TTL,
+    PairRunner,
+    minimal,
+    ours,
+    redis_py,
+    same_commands,
+)
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.localnodes import LocalCluster, server_version
@@ -129,37 +137,6 @@ def _measure(result: Result, run: PairRunner, count: int, tag: str) -> None:
         result.pair_us.append((time.perf_counter() - start) * 1e6)
         result.attempts += 1
         result.successes += ok
-
-
-def minimal(urls: list[str]) -> PairRunner:
-    from benchmarks.minimal_redlock import MinimalRedlock
-
-    client = MinimalRedlock(urls, NODE_TIMEOUT)
-    ttl_ms = int(TTL * 1000)
-
-    def run(name: str) -> bool:
-        # The same "redlock:" prefix as ours, so both send keys of the same length.
-        held = client.acquire(f"redlock:{name}", ttl_ms)
-        if held is None:
-            return False
-        return client.release(held)
-
-    return run
-
-
-def same_commands(urls: list[str]) -> PairRunner:
-    from benchmarks.floor import SameCommandsRedlock
-
-    client = SameCommandsRedlock(urls, NODE_TIMEOUT)
-    ttl_ms = int(TTL * 1000)
-
-    def run(name: str) -> bool:
-        held = client.acquire(f"redlock:{name}", ttl_ms)
-        if held is None:
-            return False
-        return client.release(held)
-
-    return run
 
 
 def _ratio_line(label: str, ours: list[float], floor: list[float], note: str = "") -> str:

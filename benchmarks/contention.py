@@ -125,15 +125,19 @@ def _minimal_lock(client: _TryOnce, name: str, timeout: float = 60.0) -> Iterato
         client.release(held)
 
 
-def _ready(kind: str, locker: Callable[[str], AbstractContextManager[Any]], index: int) -> None:
-    """One acquire + release of a key of this worker's own, before the clock starts: a
-    client that connects on first use (ours) then pays its connections' set-up here, as one
-    that connects when made (the minimal client, the floors) pays it before."""
+def ready(
+    kind: str, locker: Callable[[str], AbstractContextManager[Any]], index: int, out: Any
+) -> None:
+    """One acquire + release of a key of this worker's own, then tell :func:`launch` it is
+    ready: a client that connects on first use (ours) pays its connections' set-up here,
+    before the clock starts, as one that connects when made (the minimal client, the floors)
+    pays it before."""
     with locker(f"warm:{kind}:{index}"):
         pass
+    out.put(("ready", index))
 
 
-def _start(go: Any, start: Any, seconds: float) -> float:
+def window_end(go: Any, start: Any, seconds: float) -> float:
     """Wait for the go, then the shared deadline: the same window for every worker."""
     go.wait()
     return float(start.value) + seconds
@@ -143,9 +147,8 @@ def _w2_worker(
     index: int, go: Any, start: Any, out: Any, kind: str, urls: list[str], seconds: float
 ) -> None:
     locker = make_locker(kind, urls)
-    _ready(kind, locker, index)
-    out.put(("ready", index))
-    deadline = _start(go, start, seconds)
+    ready(kind, locker, index, out)
+    deadline = window_end(go, start, seconds)
     pairs = 0
     while time.monotonic() < deadline:
         with locker(f"w2:{kind}:{index}:{pairs}"):
@@ -165,9 +168,8 @@ def _w3_worker(
     counter: Any,
 ) -> None:
     locker = make_locker(kind, urls)
-    _ready(kind, locker, index)
-    out.put(("ready", index))
-    deadline = _start(go, start, seconds)
+    ready(kind, locker, index, out)
+    deadline = window_end(go, start, seconds)
     waits: list[float] = []
     order: list[int] = []
     while time.monotonic() < deadline:

@@ -1,5 +1,6 @@
-"""The acquire + release pair runners of W1, shared by the scale benchmark (W10): ours and
-redis-py's ``Lock``, with the same lease length and socket timeout."""
+"""The acquire + release pair runners of W1, shared by the scale benchmark (W10) and the cost
+of each node (``benchmarks/per_node.py``): ours, redis-py's ``Lock``, the minimal Redlock and
+the same-commands floor, with the same lease length and socket timeout."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from benchmarks.contention import _client
 from django_redlock import LockManager, LockNotAcquired
 
-__all__ = ["NODE_TIMEOUT", "TTL", "PairRunner", "ours", "redis_py"]
+__all__ = ["NODE_TIMEOUT", "TTL", "PairRunner", "minimal", "ours", "redis_py", "same_commands"]
 
 NODE_TIMEOUT = 0.05
 TTL = 10.0
@@ -41,5 +42,36 @@ def redis_py(urls: list[str]) -> PairRunner:
             return False
         lock.release()
         return True
+
+    return run
+
+
+def minimal(urls: list[str]) -> PairRunner:
+    from benchmarks.minimal_redlock import MinimalRedlock
+
+    client = MinimalRedlock(urls, NODE_TIMEOUT)
+    ttl_ms = int(TTL * 1000)
+
+    def run(name: str) -> bool:
+        # The same "redlock:" prefix as ours, so both send keys of the same length.
+        held = client.acquire(f"redlock:{name}", ttl_ms)
+        if held is None:
+            return False
+        return client.release(held)
+
+    return run
+
+
+def same_commands(urls: list[str]) -> PairRunner:
+    from benchmarks.floor import SameCommandsRedlock
+
+    client = SameCommandsRedlock(urls, NODE_TIMEOUT)
+    ttl_ms = int(TTL * 1000)
+
+    def run(name: str) -> bool:
+        held = client.acquire(f"redlock:{name}", ttl_ms)
+        if held is None:
+            return False
+        return client.release(held)
 
     return run

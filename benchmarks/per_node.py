@@ -16,39 +16,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable
 
-from benchmarks.floor import SameCommandsRedlock
-from benchmarks.minimal_redlock import MinimalRedlock
-from django_redlock import LockManager
+from benchmarks.pairs import PairRunner, minimal, ours, same_commands
 from django_redlock.localnodes import LocalCluster
 
-TTL_MS = 10_000
-NODE_TIMEOUT = 0.05
 SIZES = (1, 2, 3, 4, 5)
 
 
-def _pairs(urls: list[str]) -> dict[str, Callable[[str], object]]:
-    manager = LockManager(urls, ttl=TTL_MS / 1000, node_timeout=NODE_TIMEOUT)
-    floor = SameCommandsRedlock(urls, NODE_TIMEOUT)
-    minimal = MinimalRedlock(urls, NODE_TIMEOUT)
-
-    def ours(name: str) -> object:
-        manager.acquire(name, blocking=False).release()
-        return None
-
-    def same_commands(name: str) -> object:
-        held = floor.acquire(f"redlock:{name}", TTL_MS)
-        assert held is not None
-        return floor.release(held)
-
-    def minimal_pair(name: str) -> object:
-        held = minimal.acquire(f"redlock:{name}", TTL_MS)
-        assert held is not None
-        return minimal.release(held)
-
-    return {"minimal Redlock": minimal_pair, "same-commands floor": same_commands,
-            "django_redlock": ours}  # fmt: skip
+def _pairs(urls: list[str]) -> dict[str, PairRunner]:
+    return {"minimal Redlock": minimal(urls), "same-commands floor": same_commands(urls),
+            "django_redlock": ours(urls)}  # fmt: skip
 
 
 def slope(values: list[float]) -> float:
@@ -73,7 +50,8 @@ def main() -> None:
                 run = runners[n][label]
                 for index in range(options.pairs):
                     started = time.perf_counter()
-                    run(f"pn:{round_index}:{n}:{index}:{label[:4]}")
+                    if not run(f"pn:{round_index}:{n}:{index}:{label[:4]}"):
+                        raise RuntimeError(f"{label} N={n}: a pair failed")
                     if round_index:
                         samples[label, n].append(time.perf_counter() - started)
     print(f"W1 pair p50 (µs) at N = 1..5, {options.rounds} rounds of {options.pairs} pairs")

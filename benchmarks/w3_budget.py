@@ -43,7 +43,7 @@ from typing import Any
 
 import redis
 
-from benchmarks.contention import launch, make_locker
+from benchmarks.contention import launch, make_locker, ready, window_end
 from django_redlock.localnodes import LocalCluster
 
 HOLD = 0.001  # seconds: W3's critical section
@@ -55,11 +55,8 @@ def _worker(
     hold: str,
 ) -> None:  # fmt: skip
     locker = make_locker(kind, urls)
-    with locker(f"w3b:warm:{kind}:{index}"):  # connected and warmed up before the clock
-        pass
-    out.put(("ready", index))
-    go.wait()
-    deadline = float(start.value) + seconds
+    ready(kind, locker, index, out)
+    deadline = window_end(go, start, seconds)
     before = resource.getrusage(resource.RUSAGE_SELF)
     # (body start, body end, release end) on the machine-wide monotonic clock
     sections: list[tuple[float, float, float]] = []
@@ -129,25 +126,25 @@ class Budget:
 
 def run(kind: str, cluster: LocalCluster, seconds: float, hold: str) -> Budget:
     clients = [redis.Redis.from_url(url) for url in cluster.urls]
-    before: list[tuple[float, int, int]] = []
-
-    def at_start() -> None:
-        before.append(_server_state(clients))
-        before.append((time.monotonic(), 0, 0))
-
-    results = launch(_worker, (kind, cluster.urls, seconds, hold), PROCESSES, at_start)
+    # The nodes' counters and the time at the start of the window.
+    marks: list[tuple[tuple[float, int, int], float]] = []
+    results = launch(
+        _worker,
+        (kind, cluster.urls, seconds, hold),
+        PROCESSES,
+        lambda: marks.append((_server_state(clients), time.monotonic())),
+    )
     after = _server_state(clients)
     for client in clients:
         client.close()
-    (began, _, _) = before[1]
-    last = max(section[2] for _, own in results for section in own)
-    wall = last - began
+    ((before, began),) = marks
     sections = sorted(section for _, own in results for section in own)
+    wall = max(released for _, _, released in sections) - began
     count = len(sections)
     usages = [usage for usage, _ in results]
     user, system, acquiring, releasing = (sum(column) for column in zip(*usages, strict=True))
     client_cpu = user + system
-    server_cpu = after[0] - before[0][0]
+    server_cpu = after[0] - before[0]
     gaps = [b[0] - a[1] for a, b in itertools.pairwise(sections)]
     releases = [end - body_end for _, body_end, end in sections]
     nodes = len(cluster.urls)
@@ -159,8 +156,8 @@ def run(kind: str, cluster: LocalCluster, seconds: float, hold: str) -> Budget:
         acquire_cpu_us=acquiring / count * 1e6,
         release_cpu_us=releasing / count * 1e6,
         server_cpu_us=server_cpu / count * 1e6,
-        scripts_per_node=(after[1] - before[0][1]) / count / nodes,
-        sets_per_node=(after[2] - before[0][2]) / count / nodes,
+        scripts_per_node=(after[1] - before[1]) / count / nodes,
+        sets_per_node=(after[2] - before[2]) / count / nodes,
         load=(client_cpu + server_cpu) / (2 * wall),
         gap_p50_us=statistics.median(gaps) * 1e6 if gaps else 0.0,
         release_p50_us=statistics.median(releases) * 1e6,

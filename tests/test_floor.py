@@ -34,9 +34,12 @@ _TICKET = re.compile(r" \d{16} ")
 
 
 def _normalized(command: str) -> str:
-    command = _TOKEN.sub(r"\1 <token> ", command)
-    command = _OWNER_TIME.sub(r" \1<ms> {", command)
-    return _TICKET.sub(" <us> ", command)
+    return _times(_TOKEN.sub(r"\1 <token> ", command))
+
+
+def _times(command: str) -> str:
+    """``command`` with the owner record's time and the place in line as placeholders."""
+    return _TICKET.sub(" <us> ", _OWNER_TIME.sub(r" \1<ms> {", command))
 
 
 def _floor(urls: list[str], stack: ExitStack) -> Callable[[str], bool]:
@@ -166,9 +169,7 @@ def _numbered(command: str, seen: dict[str, str], keep: set[str]) -> str:
 
         return replace
 
-    command = _WAITER.sub(number("w"), _HEX40.sub(number("t"), command))
-    command = _OWNER_TIME.sub(r" \1<ms> {", command)
-    return _TICKET.sub(" <us> ", command)
+    return _times(_WAITER.sub(number("w"), _HEX40.sub(number("t"), command)))
 
 
 def _until(monitor, sentinel: str, keep: set[str]) -> tuple[list[str], list[str]]:
