@@ -153,6 +153,13 @@ def client_process(client: SimClient) -> Process:
                     if held is not None:
                         client.log(f"handed {name} ({attempt.votes} grants)")
                         results = attempt.granted_results()
+                        # Its keys date from the rounds the grants name, not from the last
+                        # try: a quorum of them was set no earlier than the quorum-th latest
+                        # of those rounds' sends (the validity's base). A force release that
+                        # landed after that send may have deleted them before this waiter
+                        # heard its grants, so the checker must see that time.
+                        since = sorted(attempt.held_since.values(), reverse=True)
+                        began = client.clock.when(since[world.flow_nodes.quorum - 1])
                         world.checker.ended(client, attempt, client.now(), client.pauses != pauses)
                         granted = held
                         break

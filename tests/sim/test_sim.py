@@ -168,3 +168,20 @@ def test_a_client_with_a_shorter_max_ttl_learns_the_longer_one_from_any_node() -
     outcome = simulate(468, profile="quarantines", dropped=dropped)
     assert "crashed (empty)" in outcome.report()
     assert not outcome.violations, outcome.report()
+
+
+def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() -> None:
+    # Found by CI's exploration (stop 37). c2 waits in line; n0 and n1 grant it the lock
+    # (hand_grant.lua) at 6.39 and 6.45 s, naming its rounds 3 and 4, but their replies
+    # come too late to count. At 6.74 s an operator force-releases lock0: both keys are
+    # deleted and c0, next in line, takes n0 and n1. At 6.90 s n2's grant completes c2's
+    # quorum and c2 holds from the grants it heard, valid from round 3's send (exactly
+    # what those keys promised before the operator deleted them). The operator evicted c2
+    # as much as any holder; the checker took the lease's start from c2's last try, sent
+    # after the force release, and so reported c0's lease at 7.02 s beside it.
+    outcome = simulate(1706931677)
+    report = outcome.report()
+    assert "op  force release of lock0" in report
+    assert "c2  handed lock0 (2 grants)" in report
+    assert "c0  holds lock0" in report
+    assert not outcome.violations, report
