@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from benchmarks.contention import launch, window_end
+
 NODE_TIMEOUT = 0.05
 TTL = 10.0
 HOLD = 0.005  # seconds inside, asleep: an I/O wait (a query, an API call), as in real use
@@ -51,15 +53,25 @@ def _leave(state: Any, writer: bool) -> None:
 
 
 def _worker(
-    kind: str, urls: list[str], index: int, seconds: float, go: Any, out: Any, state: Any
+    index: int,
+    go: Any,
+    start: Any,
+    out: Any,
+    kind: str,
+    urls: list[str],
+    seconds: float,
+    state: Any,
 ) -> None:
     from django_redlock import LockManager
 
     manager = LockManager(urls, ttl=TTL, node_timeout=NODE_TIMEOUT)
     chooser = random.Random(index)  # a workload mix, not a secret
     name = f"kinds:{kind}"
-    go.wait()
-    deadline = time.monotonic() + seconds
+    # Connect and load the scripts on a name of this worker's own before the clock starts
+    # (contention.launch starts it once every worker is ready: a fixed sleep was not enough).
+    manager.acquire(f"kinds:warm:{kind}:{index}").release()
+    out.put(("ready", index))
+    deadline = window_end(go, start, seconds)
     done = 0
     while time.monotonic() < deadline:
         writer = chooser.random() >= READ_SHARE
@@ -89,19 +101,7 @@ class KindResult:
 
 
 def run(kind: str, urls: list[str], seconds: float, processes: int = 8) -> KindResult:
-    context = multiprocessing.get_context("spawn")
-    go, out = context.Event(), context.Queue()
     # inside now, most inside, writers inside, overlaps of a write
-    state = context.Array("q", 4)
-    workers = [
-        context.Process(target=_worker, args=(kind, urls, index, seconds, go, out, state))
-        for index in range(processes)
-    ]
-    for worker in workers:
-        worker.start()
-    time.sleep(1.5)  # let every worker import and connect before the clock starts
-    go.set()
-    total = sum(out.get(timeout=180) for _ in workers)
-    for worker in workers:
-        worker.join(60)
+    state = multiprocessing.get_context("spawn").Array("q", 4)
+    total = sum(launch(_worker, (kind, urls, seconds, state), processes))
     return KindResult(kind, total / seconds, int(state[1]), int(state[3]))
