@@ -64,6 +64,7 @@ class Checker:
     def __init__(self, world: World) -> None:
         self.world = world
         self.leases: dict[str, list[LeaseRecord]] = {}
+        self.records: list[LeaseRecord] = []  # every lease granted, in order (for tests)
         self.violations: list[str] = []
         self.defects: list[str] = []  # violations no fault excuses (a stale write)
         self.expected: set[str] = set()  # fault classes outside the model that happened
@@ -113,6 +114,7 @@ class Checker:
 
         record = LeaseRecord(client.index, name, token, self.world.now, end, claims)
         self.grants += 1
+        self.records.append(record)
         for resource, mode in claims:
             if mode == "x" and (
                 self.forcing.get(resource) or began <= self.forced.get(resource, -1.0)
