@@ -72,6 +72,8 @@ class Checker:
         self.handed: dict[bytes, bytes] = {}  # the giver's token -> the adopter's
         self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
         self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
+        # lock name -> the nodes its latest force release ran on (not those it never reached)
+        self.force_ran: dict[str, set[int]] = {}
         self.fenced_off = 0  # stale writes refused after exclusion broke (outside the model)
         self.wakes = 0  # heads of line woken by a release, a force release or a leave
         self.force_releases = 0
@@ -112,15 +114,18 @@ class Checker:
         """A lease granted by a round sent at virtual time ``began``, valid until ``end``."""
         from tests.sim.world import LeaseRecord
 
-        record = LeaseRecord(client.index, name, token, self.world.now, end, claims)
+        record = LeaseRecord(client.index, name, token, self.world.now, end, claims, began=began)
         self.grants += 1
         self.records.append(record)
         for resource, mode in claims:
-            if mode == "x" and (
-                self.forcing.get(resource) or began <= self.forced.get(resource, -1.0)
+            if mode != "x":
+                continue
+            if self.forcing.get(resource) or (
+                began <= self.forced.get(resource, -1.0)
+                and not self._holds_after_force(resource, token)
             ):
-                # Its keys were set before a force release landed (or one is on its way):
-                # evicted too, whoever holds them by then.
+                # Its keys may have been set before a force release landed (or one is on its
+                # way): evicted too, whoever holds them by then.
                 record.revoked = self.world.now
         for resource, _ in claims:
             held = self.leases.setdefault(resource, [])
@@ -130,8 +135,40 @@ class Checker:
         self._exclusion(record)
         return record
 
+    def _holds_after_force(self, name: str, token: str) -> bool:
+        """Whether a quorum of nodes that the latest force release of lock ``name`` ran on
+        hold ``token`` now: their keys were set after its DEL there, so the lease they make
+        is no evicted one, whenever its round was sent. (Without this, a round sent before
+        the last DEL landed counted as evicted, even when each of its keys was set after the
+        DEL on its node, as a review of the checker found.)"""
+        from tests.sim.world import lock_token
+
+        key = ("redlock:" + name).encode()
+        wanted = token.encode()
+        holding = 0
+        for index in self.force_ran.get(name, ()):
+            node = self.world.nodes[index]
+            if node.state == "down":
+                continue
+            space = node.space
+            expires = space.expires.get(key)
+            if expires is not None and node.now_us() // 1000 > expires:
+                continue
+            if lock_token(space.data.get(key)) == wanted:
+                holding += 1
+        return holding >= self.world.flow_nodes.quorum
+
     def renewed(self, record: LeaseRecord, end: float) -> None:
         record.end = end
+        if record.revoked is not None and all(
+            not self.forcing.get(resource) and self._holds_after_force(resource, record.token)
+            for resource, mode in record.claims
+            if mode == "x"
+        ):
+            # Evicted, but its renewal (extend.lua re-creates a missing key) left a quorum of
+            # keys set after the force release ran: a lease like any other from here on, and
+            # watched as one (the checker used to look away for the rest of its renewals).
+            record.revoked = None
         self._exclusion(record)
 
     def releasing(self, record: LeaseRecord) -> None:

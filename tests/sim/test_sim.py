@@ -202,3 +202,40 @@ def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() ->
     earlier = first("c4", "handed lock0 (2 grants)")
     assert earlier < forced
     assert next(r for r in records if r.start == earlier).revoked is None
+
+
+def test_a_lease_whose_keys_were_set_after_a_force_release_ran_is_not_evicted() -> None:
+    # Seed 127 (fence): the force release sent at 2.0075 s runs on n1, n0 and n2 by 2.021 s;
+    # c0's round, sent at 2.0119 s (before the last DEL), runs on n0 and n1 after theirs, and
+    # c0 holds from 2.0229 s. Its keys make a quorum set after the DEL on each node: its lease
+    # is a lease like any other, and the checker watches it (it used to call it evicted, as
+    # its round was sent before the force release's last landing).
+    outcome = simulate(127, profile="fence")
+    assert not outcome.violations, outcome.report()
+    forced = outcome.world.checker.forced["lock0"]
+    record = next(
+        r for r in outcome.world.checker.records if r.client == 0 and forced < r.start < 2.03
+    )
+    assert record.began < forced
+    assert record.revoked is None
+
+
+def test_an_evicted_lease_whose_renewal_holds_a_quorum_is_watched_again() -> None:
+    # Seed 5 (fence): c3's round leaves at 6.6925 s, while the force release sent at 6.6924 s
+    # is still on its way: its lease, granted at 6.6937 s, is evicted at once. Its keys were
+    # set after the DEL on each node, and its renewal at 7.03 s holds n0, n1 and n3 and
+    # re-creates n2: from then on it is a lease like any other, checked beside the others
+    # until its release (the checker used to look away for the rest of its renewals).
+    outcome = simulate(5, profile="fence")
+    assert not outcome.violations, outcome.report()
+    world = outcome.world
+    forced = world.checker.forced["lock0"]
+    record = next(r for r in world.checker.records if r.token.startswith("80dba29b"))
+    assert record.start < forced  # granted while the force release was still landing
+    assert any(
+        by == "c3" and line.startswith("renewed 80dba29b") and t > forced
+        for t, by, line in world.trace
+    )
+    assert record.revoked is None
+    assert record.released is not None
+    assert record.released > forced

@@ -477,6 +477,7 @@ class LeaseRecord:
     claims: tuple[tuple[str, str], ...] = ()  # (resource, "x" exclusive | "r" read | "s" slot)
     released: float | None = None
     revoked: float | None = None  # when an operator force-released it (the holder is not told)
+    began: float = 0.0  # when the round its keys date from was sent
 
 
 @dataclass
@@ -832,7 +833,7 @@ class World:
             self.hello(client, conn, index)
         reply = self.execute(node, conn, data)
         if client is self.operator and not (type(reply) is NodeError and str(reply) == _NOSCRIPT):
-            self.landed(data)  # else its EVAL, sent in its place, will
+            self.landed(data, ran=index)  # else its EVAL, sent in its place, will
         if conn.reload:  # the SCRIPT LOADs pipelined behind a NOSCRIPT fallback
             conn.reload = False
             node.loaded |= _PRELOADED
@@ -1048,14 +1049,18 @@ class World:
         self.checker.minted(name, token)
         self.checker.forcing[name] = self.checker.forcing.get(name, 0) + len(self.nodes)
         self.checker.force_released(name)
+        self.checker.force_ran[name] = set()
         self.log("op", f"force release of {name} (fencing token bumped to {token})")
         key = "redlock:" + name
         self.clean_up(self.operator, flow.force_release_round(len(self.nodes), key))
 
-    def landed(self, data: bytes) -> None:
+    def landed(self, data: bytes, ran: int | None = None) -> None:
         """One node's force release reached it (or never will): a lease granted until the
-        last one lands may be evicted too, whoever holds it by then."""
+        last one lands may be evicted too, whoever holds it by then. ``ran``: the node it ran
+        on, when it did."""
         name = parse_command(data)[1][3].decode().removeprefix("redlock:")
+        if ran is not None:
+            self.checker.force_ran.setdefault(name, set()).add(ran)
         self.checker.forcing[name] -= 1
         if not self.checker.forcing[name]:
             self.checker.forced[name] = self.now
