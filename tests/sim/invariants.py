@@ -72,8 +72,9 @@ class Checker:
         self.handed: dict[bytes, bytes] = {}  # the giver's token -> the adopter's
         self.forcing: dict[str, int] = {}  # lock name -> force releases still on their way
         self.forced: dict[str, float] = {}  # lock name -> when its last force release landed
-        # lock name -> the nodes its latest force release ran on (not those it never reached)
-        self.force_ran: dict[str, set[int]] = {}
+        # lock name -> the nodes its latest force release ran on (not those it never reached),
+        # each with its process's incarnation then (a restart may restore keys from before)
+        self.force_ran: dict[str, dict[int, int]] = {}
         self.fenced_off = 0  # stale writes refused after exclusion broke (outside the model)
         self.wakes = 0  # heads of line woken by a release, a force release or a leave
         self.force_releases = 0
@@ -146,10 +147,10 @@ class Checker:
         key = ("redlock:" + name).encode()
         wanted = token.encode()
         holding = 0
-        for index in self.force_ran.get(name, ()):
+        for index, incarnation in self.force_ran.get(name, {}).items():
             node = self.world.nodes[index]
-            if node.state == "down":
-                continue
+            if node.state == "down" or node.incarnation != incarnation:
+                continue  # down, or restarted since: it may have loaded a key from before the DEL
             space = node.space
             expires = space.expires.get(key)
             if expires is not None and node.now_us() // 1000 > expires:
@@ -169,6 +170,10 @@ class Checker:
             # keys set after the force release ran: a lease like any other from here on, and
             # watched as one (the checker used to look away for the rest of its renewals).
             record.revoked = None
+            for resource, _ in record.claims:
+                held = self.leases.setdefault(resource, [])
+                if record not in held:  # dropped as ended while it was evicted
+                    held.append(record)
         self._exclusion(record)
 
     def releasing(self, record: LeaseRecord) -> None:

@@ -1049,7 +1049,7 @@ class World:
         self.checker.minted(name, token)
         self.checker.forcing[name] = self.checker.forcing.get(name, 0) + len(self.nodes)
         self.checker.force_released(name)
-        self.checker.force_ran[name] = set()
+        self.checker.force_ran[name] = {}
         self.log("op", f"force release of {name} (fencing token bumped to {token})")
         key = "redlock:" + name
         self.clean_up(self.operator, flow.force_release_round(len(self.nodes), key))
@@ -1060,7 +1060,7 @@ class World:
         on, when it did."""
         name = parse_command(data)[1][3].decode().removeprefix("redlock:")
         if ran is not None:
-            self.checker.force_ran.setdefault(name, set()).add(ran)
+            self.checker.force_ran.setdefault(name, {})[ran] = self.nodes[ran].incarnation
         self.checker.forcing[name] -= 1
         if not self.checker.forcing[name]:
             self.checker.forced[name] = self.now
