@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.contention import launch, window_end
+from benchmarks.contention import launch, ready, window_end
 
 NODE_TIMEOUT = 0.05
 TTL = 10.0
@@ -69,8 +69,7 @@ def _worker(
     name = f"kinds:{kind}"
     # Connect and load the scripts on a name of this worker's own before the clock starts
     # (contention.launch starts it once every worker is ready: a fixed sleep was not enough).
-    manager.acquire(f"kinds:warm:{kind}:{index}").release()
-    out.put(("ready", index))
+    ready(f"kinds:{kind}", manager.lock, index, out)
     deadline = window_end(go, start, seconds)
     done = 0
     while time.monotonic() < deadline:

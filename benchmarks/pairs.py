@@ -5,6 +5,7 @@ the same-commands floor, with the same lease length and socket timeout."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from benchmarks.contention import _client
 from django_redlock import LockManager, LockNotAcquired
@@ -46,10 +47,15 @@ def redis_py(urls: list[str]) -> PairRunner:
     return run
 
 
-def minimal(urls: list[str]) -> PairRunner:
-    from benchmarks.minimal_redlock import MinimalRedlock
+class _RedlockClient(Protocol):
+    """The minimal Redlock's shape, which the same-commands floor shares."""
 
-    client = MinimalRedlock(urls, NODE_TIMEOUT)
+    def acquire(self, key: str, ttl_ms: int, /) -> Any: ...
+
+    def release(self, held: Any, /) -> bool: ...
+
+
+def _redlock_pairs(client: _RedlockClient) -> PairRunner:
     ttl_ms = int(TTL * 1000)
 
     def run(name: str) -> bool:
@@ -62,16 +68,13 @@ def minimal(urls: list[str]) -> PairRunner:
     return run
 
 
+def minimal(urls: list[str]) -> PairRunner:
+    from benchmarks.minimal_redlock import MinimalRedlock
+
+    return _redlock_pairs(MinimalRedlock(urls, NODE_TIMEOUT))
+
+
 def same_commands(urls: list[str]) -> PairRunner:
     from benchmarks.floor import SameCommandsRedlock
 
-    client = SameCommandsRedlock(urls, NODE_TIMEOUT)
-    ttl_ms = int(TTL * 1000)
-
-    def run(name: str) -> bool:
-        held = client.acquire(f"redlock:{name}", ttl_ms)
-        if held is None:
-            return False
-        return client.release(held)
-
-    return run
+    return _redlock_pairs(SameCommandsRedlock(urls, NODE_TIMEOUT))
