@@ -244,15 +244,29 @@ def test_a_waiter_interrupted_between_tries_leaves_the_line_at_once(cluster3):
     LockManager(cluster3.urls).acquire("interrupted", ttl=30.0, blocking=False).release()
 
 
-def clients_per_node(cluster) -> list[tuple[int, int]]:
-    """Per node: the clients connected (the asking one left out), and how many of them are
-    pub/sub ones."""
-    counts = []
+def clients_per_node(cluster) -> list[tuple[set[int], set[int]]]:
+    """Per node: the ids of the clients connected (the asking one left out), and the ids of
+    those that are pub/sub ones. Ids, not counts: a connection another test left closing may
+    go between two samples, and a count would take that for one of ours."""
+    clients = []
     for node in cluster:
         with node_client(node) as client:
             rows = client.client_list()
-        counts.append((len(rows) - 1, sum(1 for row in rows if "P" in row.get("flags", ""))))
-    return counts
+            asking = client.client_id()
+        ids = {int(row["id"]) for row in rows if int(row["id"]) != asking}
+        pubsub = {int(row["id"]) for row in rows if "P" in row.get("flags", "")}
+        clients.append((ids, pubsub - {asking}))
+    return clients
+
+
+def clients_since(cluster, before) -> list[tuple[set[int], set[int]]]:
+    """Per node: the clients (all, and pub/sub) connected now that were not in ``before``."""
+    return [
+        (ids - old_ids, pubsub - old_pubsub)
+        for (ids, pubsub), (old_ids, old_pubsub) in zip(
+            clients_per_node(cluster), before, strict=True
+        )
+    ]
 
 
 def test_threads_waiting_in_one_line_share_one_pubsub_connection_per_node(cluster3):
@@ -280,14 +294,13 @@ def test_threads_waiting_in_one_line_share_one_pubsub_connection_per_node(cluste
         wait_for(lambda: queued_on_a_majority(cluster3, "crowd", threads))
         # Every thread is in line; each subscribes right after its first try. Sampled a few
         # times while they wait: the largest count seen is checked.
-        wait_for(lambda: all(pubsub for _, pubsub in clients_per_node(cluster3)))
+        wait_for(lambda: all(pubsub for _, pubsub in clients_since(cluster3, before)))
         peak = [0] * len(before)
         for _ in range(10):
-            for index, (count, _) in enumerate(clients_per_node(cluster3)):
-                peak[index] = max(peak[index], count - before[index][0])
+            for index, (ids, _) in enumerate(clients_since(cluster3, before)):
+                peak[index] = max(peak[index], len(ids))
             time.sleep(0.02)
-        after = clients_per_node(cluster3)
-        pubsub = [now - then for (_, now), (_, then) in zip(after, before, strict=True)]
+        pubsub = [len(new) for _, new in clients_since(cluster3, before)]
         open_now = waiters.open_connections()
     finally:
         lease.release()
