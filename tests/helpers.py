@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import select
+import shutil
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import redis
 from redis.backoff import NoBackoff
@@ -15,6 +17,24 @@ from redis.retry import Retry
 from django_redlock.core.owner import base36, owner_id
 from django_redlock.localnodes import LocalNode
 from django_redlock.wire.scripts import HOLDER
+
+SOURCE_ROOT = Path(__file__).resolve().parents[1]
+# What a build or an install writes into the tree it runs in, and what a checkout keeps beside
+# the sources (virtualenvs, caches, the built site): none of it belongs to a clone.
+_NOT_SOURCE = shutil.ignore_patterns(
+    ".git", ".venv*", "build", "dist", "site", "*.egg-info", "__pycache__", ".*_cache"
+)
+
+
+def copy_of_the_source(into: Path) -> Path:
+    """A copy of this checkout's sources in ``into``/source, for a test that builds or
+    installs the project: pip and setuptools write ``build/`` and ``*.egg-info`` into the tree
+    they run in, and ``./run test`` runs two suites at once (Valkey and Redis), so two such
+    tests building in the one checkout could write over each other's files. Returns the copy's
+    top folder."""
+    copy = into / "source"
+    shutil.copytree(SOURCE_ROOT, copy, ignore=_NOT_SOURCE, symlinks=True)
+    return copy
 
 
 class FakeClock:

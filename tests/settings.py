@@ -42,6 +42,11 @@ MIDDLEWARE = [
 # name through REDLOCK_TEST_DB_NAME.
 if os.environ.get("DATABASE_URL"):
     _database = dj_database_url.parse(os.environ["DATABASE_URL"])
+    if os.environ.get("REDLOCK_TEST_DB_SUFFIX"):
+        # Two runs of the suite at once on one server (./run test runs the suite on Valkey and
+        # on Redis side by side): each creates and drops a test database of its own.
+        suffix = os.environ["REDLOCK_TEST_DB_SUFFIX"]
+        _database["TEST"] = {"NAME": f"test_{_database['NAME']}_{suffix}"}
 else:
     _path = str(Path(tempfile.gettempdir()) / f"django-redlock-tests-{os.getpid()}.sqlite3")
     _database = {

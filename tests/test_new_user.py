@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import copy_of_the_source
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -51,7 +53,7 @@ def test_a_new_user_installs_migrates_and_locks_as_the_readme_says(tmp_path, clu
         assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
-    sh(install, ROOT)  # "in the top folder of a clone of this repository"
+    sh(install, copy_of_the_source(tmp_path))  # "in the top folder of a clone of this repository"
     sh("django-admin startproject mysite .", tmp_path)
     settings = tmp_path / "mysite" / "settings.py"
     nodes = ", ".join(f'"{url}"' for url in cluster3.urls)

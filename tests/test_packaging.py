@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import django_redlock
+from tests.helpers import copy_of_the_source
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +23,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     outdir = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(outdir)],
-        cwd=ROOT,
+        cwd=copy_of_the_source(tmp_path_factory.mktemp("clone")),
         check=True,
         capture_output=True,
         timeout=300,

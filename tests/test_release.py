@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 import django_redlock
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import copy_of_the_source
 
 
 @pytest.mark.slow
@@ -27,7 +26,7 @@ def test_the_built_wheel_installs_in_a_clean_venv_and_takes_a_lock(tmp_path, clu
     project.mkdir()
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist)],
-        cwd=ROOT,
+        cwd=copy_of_the_source(tmp_path),
         check=True,
         capture_output=True,
         timeout=300,
