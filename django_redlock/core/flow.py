@@ -533,8 +533,10 @@ class Acquire:
         give_up = not self.blocking or (self.deadline is not None and end >= self.deadline)
         if self.hand:
             clean_up = self._hand_clean_up(results, give_up)
-        else:
+        elif give_up:
             clean_up = shape.clean_up(self.token, results, nodes.size)
+        else:
+            clean_up = shape.retry_clean_up(self.token, results, nodes.size)
         if give_up:
             return Failed(error, clean_up, True, 0.0, end - self.started)
         quarantined = error.quarantined

@@ -154,10 +154,20 @@ class Shape:
         command = self.release(token, "")
         if results is None:
             return [command] * size
+        return self._where_tried(command, results)
+
+    def _where_tried(self, command: Command, results: Sequence[Any]) -> list[Command | None]:
+        """``command`` on every node a failed round's try may have written to: all but those
+        that refused it (they wrote nothing of ours) and those it never reached."""
         return [
             None if self.refused_ms(reply) is not None or isinstance(reply, NotSent) else command
             for reply in results
         ]
+
+    def retry_clean_up(self, token: str, results: Sequence[Any], size: int) -> list[Command | None]:
+        """The clean-up of a failed round of a blocking acquire that goes on waiting:
+        :meth:`clean_up`, unless the shape keeps the waiter's place (:class:`Slots`)."""
+        return self.clean_up(token, results, size)
 
     # -- a held lease -----------------------------------------------------------------------
 
@@ -242,7 +252,7 @@ class Slots(Shape):
     reentrant = False
     handoff = False
     release_identified = False  # its release script takes no identity
-    __slots__ = ("limit", "prefer", "size", "slot")
+    __slots__ = ("limit", "place", "prefer", "size", "slot")
 
     def __init__(self, key: str, limit: int, size: int) -> None:
         super().__init__(key)
@@ -251,6 +261,9 @@ class Slots(Shape):
         self.wake_key = primitives.semaphore_base(key)
         self.slot = None  # the slot held, once a quorum granted one
         self.prefer = -1  # between tries: the slot most nodes answered
+        # A blocking acquire's place in line (waiter id, ticket, lifetime in ms), for the
+        # clean-up of its failed rounds (retry_clean_up); None for a single try.
+        self.place: tuple[str, int, int] | None = None
 
     def acquire(
         self,
@@ -263,6 +276,8 @@ class Slots(Shape):
         lifetime_ms: int,
         hand_round: int = 0,
     ) -> Command:
+        if waiter:
+            self.place = (waiter, ticket, lifetime_ms)
         return primitives.semaphore_acquire_command(
             self.key,
             self.limit,
@@ -314,6 +329,17 @@ class Slots(Shape):
             return None
         command = self.release(token, "")
         return [command if stray else None for stray in strays]
+
+    def retry_clean_up(self, token: str, results: Sequence[Any], size: int) -> list[Command | None]:
+        # Free what the try took, keeping the waiter's place where a grant dropped it
+        # (scripts/semaphore_release.lua says why): the line keeps one order on every node.
+        if self.place is None:
+            return self.clean_up(token, results, size)
+        waiter, ticket, lifetime_ms = self.place
+        command = primitives.semaphore_yield_command(
+            self.key, self.limit, token, waiter, ticket, lifetime_ms
+        )
+        return self._where_tried(command, results)
 
     def release(self, token: str, waiter: str) -> Command:
         return primitives.semaphore_release_command(self.key, self.limit, token, waiter)

@@ -222,6 +222,20 @@ def semaphore_release_command(key: str, limit: int, token: str, waiter: str = ""
     )
 
 
+def semaphore_yield_command(
+    key: str, limit: int, token: str, waiter: str, ticket: int, lifetime_ms: int
+) -> Command:
+    """The clean-up of a failed round of a blocking acquire that goes on waiting: free the
+    slot ``token`` took on a node and put ``waiter``'s place back under ``ticket``, for
+    ``lifetime_ms`` (``scripts/semaphore_release.lua``). Reply: 1 when a slot was freed."""
+    line, lapse = _semaphore_line(key)
+    return SEMAPHORE_RELEASE.command(
+        (line, lapse, *slot_keys(key, limit)),
+        (token, waiter, ticket, lifetime_ms),
+        fallback_when_over=True,
+    )
+
+
 def semaphore_leave_command(key: str, limit: int, waiter: str) -> Command:
     """Drop ``waiter``'s place in the semaphore's line (a blocking acquire that gave up)."""
     return semaphore_release_command(key, limit, "", waiter)

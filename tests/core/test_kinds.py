@@ -193,6 +193,71 @@ def test_a_waiter_is_woken_by_a_released_slot(cluster3):
     thread.join(PROMPT)
 
 
+def test_a_waiter_granted_by_a_minority_keeps_its_place_there(cluster3):
+    """A waiter whose tries only node 2 grants (the one slot is another's on nodes 0 and 1)
+    frees node 2's slot after each failed round and keeps its place in line there, under the
+    ticket it has on the nodes that refused it: one order on every node, so each release wakes
+    the same waiter everywhere (scripts/semaphore_release.lua). It does not wake itself: once
+    subscribed, it waits. When nodes 0 and 1 free the slot, it gets the lease."""
+    key = primitives.slot_key("redlock:api", 0)
+    other = "f" * 40
+    for node in cluster3.nodes[:2]:
+        with node_client(node) as client:
+            put_lock(client, key, other)
+            client.pexpire(key, 60_000)
+    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+    got = threading.Event()
+
+    def wait() -> None:
+        waiter.semaphore("api", 1).acquire(ttl=30.0, timeout=60.0).release()
+        got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    line = primitives.semaphore_base("redlock:api") + "\x00q"
+
+    def places() -> list[list[tuple[bytes, float]]]:
+        found = []
+        for node in cluster3:
+            with node_client(node) as client:
+                found.append(client.zrange(line, 0, -1, withscores=True))
+        return found
+
+    def tries_on_node_2() -> int:
+        with node_client(cluster3[2]) as client:
+            return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    try:
+        wait_for(lambda: len(set(map(tuple, places()))) == 1 and len(places()[0]) == 1)
+        (((member, ticket),),) = {tuple(p) for p in places()}
+        with node_client(cluster3[2]) as client:
+            assert lock_token(client, key) is None  # its grant there was freed
+        # Waiting now (a try per SLOW_POLL at most): no wake-up of its own sends it again.
+        wait_for(lambda: not waiter_busy(tries_on_node_2))
+        assert places() == [[(member, ticket)]] * 3
+    finally:
+        for node in cluster3.nodes[:2]:  # the other holder releases: the waiter is woken
+            with node_client(node) as client:
+                client.eval(
+                    primitives.SEMAPHORE_RELEASE.source,
+                    3,
+                    line,
+                    primitives.semaphore_base("redlock:api") + "\x00e",
+                    key,
+                    other,
+                    "",
+                )
+        assert got.wait(PROMPT), "the waiter slept through the release"
+        thread.join(PROMPT)
+
+
+def waiter_busy(tries: Callable[[], int]) -> bool:
+    """Whether a node's script calls still climb: counted twice, 0.2 s apart."""
+    before = tries()
+    time.sleep(0.2)
+    return tries() != before
+
+
 def test_a_slot_never_released_runs_out_within_its_ttl(cluster3):
     manager = LockManager(cluster3.urls)
     manager.semaphore("api", 1).acquire(ttl=0.3)  # dropped: its holder "died"

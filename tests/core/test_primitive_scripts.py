@@ -293,6 +293,44 @@ def test_a_semaphore_release_wakes_the_waiter_it_lets_in(node):
     pubsub.close()
 
 
+def test_a_failed_rounds_clean_up_frees_the_slot_and_keeps_the_place_under_its_ticket(node):
+    """The clean-up of a failed round of a waiter that goes on (semaphore_yield_command):
+    the slot its try took here is freed and its place is put back under its ticket, ahead of
+    those queued after it, so the line keeps the order the nodes that refused the try have.
+    It wakes nobody when the place it frees a slot for is its own, and wakes the waiter let
+    in when that is another."""
+    base = p.semaphore_base(KEY)
+    line = base + scripts.LINE
+    sem_acquire(node, token("a"))
+    sem_acquire(node, token("b"))
+    assert sem_acquire(node, token("z"), waiter="bbbb.2", ticket=200)[0] == 0  # queued
+    assert sem_acquire(node, token("w"), waiter="aaaa.1", ticket=100)[0] == 0  # queued first
+    sem_release(node, token("b"))
+    # aaaa.1, first in line, is granted the slot freed: its place goes with the grant.
+    assert sem_acquire(node, token("w"), waiter="aaaa.1", ticket=100) == [1, 1]
+    assert node.zrange(line, 0, -1) == [b"bbbb.2"]
+    pubsub = node.pubsub()
+    pubsub.psubscribe(KEY + "*")
+    assert pubsub.get_message(timeout=5.0)["type"] == "psubscribe"
+    yielded = p.semaphore_yield_command(KEY, 2, token("w"), "aaaa.1", 100, 5_000)
+    assert run(node, yielded) == 1
+    assert node.exists(p.slot_key(KEY, 1)) == 0
+    assert node.zrange(line, 0, -1, withscores=True) == [(b"aaaa.1", 100.0), (b"bbbb.2", 200.0)]
+    seconds, micros = node.time()
+    lapses = int(node.hget(base + scripts.LAPSE, "aaaa.1"))
+    assert 0 < lapses - (seconds * 1000 + micros // 1000) <= 5_000  # renewed for its lifetime
+    assert published(pubsub, node, KEY + "-m") == []  # the one let in is aaaa.1 itself
+    # Again, with the other slot free too: two are let in, and the second is bbbb.2.
+    assert sem_acquire(node, token("w"), waiter="aaaa.1", ticket=100) == [1, 1]
+    assert sem_release(node, token("a")) == 1
+    published(pubsub, node, KEY + "-m")  # the release's own wake-up
+    assert run(node, yielded) == 1
+    assert published(pubsub, node, KEY + "-m") == [(f"{base}\x00wbbbb".encode(), b"bbbb.2")]
+    assert run(node, yielded) == 0  # freed already: nothing to free, nobody woken
+    assert published(pubsub, node, KEY + "-m") == []
+    pubsub.close()
+
+
 class SemaphoreClient:
     """A client of a semaphore, driving the script node by node as the manager would: slot s
     is held when a quorum answered s; otherwise every grant is released (the failed try)."""
