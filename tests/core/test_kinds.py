@@ -170,9 +170,10 @@ def test_a_won_semaphore_round_frees_the_other_slots_it_heard_of():
     ]
 
 
-def test_a_waiter_is_woken_by_a_released_slot(cluster3):
-    holder = LockManager(cluster3.urls).semaphore("api", 1).acquire(ttl=30.0)
-    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
+def semaphore_waiter(cluster) -> tuple[threading.Thread, threading.Event]:
+    """A thread waiting for the semaphore "api" of 1 slot (polling only every SLOW_POLL: a
+    wake-up brings it the lease within PROMPT), then releasing it; the event is set then."""
+    waiter = LockManager(cluster.urls, retry_delay=SLOW_POLL)
     got = threading.Event()
 
     def wait() -> None:
@@ -181,6 +182,12 @@ def test_a_waiter_is_woken_by_a_released_slot(cluster3):
 
     thread = threading.Thread(target=wait)
     thread.start()
+    return thread, got
+
+
+def test_a_waiter_is_woken_by_a_released_slot(cluster3):
+    holder = LockManager(cluster3.urls).semaphore("api", 1).acquire(ttl=30.0)
+    thread, got = semaphore_waiter(cluster3)
     base = primitives.semaphore_base("redlock:api")
 
     def queued() -> bool:
@@ -205,15 +212,7 @@ def test_a_waiter_granted_by_a_minority_keeps_its_place_there(cluster3):
         with node_client(node) as client:
             put_lock(client, key, other)
             client.pexpire(key, 60_000)
-    waiter = LockManager(cluster3.urls, retry_delay=SLOW_POLL)
-    got = threading.Event()
-
-    def wait() -> None:
-        waiter.semaphore("api", 1).acquire(ttl=30.0, timeout=60.0).release()
-        got.set()
-
-    thread = threading.Thread(target=wait)
-    thread.start()
+    thread, got = semaphore_waiter(cluster3)
     line = primitives.semaphore_base("redlock:api") + "\x00q"
 
     def places() -> list[list[tuple[bytes, float]]]:
