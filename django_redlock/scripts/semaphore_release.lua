@@ -24,7 +24,9 @@
 -- would wake the next waiter in line here only, while the nodes that refused the try still
 -- have this waiter first: two waiters each granted a minority, both failing, their clean-ups
 -- waking more (W7 measured 3.8 rounds per acquire at 8 processes on 3 slots). It wakes no
--- one when the place woken would be its own: the waiter tries again at once anyway.
+-- one when the place woken would be its own: woken by itself, a waiter whose other nodes
+-- still refuse would try again at once, again and again; it tries after its retry delay,
+-- or when a release on another node wakes it.
 -- No `#!lua` shebang: DEL needs no memory, so a full node still lets a holder release.
 -- @include wait_line.lua
 -- @include lock_key.lua
