@@ -56,14 +56,16 @@ def owner_parts() -> tuple[str, str]:
 
 
 def identity(address: NodeAddress) -> tuple[str, str]:
-    """The run_id and persistence arguments our connections learn in their hello."""
+    """The identity (``run_id/master_replid``) and persistence arguments our connections
+    learn in their hello (``wire/setup.py``)."""
     with client_for(address, 1.0) as client:
         for script in (ACQUIRE, RELEASE):
             client.script_load(script.source)
         run_id = str(client.info("server")["run_id"])
+        replid = str(client.info("replication")["master_replid"])
         config = client.config_get("append*")
     flat = [str(part).encode() for item in config.items() for part in item]
-    return run_id, persistence_hint(flat)
+    return f"{run_id}/{replid}", persistence_hint(flat)
 
 
 def _bulk(text: str) -> bytes:

@@ -66,6 +66,14 @@ def node_client(node: LocalNode) -> redis.Redis:
     return redis.Redis.from_url(node.url, socket_timeout=2, retry=Retry(NoBackoff(), 0))
 
 
+def node_identity(client: redis.Redis) -> str:
+    """The identity a connection to this node reads in its hello and appends to identified
+    commands (``wire/setup.py``, ``scripts/node_identity.lua``): ``<run_id>/<master_replid>``."""
+    run_id = client.info("server")["run_id"]
+    replid = client.info("replication")["master_replid"]
+    return f"{run_id}/{replid}"
+
+
 def owner_arg(pid: int = 0, acquired_ms: int = 1000) -> str:
     """An owner argument as the scripts take it (``scripts/lock_key.lua``), for a record
     ``{"pid": pid, "acquired_at": acquired_ms / 1000}``."""

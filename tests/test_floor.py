@@ -22,7 +22,7 @@ from benchmarks.floor_line import SameCommandsLine
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.wire.scripts import HAND_UNDO, HOT_SCRIPTS
-from tests.helpers import node_client
+from tests.helpers import node_client, node_identity
 
 TTL_MS = 10_000
 
@@ -248,7 +248,7 @@ def test_the_line_floor_sends_what_a_blocking_lock_sends(cluster3):
         _floor_hand_off(first_line, second_line, waiter, cluster3)
         keep = {script.sha.decode() for script in HOT_SCRIPTS}
         clients = [stack.enter_context(closing(node_client(node))) for node in cluster3]
-        keep |= {str(client.info("server")["run_id"]) for client in clients}
+        keep |= {node_identity(client) for client in clients}
         monitors = [
             stack.enter_context(stack.enter_context(closing(node_client(node))).monitor())
             for node in cluster3

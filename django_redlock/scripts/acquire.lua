@@ -4,7 +4,7 @@
 --          named (the nodes are independent servers, never a Redis Cluster; the ACL patterns
 --          that cover the lock key cover them):
 --            the node's marker hash '\0django_redlock:node' (one per node, never expires, never
---            a user lock name): the run_id of the process found fit to vote, and the longest
+--            a user lock name): the identity of the process found fit to vote, and the longest
 --            quarantine seen (node_rule.lua);
 --            the lock's wait line KEYS[1] .. '\0q': a sorted set of waiter ids by ticket;
 --            KEYS[1] .. '\0e': when each waiter's place in line lapses, ms on the node's clock;
@@ -24,7 +24,8 @@
 -- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
 -- ARGV[8]  the round of a waiter that takes hand-off grants (1, 2, ...; "" or 0: none): its
 --          token is then its hand-off token for every round (hand_register.lua)
--- ARGV[9]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[9]  the identity of the server process this connection reached, '<run_id>/<master_replid>'
+--          (node_identity.lua; "" when not known yet)
 -- ARGV[10] the node's persistence as this connection read it (node_rule.lua: 'always', ...)
 --
 -- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has
@@ -111,10 +112,11 @@ local function clock()
     return now
 end
 
+-- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
 -- The marker names the process already found fit to vote, and the connection this command
--- came on named the process it talks to (its run_id, read by the client when it connected):
+-- came on named the process it talks to (its identity, read by the client when it connected):
 -- equal strings, so no INFO call. A connection cannot outlive its server process, so a marker
 -- restored from a snapshot never matches; then node_rule decides.
 local quarantine = tonumber(ARGV[4])

@@ -9,7 +9,8 @@
 -- ARGV[2]  the lease length in milliseconds (positive integer)
 -- ARGV[3]  the owner (lock_key.lua); never the token
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
--- ARGV[5]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[5]  the identity (node_identity.lua) of the server process this connection
+--          reached ("" when not known yet)
 -- ARGV[6]  the node's persistence as this connection read it (node_rule.lua)
 --
 -- Returns the status reply OK when every key now holds this token (each newly taken, or
@@ -28,6 +29,7 @@
 -- holds nothing while it waits; a failed try is released on every node before the next.
 -- Safety on a quorum is the mutex's, key by key: every key of a valid multi-lease was set on
 -- a quorum within the validity, so no other valid lease on any of its names exists.
+-- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
 -- @include vote_gate.lua

@@ -4,17 +4,23 @@
 -- ARGV[1]  the run_id the operator's client read from INFO server just before
 --
 -- Only for a brand-new node, or one shut down cleanly with its data (no lease it granted can
--- be forgotten). The declaration names the process: any later restart (empty, from an RDB
--- snapshot, from an `everysec` AOF) has another run_id and is judged by node_rule.lua again,
--- even if this marker was saved in a snapshot.
--- Returns {'declared', run_id}; the error RESTARTED when the node's run_id is no longer the
--- one named (it restarted between the read and this call: declare again, knowingly).
-local server = redis.call('INFO', 'server')
+-- be forgotten). The declaration names the process and its replication history (the identity
+-- of node_identity.lua): any later restart (empty, from an RDB snapshot, from an `everysec`
+-- AOF) or failover has another identity and is judged by node_rule.lua again, even if this
+-- marker was saved in a snapshot or replicated.
+-- Returns {'declared', identity}; the error RESTARTED when the node's run_id is no longer the
+-- one named (it restarted between the read and this call: declare again, knowingly); the
+-- error REPLICA when the node is a replica (it never votes: declare its master).
+-- @include node_identity.lua
+local me, server, replication = node_identity()
 local run = string.match(server, 'run_id:(%x+)')
 if run ~= ARGV[1] then
     return redis.error_reply(
         'RESTARTED the node restarted since its run_id was read (' .. ARGV[1] .. ', now '
         .. run .. '); nothing declared')
 end
-redis.call('HSET', KEYS[1], 'run', run, 'why', 'declared')
-return {'declared', run}
+if string.match(replication, 'role:(%a+)') ~= 'master' then
+    return redis.error_reply('REPLICA this node is a replica: it never votes; nothing declared')
+end
+redis.call('HSET', KEYS[1], 'run', me, 'why', 'declared')
+return {'declared', me}

@@ -24,14 +24,16 @@
 --     its failed rounds never delete a grant or a key a later try found, even when they run
 --     late (hand_undo.lua skips a 'g' entry or a later round; hand_yield.lua only follows a
 --     reply after which the waiter stops counting the node, and skips a later round).
---   * A node that restarted may have forgotten a holder: it grants only when the process
---     running this script is the one its marker names as fit to vote (the run_id node_rule.lua
---     records, compared with INFO server's here). A restored marker names an older process:
---     no grant, only the wake-up, and the waiter's own try meets the quarantine. `run`, when
---     a release names the process its connection reached (ARGV[3], appended by the transport
---     as for an acquire), stands for INFO's: a connection cannot outlive its server process,
---     so it is the process running this script (INFO server costs more than the rest of the
---     grant: benchmarks/script_cost.py). '' or nil: INFO is read.
+--   * A node that restarted or failed over may have forgotten a holder: it grants only when
+--     the process running this script is the one its marker names as fit to vote (the
+--     identity node_rule.lua records, compared with node_identity.lua's here). A restored or
+--     replicated marker names another process or history: no grant, only the wake-up, and the
+--     waiter's own try meets the quarantine. `run`, when a release names the identity its
+--     connection read (ARGV[3], appended by the transport as for an acquire), stands for
+--     INFO's: a connection cannot outlive its server process, and one that met its node as a
+--     replica is dropped (node_rule.lua says what is left), so it names the process running
+--     this script (INFO costs more than the rest of the grant: benchmarks/script_cost.py).
+--     '' or nil: INFO is read.
 -- Fewer than a quorum of grants: the waiter keeps its place and goes on trying; its tries
 -- answer granted where H is, and take free nodes where it heads the line. If it gives up,
 -- it releases H on every node (core/flow.py: Acquire.judge). A waiter that died keeps its
@@ -66,7 +68,7 @@ local function grant_next(key, line, lapse, lined, run, no_readers, holder)
         local marker = redis.call('HGET', '\0django_redlock:node', 'run')
         if round ~= nil and (#readers < 2 or tonumber(readers[2]) <= now) and marker
             and (run ~= nil and run ~= '' and run
-                or string.match(redis.call('INFO', 'server'), 'run_id:(%x+)')) == marker then
+                or node_identity()) == marker then
             -- pcall: a node out of memory refuses the SET if it is the script's first
             -- write (no shebang; release.lua's DEL or HDEL comes first, so it grants); the
             -- head is then woken as before (and the releaser's key deleted: `holder`).

@@ -24,6 +24,7 @@
 -- @include wake_next.lua
 -- @include lock_key.lua
 -- @include lock_write.lua
+-- @include node_identity.lua
 -- @include hand_grant.lua
 if lock_token(KEYS[1]) ~= ARGV[1] then
     return 0

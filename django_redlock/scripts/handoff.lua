@@ -8,7 +8,8 @@
 -- ARGV[3]  the adopter's owner (lock_key.lua); never a token. '' keeps the owner: a failed
 --          adopt hands the keys back to the handle's token (old and new swapped) this way
 -- ARGV[4]  the restart quarantine in milliseconds (node_rule.lua)
--- ARGV[5]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[5]  the identity (node_identity.lua) of the server process this connection
+--          reached ("" when not known yet)
 -- ARGV[6]  the node's persistence as this connection read it (node_rule.lua)
 --
 -- Returns the ms left on the keys (the smallest PTTL) when every key now holds the new
@@ -20,6 +21,7 @@
 -- After a hand-off the old token's release, extend and owns are refused here, as for any
 -- token that no longer holds the key: the first process's release is refused, never a double
 -- release.
+-- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
 -- @include vote_gate.lua

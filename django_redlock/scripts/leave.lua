@@ -16,6 +16,7 @@
 -- @include wake_next.lua
 -- @include lock_key.lua
 -- @include lock_write.lua
+-- @include node_identity.lua
 -- @include hand_grant.lua
 local freed = false
 local token = ARGV[2] or ''

@@ -8,16 +8,40 @@
 -- until every lease it may have granted has run out: the quarantine, the longest lease any
 -- client may take (its `max_ttl`).
 --
--- The rule, on the node's own process (INFO server: run_id and uptime, never persisted, so a
--- marker restored from an RDB snapshot or an AOF proves nothing about the new process):
---   * a process that has been up longer than the quarantine votes (whatever it forgot has
---     expired);
---   * a process that a client proved durable (appendonly yes + appendfsync always, read with
---     CONFIG GET; checked here with INFO persistence) votes: it forgot nothing;
---   * a process that an operator declared fresh (declare_fresh.lua, naming its run_id) votes;
+-- A failover is the same loss by another road. Replication is asynchronous: a lock its
+-- master granted may not have reached the replica when the master died, and the replica,
+-- promoted (REPLICAOF NO ONE: what Sentinel and every managed Redis with automatic failover
+-- do), serves a dataset without it. Its process has been up for days and its AOF, however
+-- durable, holds only what it replicated: neither uptime nor fsync proves anything about the
+-- writes it never received. So a promoted replica waits the quarantine too, counted from the
+-- promotion; INFO does not say when that was, so from when a script first saw this node as a
+-- promoted master (recorded in the marker, field p, under the new replication id), which is
+-- never earlier.
+--
+-- The rule, on the node's own process and replication history (node_identity.lua: run_id,
+-- never persisted, and master_replid, new at every promotion; so a marker restored from a
+-- snapshot or replicated from another master proves nothing about this node):
+--   * a replica never votes (its master is the node; a replica that accepts writes, with
+--     replica-read-only no, would otherwise grant what its master never sees);
+--   * a master that was promoted in this process's life (INFO replication: second_repl_offset
+--     is not -1; a restart, even from an RDB file or an AOF, leaves it at -1) votes once the
+--     quarantine has passed since its promotion was first seen;
+--   * any other master that has been up longer than the quarantine votes (whatever it forgot
+--     when it started has expired);
+--   * a master that was never promoted and that a client proved durable (appendonly yes +
+--     appendfsync always, read with CONFIG GET; checked here with INFO persistence) votes: it
+--     forgot nothing;
+--   * a process that an operator declared fresh (declare_fresh.lua, naming its identity) votes;
 --   * otherwise it refuses, and says when it will vote.
--- A process found fit is recorded in the marker hash (run = its run_id), so the acquire hot
--- path compares one string instead of calling INFO (see acquire.lua).
+-- A node found fit is recorded in the marker hash (run = its identity), so the acquire hot
+-- path compares one string instead of calling INFO (see acquire.lua): the identity the
+-- client's connection read when it connected (wire/setup.py). Clients drop a connection that
+-- meets a replica (the REPLICA refusal below, or READONLY), so that a connection which lived
+-- through a demotion and a promotion reads the new identity. What is left, stated so: a
+-- connection that sent nothing while its node was a replica, to a master whose marker names
+-- it (its new master never ran a script while it was master), within one lease: the old
+-- identity would still match. Sentinel closes every client connection when it reconfigures a
+-- node (CLIENT KILL TYPE normal), so a Sentinel-managed node never keeps one.
 --
 -- The quarantine is the largest one any client ever sent to this node (field q, kept across
 -- restarts as far as the node keeps data, and recorded whether the node votes or refuses) or
@@ -33,26 +57,52 @@
 --             everysec', 'CONFIG GET refused', '' when not read yet)
 -- commit      record a verdict of "votes" in the marker (acquire) or only report it (status)
 --
--- Returns: nil when the node votes (and why: 'known', 'uptime', 'durable'), or an error text
--- that starts with QUARANTINED; then the ms until it votes (or -1 when it cannot tell).
+-- Returns: nil when the node votes (and why: 'known', 'uptime', 'promoted', 'durable'), or an
+-- error text that starts with QUARANTINED; then the ms until it votes (or -1 when it cannot
+-- tell: a replica, or INFO refused).
 local function node_rule(marker, quarantine, fsync, commit)
-    local stored = redis.call('HMGET', marker, 'run', 'q')
+    local stored = redis.call('HMGET', marker, 'run', 'q', 'p')
     local q = math.max(quarantine, tonumber(stored[2] or '0') or 0)
-    local server = redis.pcall('INFO', 'server')
-    if type(server) ~= 'string' then
+    local me, server, replication = node_identity()
+    if me == nil then
         return 'QUARANTINED the lock user may not run INFO, so this node cannot tell whether '
-            .. 'it restarted; grant it +info', -1
+            .. 'it restarted or failed over; grant it +info', -1
     end
-    local run = string.match(server, 'run_id:(%x+)')
-    -- uptime_in_seconds counts from a whole second at or before the start: one second less
-    -- is never more than the true uptime.
-    local up = math.max(0, tonumber(string.match(server, 'uptime_in_seconds:(%d+)')) - 1) * 1000
+    if string.match(replication, 'role:(%a+)') ~= 'master' then
+        return string.format(
+            'QUARANTINED this node is a replica (of %s:%s), not a master: it never votes; '
+            .. 'list its master as the node, or its Sentinels',
+            string.match(replication, 'master_host:([^\r\n]*)') or '?',
+            string.match(replication, 'master_port:(%d+)') or '?'), -1
+    end
+    -- uptime_in_seconds counts whole seconds: one second less than a difference of two of
+    -- its readings (or than one reading: it counts from a whole second at or before the
+    -- start) is never more than the true time between them.
+    local uptime = tonumber(string.match(server, 'uptime_in_seconds:(%d+)'))
+    local up = math.max(0, uptime - 1) * 1000
+    -- How long this process has served its dataset as a master, in ms: its uptime, or, for a
+    -- promoted replica, the time since its promotion was first seen (field p: '<replid>
+    -- <uptime_in_seconds then>').
+    local promoted = (tonumber(string.match(replication, 'second_repl_offset:(%-?%d+)')) or -1) >= 0
+    local since = up
+    if promoted then
+        local replid = string.sub(me, string.find(me, '/', 1, true) + 1)
+        local seen, at = string.match(stored[3] or '', '^(%x+) (%d+)$')
+        if seen == replid then
+            since = math.max(0, uptime - tonumber(at) - 1) * 1000
+        else
+            since = 0
+            -- Recorded whoever asks (a status check too): the wait starts at the first sight.
+            -- pcall: a status user without write rights still gets its answer.
+            redis.pcall('HSET', marker, 'p', replid .. ' ' .. string.format('%d', uptime))
+        end
+    end
     local why
-    if stored[1] == run then
+    if stored[1] == me then
         why = 'known'
-    elseif up >= q then
-        why = 'uptime'
-    elseif fsync == 'always'
+    elseif since >= q then
+        why = promoted and 'promoted' or 'uptime'
+    elseif not promoted and fsync == 'always'
         and string.find(redis.call('INFO', 'persistence'), 'aof_enabled:1', 1, true) then
         why = 'durable'
     else
@@ -62,6 +112,12 @@ local function node_rule(marker, quarantine, fsync, commit)
             -- its data; a shorter quarantine sent later must not end the wait before that
             -- lease runs out (found by the simulator: tests/sim, profile 'quarantines').
             redis.call('HSET', marker, 'q', string.format('%d', q))
+        end
+        if promoted then
+            return string.format(
+                'QUARANTINED a replica promoted to master (first seen %d s ago): it may have '
+                .. 'missed the last locks its old master granted; it votes again in %d s',
+                math.floor(since / 1000), math.ceil((q - since) / 1000)), q - since
         end
         local detail = fsync
         if detail == 'always' then
@@ -76,7 +132,7 @@ local function node_rule(marker, quarantine, fsync, commit)
             math.floor(up / 1000), detail, math.ceil((q - up) / 1000)), q - up
     end
     if commit and (why ~= 'known' or tonumber(stored[2] or '0') ~= q) then
-        redis.call('HSET', marker, 'run', run, 'q', string.format('%d', q))
+        redis.call('HSET', marker, 'run', me, 'q', string.format('%d', q))
         if why ~= 'known' then
             redis.call('HSET', marker, 'why', why)
         end

@@ -8,6 +8,7 @@
 -- Returns {verdict, detail, ms, q}: verdict 'votes' (detail: why: 'known', 'uptime',
 -- 'durable') or 'quarantined' (detail: the refusal text; ms: until it votes, -1 when it
 -- cannot tell); q: the longest quarantine this node has seen, in ms ('0' when none).
+-- @include node_identity.lua
 -- @include node_rule.lua
 local refusal, detail = node_rule(KEYS[1], tonumber(ARGV[1]), ARGV[2], false)
 local q = redis.call('HGET', KEYS[1], 'q') or '0'

@@ -9,9 +9,10 @@
 --          KEYS[1] .. '\0h' (hand_register.lua).
 -- ARGV[1]  the lease token
 -- ARGV[2]  the holder's waiter id ("" when it took the lock with a single try)
--- ARGV[3]  optional: the run_id of the server process this connection reached ("" or absent:
---          not known), then ARGV[4] its persistence (unused): the identity the transport
---          appends to a command posted with identify=True (release_command(identified=True)).
+-- ARGV[3]  optional: the identity (node_identity.lua) of the server process this connection
+--          reached ("" or absent: not known), then ARGV[4] its persistence (unused): the
+--          identity the transport appends to a command posted with identify=True
+--          (release_command(identified=True)).
 --          With it a hand-off grant needs no INFO call (hand_grant.lua).
 --
 -- Returns 1 when the key held this token and was deleted (or written over by a grant to the
@@ -85,6 +86,7 @@ end
 -- @include wake_next.lua
 -- @include lock_key.lua
 -- @include lock_write.lua
+-- @include node_identity.lua
 -- @include hand_grant.lua
 local lapse = key .. '\0e'
 -- A key of another type under our name (a user's key, an old-layout hash lock) is not ours

@@ -15,7 +15,8 @@
 -- ARGV[6]  the waiter id of a blocking acquire ("" for a single try, which never queues)
 -- ARGV[7]  the waiter's ticket: the same number on every node (its first try, in µs)
 -- ARGV[8]  how long a place in line lasts without a new try, in milliseconds
--- ARGV[9]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[9]  the identity (node_identity.lua) of the server process this connection
+--          reached ("" when not known yet)
 -- ARGV[10] the node's persistence as this connection read it (node_rule.lua)
 --
 -- Returns the status reply OK when this token now holds the lease here (newly, or already
@@ -40,6 +41,7 @@
 -- lease needs a quorum W of grants, a valid read lease a quorum R (same validity rule as
 -- acquire.lua); W and R share a node, which held both grants at once for no instant of the
 -- two leases' validity. Two writers are excluded as two holders of a lock are.
+-- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
 -- @include vote_gate.lua

@@ -15,7 +15,8 @@
 -- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
 -- ARGV[8]  the slot to prefer when it is free (-1: none): on a retry, the slot most nodes
 --          answered last time, so nodes whose states differ converge on one slot
--- ARGV[9]  the run_id of the server process this connection reached ("" when not known yet)
+-- ARGV[9]  the identity (node_identity.lua) of the server process this connection
+--          reached ("" when not known yet)
 -- ARGV[10] the node's persistence as this connection read it (node_rule.lua)
 --
 -- Returns {1, slot} when this token now holds that slot here: the slot it already held (a
@@ -39,6 +40,7 @@
 -- everywhere; with F slots free, only the first F live places in line may take one (a try
 -- that would jump the line is refused, and queues). A slot key of another type under our name,
 -- or an old-layout hash lock, counts as held and is never overwritten.
+-- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
 -- @include vote_gate.lua

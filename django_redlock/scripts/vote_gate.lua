@@ -2,13 +2,13 @@
 -- read-write lock, multi-lock, hand-off): the very gate acquire.lua applies before it grants.
 --
 -- Hot path: the marker names the process already found fit to vote, and the connection the
--- command came on named the process it talks to (its run_id, appended by the transport as the
+-- command came on named the process it talks to (its identity, appended by the transport as the
 -- second-to-last ARGV): equal strings, so no INFO call. Otherwise node_rule.lua decides, and a
 -- node that may have forgotten grants it made before a restart refuses with QUARANTINED.
 --
 -- marker      the node's marker hash (NODE_KEY)
 -- quarantine  the caller's quarantine in ms (text)
--- run         the run_id the connection read ('' when not known yet)
+-- run         the identity the connection read (node_identity.lua; '' when not known yet)
 -- fsync       the node's persistence as the connection read it (node_rule.lua)
 --
 -- Returns nil when the node votes, else the QUARANTINED error text (for redis.error_reply).

@@ -42,6 +42,7 @@ __all__ = [
     "login_commands",
     "persistence_hint",
     "quarantine_of",
+    "replid_of",
     "resolve",
     "run_id_of",
     "tls_context",
@@ -54,6 +55,7 @@ PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under
 RUN_ID = -3  # INFO server: which server process this connection reached
 PERSISTENCE = -4  # CONFIG GET append*: whether that process is durable
 QUARANTINE = -5  # HGET <marker> q: the longest quarantine the node has seen
+REPLICATION = -6  # INFO replication: which replication history that process serves
 
 
 def _bulk(text: str) -> bytes:
@@ -69,10 +71,11 @@ arguments that a command sent with ``identify=True`` ends with (see ``scripts/ac
 class Hello:
     """What a new connection asks the node right after its login, pipelined (no round trip).
 
-    Its server process (``INFO server``: run_id) and persistence (``CONFIG GET append*``) make
-    the connection's identity, which ends every command posted with ``identify=True``; the
-    node's longest quarantine (``HGET <marker> q``) goes to ``on_quarantine(node label, ms)``
-    (0 when the node has none).
+    Its server process and replication history (``INFO server``: run_id; ``INFO
+    replication``: master_replid; together ``scripts/node_identity.lua``'s identity) and
+    persistence (``CONFIG GET append*``) make the connection's identity, which ends every
+    command posted with ``identify=True``; the node's longest quarantine (``HGET <marker>
+    q``) goes to ``on_quarantine(node label, ms)`` (0 when the node has none).
     """
 
     __slots__ = ("marker", "on_quarantine")
@@ -83,6 +86,7 @@ class Hello:
 
 
 HELLO_RUN_ID = encode_command(b"INFO", b"server")
+HELLO_REPLICATION = encode_command(b"INFO", b"replication")
 HELLO_PERSISTENCE = encode_command(b"CONFIG", b"GET", b"append*")
 
 
@@ -98,16 +102,25 @@ def run_id_of(info: object) -> str:
     return text[start + 7 : start + 47] if start >= 0 else ""
 
 
+def replid_of(info: object) -> str:
+    """The replication id (``master_replid``) from an ``INFO replication`` reply ("" when
+    absent): new at every promotion of a replica, so it tells a failover apart."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
+    start = text.find("master_replid:")
+    return text[start + 14 : start + 54] if start >= 0 else ""
+
+
 def quarantine_of(reply: object) -> int:
     """Milliseconds from an ``HGET <marker> q`` reply; 0 when there is none, or when the node
     refused the read (an ACL without the marker key: it answered all the same)."""
     return int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
 
 
-def identity_of(run_id: str, config: object) -> bytes:
+def identity_of(run_id: str, replid: str, config: object) -> bytes:
     """The two arguments that complete an ``identify=True`` command on a connection to the
-    process ``run_id``, whose ``CONFIG GET append*`` reply was ``config``."""
-    return _bulk(run_id) + _bulk(persistence_hint(config))
+    process ``run_id`` serving the replication history ``replid``, whose ``CONFIG GET
+    append*`` reply was ``config`` (``scripts/node_identity.lua`` makes the same identity)."""
+    return _bulk(f"{run_id}/{replid}") + _bulk(persistence_hint(config))
 
 
 def persistence_hint(config: object) -> str:
@@ -275,6 +288,7 @@ class Handshake:
         # the commands held until they are known (None: not holding).
         self.identity = UNIDENTIFIED
         self.run_id = ""
+        self.replid = ""
         self.held: list[bytes] | None = None if hello is None else []
         self.loads_owed = 0  # SCRIPT LOAD replies still owed
 
@@ -291,6 +305,7 @@ class Handshake:
         hello = self.hello
         if hello is not None:
             commands.append((HELLO_RUN_ID, RUN_ID))
+            commands.append((HELLO_REPLICATION, REPLICATION))
             commands.append((HELLO_PERSISTENCE, PERSISTENCE))
             commands.append((hello_quarantine(hello.marker), QUARANTINE))
         return commands
@@ -325,11 +340,13 @@ class Handshake:
             self.loads_owed = max(0, self.loads_owed - 1)
         elif kind == RUN_ID:
             self.run_id = run_id_of(reply)
+        elif kind == REPLICATION:
+            self.replid = replid_of(reply)
         elif kind == PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held
             # meanwhile go out now, in order, after the replies that preceded them.
-            self.identity = identity_of(self.run_id, reply)
+            self.identity = identity_of(self.run_id, self.replid, reply)
             held, self.held = self.held or [], None
             return b"".join(command + self.identity for command in held)
         elif kind == QUARANTINE and self.hello is not None:

@@ -18,7 +18,7 @@ import pytest
 from django_redlock import AsyncLockManager, LockContended, LockManager
 from django_redlock.core import flow
 from django_redlock.wire import scripts
-from tests.helpers import lock_token, node_client, owner_arg
+from tests.helpers import lock_token, node_client, node_identity, owner_arg
 
 KEY = "redlock:handed"
 HAND = KEY + "\x00h"
@@ -222,7 +222,7 @@ def _register(
     client, waiter: str, token: str, round_: int, lifetime_ms: int = 5_000, ticket: int = 1
 ) -> Any:
     """A waiter's try (acquire.lua, as a waiter taking grants); the node's run_id given."""
-    run_id = client.info("server")["run_id"]
+    run_id = node_identity(client)
     keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, lifetime_ms, round_, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)
@@ -375,7 +375,7 @@ def test_nodes_that_disagree_on_the_head_converge_on_the_oldest_waiter(cluster5)
 
 
 def _try(client, waiter: str, token: str, ticket: int) -> Any:
-    run_id = client.info("server")["run_id"]
+    run_id = node_identity(client)
     keys = (KEY,)  # acquire.lua names the marker, line, lapse and readers keys itself
     args = (token, 7_000, owner_arg(), 60_000, waiter, ticket, 5_000, 1, run_id, "")
     return client.eval(scripts.ACQUIRE.source, len(keys), *keys, *args)

@@ -24,6 +24,7 @@ from tests.helpers import (
     OWNER,
     lock_token,
     node_client,
+    node_identity,
     owner_arg,
     owner_record,
     put_lock,
@@ -127,7 +128,7 @@ def test_a_quarantined_node_refuses_every_granting_script_like_acquire(node, wha
         run(node, scripts.acquire_command(KEY, token("z"), 10_000, OWNER, Q))
     node.delete(scripts.NODE_KEY)  # as after a restart without persistence
     before = {key: node.dump(key) for key in user_keys(node)}
-    for run_id in ("", node.info("server")["run_id"]):
+    for run_id in ("", node_identity(node)):
         identity = (run_id, "appendonly no")
         with pytest.raises(redis.ResponseError, match=r"QUARANTINED restarted \d+ s ago"):
             run(node, granting_commands(FOREVER)[what], identity)
@@ -140,7 +141,7 @@ def test_a_quarantined_node_refuses_every_granting_script_like_acquire(node, wha
     # and the connection that names the process takes the hot path.
     run_id = node.info("server")["run_id"]
     node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id)
-    answer = run(node, granting_commands(FOREVER)[what], (run_id, "appendonly no"))
+    answer = run(node, granting_commands(FOREVER)[what], (node_identity(node), "appendonly no"))
     assert answer not in (0, -2, [0, 0])
     assert node.hget(scripts.NODE_KEY, "q") == str(FOREVER).encode()  # the longest q kept
 

@@ -13,7 +13,7 @@ from django_redlock import redlock
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, ReplyError, encode_command
 from django_redlock.wire.setup import UNIDENTIFIED
-from tests.helpers import OWNER, lock_token, node_client, owner_arg, owner_record
+from tests.helpers import OWNER, lock_token, node_client, node_identity, owner_arg, owner_record
 
 
 @pytest.fixture
@@ -266,7 +266,8 @@ FOREVER = 10**12  # a quarantine no node outlives (ms)
 
 
 def run_id_of(client):
-    return client.info("server")["run_id"]
+    """The node's identity as a connection appends it (``tests.helpers.node_identity``)."""
+    return node_identity(client)
 
 
 def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
@@ -294,7 +295,7 @@ def test_a_marker_that_names_another_process_proves_nothing(node):
         with pytest.raises(Exception, match="QUARANTINED"):
             acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, run_id=run_id)
     # Declared fresh for this very process: votes at once, even under a long quarantine.
-    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id_of(node))
+    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, node.info("server")["run_id"])
     assert acquire(node, "k", "a" * 40, quarantine_ms=FOREVER) == b"OK"
 
 
@@ -314,7 +315,7 @@ def test_durable_persistence_is_checked_on_the_node_itself(node):
 
 def test_the_longest_quarantine_any_client_sent_is_kept(node):
     run_id = run_id_of(node)
-    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, run_id)
+    node.eval(scripts.DECLARE_FRESH.source, 1, scripts.NODE_KEY, node.info("server")["run_id"])
     assert acquire(node, "k1", "a" * 40, quarantine_ms=9_000, run_id=run_id) == b"OK"
     # A client with a shorter quarantine is refused and told the longer one
     # (quarantine_longer.lua): it would bring only its own to a node that restarts empty.

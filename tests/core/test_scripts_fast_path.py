@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from django_redlock.wire import scripts
-from tests.helpers import OWNER, lock_token, node_client, owner_arg
+from tests.helpers import OWNER, lock_token, node_client, node_identity, owner_arg
 
 QUARANTINE_MS = 60_000
 
@@ -28,7 +28,8 @@ def node(cluster3):
 
 
 def run_id_of(client: Any) -> str:
-    return str(client.info("server")["run_id"])
+    """The node's identity as a connection appends it (``tests.helpers.node_identity``)."""
+    return node_identity(client)
 
 
 def acquire(
@@ -156,7 +157,9 @@ def test_a_release_that_names_another_process_than_the_markers_grants_nothing(no
     calls = info_calls(node)
     assert release(node, "k", "a" * 40) == 1
     assert lock_token(node, "k") == b"b" * 40
-    assert info_calls(node) == calls + 2  # the script's INFO, and the first count's
+    # The script's two INFO calls (server and replication: node_identity.lua), and the first
+    # count's.
+    assert info_calls(node) == calls + 3
 
 
 def test_the_identified_release_command_counts_the_identity_the_transport_appends(node):
@@ -165,7 +168,8 @@ def test_the_identified_release_command_counts_the_identity_the_transport_append
     # node had not seen this script yet: NOSCRIPT).
     node.script_load(scripts.RELEASE.source)
     command, fallback = scripts.release_command("k", "a" * 40, "", identified=True)
-    identity = b"$%d\r\n%s\r\n$13\r\nappendonly no\r\n" % (40, run_id_of(node).encode())
+    me = run_id_of(node).encode()
+    identity = b"$%d\r\n%s\r\n$13\r\nappendonly no\r\n" % (len(me), me)
     connection = node.connection_pool.get_connection()
     try:
         connection.send_packed_command([command + identity])

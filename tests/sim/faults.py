@@ -4,9 +4,10 @@ Within the model (the library must stay safe under any number of them): message 
 reordering between connections (every message has its own delay; a connection stays FIFO),
 late messages (up to 4 node timeouts), lost messages; node pauses (short, or longer than a
 lease) and crashes with each persistence mode (AOF fsync always, AOF everysec losing up to
-its last second, an RDB snapshot from earlier, empty); client GC pauses (up to 2.5 ttl) and
-client crashes (it comes back later as a new process); clock drift within the bound (set when
-the clocks are made, ``world.py``).
+its last second, an RDB snapshot from earlier, empty); failovers (a replica up for long, up
+to a second behind its master, promoted in its place: profile 'failovers'); client GC
+pauses (up to 2.5 ttl) and client crashes (it comes back later as a new process); clock drift
+within the bound (set when the clocks are made, ``world.py``).
 
 Outside the model, only when asked (the checker then reports violations as expected): node
 clock jumps beyond the drift bound, and an operator's ``declare_fresh`` right after a lossy
@@ -73,6 +74,20 @@ def plan(world: World) -> list[tuple[float, Callable[[], None]]]:
         for _ in range(rng.randint(1, 4)):
             node = rng.choice(world.nodes)
             out.append((rng.uniform(0, config.seconds), partial(world.flush_scripts, node)))
+    if config.failovers:
+        # A failover (drawn after the rest, with a generator of its own, so that those stay as
+        # they were): the master dies, a replica up for long, some writes behind, takes its
+        # place after the time a Sentinel or a managed service takes to promote it.
+        failover_rng = random.Random(world.seed ^ 0xFA1107E5)
+        t = 0.0
+        while True:
+            t += failover_rng.expovariate(config.failovers)
+            if t >= config.seconds:
+                break
+            node = failover_rng.choice(world.nodes)
+            seconds = failover_rng.uniform(0.01, 0.5) * config.ttl
+            lag = failover_rng.uniform(0.0, 1.0)
+            out.append((t, partial(world.fail_over, node, seconds, lag)))
     if config.clock_jumps:
         for _ in range(rng.randint(1, 3)):
             node = rng.choice(world.nodes)

@@ -9,9 +9,10 @@ exactly the commands the scripts use. The script text is what the library sends:
 already expanded), looked up by the SHA1 of the EVALSHA a command carries.
 
 The server's identity is simulated too: ``INFO server`` gives the process's run_id and
-uptime (on the node's clock), ``INFO persistence`` whether the AOF is on, as
-``scripts/node_rule.lua`` reads them. Time inside one script is frozen at its start (as
-Redis does for the expiry checks of a script).
+uptime (on the node's clock), ``INFO replication`` its replication id and whether it was
+promoted from a replica, ``INFO persistence`` whether the AOF is on, as
+``scripts/node_identity.lua`` and ``scripts/node_rule.lua`` read them. Time inside one
+script is frozen at its start (as Redis does for the expiry checks of a script).
 """
 
 from __future__ import annotations
@@ -140,8 +141,15 @@ class Server:
     its clock; set by ``SimNode`` before each script."""
 
     run_id: bytes = b"0" * 40
+    replid: bytes = b"1" * 40  # master_replid: new at every promotion
+    promoted: bool = False  # a replica promoted in this process's life (second_repl_offset)
     started_ms: int = 0
     aof_enabled: bool = False
+
+    @property
+    def identity(self) -> bytes:
+        """What ``scripts/node_identity.lua`` and a connection's hello make of this process."""
+        return self.run_id + b"/" + self.replid
 
 
 class LuaEngine:
@@ -350,6 +358,12 @@ class LuaEngine:
         server = self.server
         if section == b"persistence":
             return b"# Persistence\r\naof_enabled:%d\r\n" % server.aof_enabled
+        if section == b"replication":
+            return (
+                b"# Replication\r\nrole:master\r\nconnected_slaves:0\r\n"
+                b"master_replid:%s\r\nsecond_repl_offset:%d\r\n"
+                % (server.replid, 1 if server.promoted else -1)
+            )
         up = self._now_ms() // 1000 - server.started_ms // 1000
         return b"# Server\r\nredis_version:7.2.4\r\nrun_id:%s\r\nuptime_in_seconds:%d\r\n" % (
             server.run_id,

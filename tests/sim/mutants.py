@@ -37,12 +37,28 @@ def _no_drift() -> Iterator[dict[bytes, bytes]]:
 
 def _no_quarantine() -> Iterator[dict[bytes, bytes]]:
     """A restarted node votes at once (node_rule.lua's uptime test always passes, in every
-    script that grants)."""
-    rule = "elseif up >= q then"
+    script that grants; a promoted replica too)."""
+    rule = "elseif since >= q then"
     overrides: dict[bytes, bytes] = {}
     for script in LIBRARY_SCRIPTS.values():
         if rule in script.source.decode() and script is not scripts.NODE_STATE:
             overrides.update(_replace(script, rule, "elseif true then"))
+    assert scripts.ACQUIRE.sha in overrides
+    yield overrides
+
+
+def _no_failover_rule() -> Iterator[dict[bytes, bytes]]:
+    """A promoted replica is judged as any master: its uptime, long before the promotion,
+    lets it vote at once (node_rule.lua never sees the promotion, in every script that
+    grants)."""
+    rule = (
+        "local promoted = (tonumber(string.match(replication, "
+        "'second_repl_offset:(%-?%d+)')) or -1) >= 0"
+    )
+    overrides: dict[bytes, bytes] = {}
+    for script in LIBRARY_SCRIPTS.values():
+        if rule in script.source.decode() and script is not scripts.NODE_STATE:
+            overrides.update(_replace(script, rule, "local promoted = false"))
     assert scripts.ACQUIRE.sha in overrides
     yield overrides
 
@@ -183,6 +199,7 @@ def _many_partial() -> Iterator[dict[bytes, bytes]]:
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
+    "no-failover-rule": _no_failover_rule,
     "release-any": _release_any,
     "no-clean-up": _no_clean_up,
     "gone-frees-all": _gone_frees_all,

@@ -21,7 +21,7 @@ from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.localnodes import LocalCluster
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.scripts import NODE_KEY, Command
-from tests.helpers import node_client, owner_arg
+from tests.helpers import node_client, node_identity, owner_arg
 from tests.sim.lua_node import LIBRARY_SCRIPTS, Hash, Keyspace, LuaEngine, Server
 from tests.sim.world import parse_command
 
@@ -99,7 +99,7 @@ def on_the_simulated_node(
 ) -> object:
     _, parts = parse_command(command[0])
     if identify:
-        parts += [server.run_id, b"always"]
+        parts += [server.identity, b"always"]
     keys = int(parts[2])
     now_us = time.time_ns() // 1000
     return engine.run(parts[1], parts[3 : 3 + keys], parts[3 + keys :], space, server, now_us)
@@ -114,10 +114,9 @@ def test_the_simulated_node_answers_as_a_real_node(cluster3: LocalCluster, seed:
     server.run_id = b"f" * 40
     server.started_ms = time.time_ns() // 1_000_000 - 3_600_000
     server.aof_enabled = True
-    space.data[NODE_KEY.encode()] = Hash({b"run": server.run_id})  # declared fresh, as the real one
+    space.data[NODE_KEY.encode()] = Hash({b"run": server.identity})  # declared fresh, as the real
     with node_client(node) as client:
-        info = client.info("server")
-        run_id = str(info["run_id"]).encode()
+        run_id = node_identity(client).encode()
         for index, (command, identify) in enumerate(commands(random.Random(seed))):
             real = normal(on_the_real_node(client, run_id, command, identify))
             simulated = normal(on_the_simulated_node(engine, space, server, command, identify))

@@ -32,6 +32,7 @@ MUTANT_BUDGET = 1000
 PROFILE = {
     "no-drift": "drift",
     "no-quarantine": "restarts",
+    "no-failover-rule": "failovers",
     "slots-pooled": "slots",
     "fence-off": "fence",
     "many-partial": "mix",  # lock_many is drawn in the mix only
@@ -84,6 +85,32 @@ def test_each_broken_variant_is_caught(mutant: str) -> None:
     again = simulate(failure.seed, mutant, profile=profile)
     assert again.violations == failure.violations
     assert again.world.history() == failure.world.history()
+
+
+# Simulated seconds of failovers the real code must pass (profile 'failovers': plain locks
+# never renewed, masters replaced by replicas up to a second behind; about 20 s of CI).
+FAILOVER_SECONDS = 1800.0
+
+
+@pytest.mark.slow
+def test_the_real_code_keeps_every_invariant_through_failovers() -> None:
+    first = first_seed()
+    simulated = 0.0
+    seed = first
+    promoted = refused = 0
+    while simulated < FAILOVER_SECONDS:
+        outcome = simulate(seed, profile="failovers")
+        assert not outcome.violations, (
+            f"{outcome.report()}\n\nreplay: ./run sim --seed {seed} --profile failovers"
+        )
+        history = outcome.world.history()
+        promoted += history.count("replica promoted")
+        refused += history.count("QUARANTINED")
+        simulated += outcome.world.now
+        seed += 1
+    # The promotions happened, and promoted nodes refused to vote for a while.
+    assert promoted
+    assert refused
 
 
 def test_a_seed_is_one_history() -> None:

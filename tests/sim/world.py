@@ -96,6 +96,7 @@ class Config:
     force_releases: float = 0.0  # operator force releases (admin) per simulated second
     long_max_ttl: float = 0.0  # >0: the odd clients' max_ttl (a larger quarantine than the rest)
     longest: float = 0.3  # chance an acquire takes its client's max_ttl rather than the ttl
+    failovers: float = 0.0  # promotions of a lagging replica per simulated second (faults.py)
 
     @property
     def quorum(self) -> int:
@@ -179,6 +180,12 @@ def draw_config(
         config.max_ttl = config.ttl
         config.long_max_ttl = config.ttl * rng.choice((3, 4))
         config.longest = 0.8
+    elif profile == "failovers":
+        config.kinds = ("lock",)
+        config.auto_extend = 0.0
+        config.persistence = ("always", "everysec")  # restarts lose little: failovers lose
+        config.node_faults = 0.3
+        config.failovers = rng.choice((0.5, 1.0, 2.0))
     elif profile != "mix":
         raise ValueError(f"no profile {profile!r}: one of {', '.join(PROFILES)}")
     return config
@@ -192,6 +199,7 @@ PROFILES = {
     "slots": "semaphores only, more clients than slots, many node faults",
     "fence": "plain locks, every holder writing to its fenced row, many client pauses",
     "quarantines": "plain locks, half the clients with a longer max_ttl, nodes restarting empty",
+    "failovers": "plain locks, never renewed, masters replaced by lagging replicas",
 }
 
 
@@ -260,6 +268,9 @@ class SimNode:
             .hexdigest()
             .encode()
         )
+        # A new process has a new replication id (derived, so the seed's draws stay as they were).
+        replid = hashlib.sha1(b"replid " + self.server.run_id, usedforsecurity=False)
+        self.server.replid = replid.hexdigest().encode()
         self.server.started_ms = self.now_us() // 1000
         self.server.aof_enabled = self.persistence in ("always", "everysec")
         self.loaded: set[bytes] = set()  # the process's script cache: empty when it starts
@@ -875,7 +886,7 @@ class World:
             if len(parts) < count:
                 # identify=True: the connection's identity ends the command (wire.setup.Hello),
                 # the server process and persistence its hello read when it connected.
-                parts += [node.server.run_id, node.hint]
+                parts += [node.server.identity, node.hint]
             keys = parts[3 : 3 + keys_count]
             args = parts[3 + keys_count :]
             return node.run(sha, keys, args)
@@ -991,6 +1002,37 @@ class World:
         )
         if self.config.operator_errors and mode != "always" and self.rng.random() < 0.5:
             self.declare_fresh(node)
+
+    def fail_over(self, node: SimNode, seconds: float, lag: float) -> None:
+        """The node's master dies and its replica is promoted after ``seconds`` (a Sentinel's or
+        a managed service's failover, on the same address): a process up for long (longer than
+        any quarantine), whose dataset is the master's as it was ``lag`` seconds before it died
+        (asynchronous replication), marker included, and whose AOF, however durable, holds
+        only what it replicated."""
+        if node.state == "down":
+            return
+        older = [space for at, space in node.snapshots if at <= self.now - lag]
+        kept = older[-1].copy() if older else Keyspace()
+        node.state = "down"
+        node.incarnation += 1  # every connection to the old master is closed
+        self.log(node.label, f"master died; its replica ({lag * 1000:.0f} ms behind) takes over")
+        held, node.inbox = node.inbox, []
+        for deliver in held:
+            deliver()
+
+        def promote() -> None:
+            node.start_process()
+            node.server.promoted = True
+            # The replica has been up all along: uptime proves nothing about what it missed.
+            node.server.started_ms -= int(self.config.longest_ttl * 1000) + 60_000
+            kept.purge(node.now_us() // 1000)
+            node.space = kept
+            node.state = "up"
+            node.snapshots = []
+            node.snapshot()
+            self.log(node.label, f"replica promoted: run_id {node.server.run_id[:8].decode()}")
+
+        self.at(self.now + seconds, promote)
 
     def declare_fresh(self, node: SimNode) -> None:
         """An operator's ``redlock_declare_fresh`` (``DECLARE_FRESH``, naming the run_id read

@@ -1,0 +1,225 @@
+"""Failovers on real processes: a replica promoted to master is a node that forgot (issue 39).
+
+The servers are started as an operator starts them: masters, and replicas of the same binary
+with ``--replicaof``. A replica that misses a lock is one that was paused (SIGSTOP) while its
+master granted it, its master then killed before it caught up: asynchronous replication's loss,
+as when a master dies with writes still in its output buffer. The promotion is what Sentinel
+and the managed services send: ``REPLICAOF NO ONE``. The promoted process has been up longer
+than the quarantine, and it holds its old master's restart marker, so neither its uptime nor
+the marker may let it vote before every lease its old master granted has run out.
+
+The suite runs on the bundled Valkey and again on Redis 7.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from django_redlock import LockManager, LockNotAcquired
+from django_redlock.localnodes import DURABLE_ARGS, LocalNode
+from tests.helpers import lock_token, node_client
+
+pytestmark = pytest.mark.slow
+
+MAX_TTL = 2.0  # the quarantine: short, so that waiting it out stays short
+NODE_TIMEOUT = 0.5  # generous: a node that just started compiles the scripts first
+PROMPT = 30.0  # an upper bound on what a healthy node takes (sync, promotion), never expected
+
+
+def manager(*nodes: LocalNode, max_ttl: float = MAX_TTL) -> LockManager:
+    return LockManager(
+        [node.url for node in nodes],
+        ttl=max_ttl,
+        max_ttl=max_ttl,
+        node_timeout=NODE_TIMEOUT,
+        retry_delay=0.05,
+    )
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + PROMPT
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {PROMPT} s: {what}")
+        time.sleep(0.02)
+
+
+def replication(node: LocalNode) -> dict[str, Any]:
+    with node_client(node) as client:
+        info: dict[str, Any] = client.info("replication")
+        return info
+
+
+def synced(replica: LocalNode) -> bool:
+    return replication(replica).get("master_link_status") == "up"
+
+
+def up_longer_than_quarantine(node: LocalNode) -> bool:
+    with node_client(node) as client:
+        return int(client.info("server")["uptime_in_seconds"]) >= MAX_TTL + 2
+
+
+def promote(node: LocalNode) -> None:
+    with node_client(node) as client:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    assert replication(node)["role"] == "master"
+
+
+class Pair:
+    """A master and its replica (TCP: ``--replicaof`` names a host and port)."""
+
+    def __init__(self, directory: Path, name: str, replica_args: tuple[str, ...] = ()) -> None:
+        self.master = LocalNode(directory, name=f"{name}m", tcp=True)
+        self.master.start()  # declared fresh: a master in service
+        self.replica = LocalNode(
+            directory,
+            name=f"{name}r",
+            tcp=True,
+            extra_args=("--replicaof", "127.0.0.1", str(self.master.port), *replica_args),
+        )
+        self.replica.start(fresh=False)
+        wait_for(lambda: synced(self.replica), "the replica's first sync")
+
+    def stop(self) -> None:
+        self.replica.stop()
+        self.master.stop()
+
+    def cut_the_link(self) -> None:
+        """Pause the replica and close its link on the master: what the master writes from
+        now on stays in its backlog, never in the replica's socket (asynchronous replication
+        with the link down for a moment)."""
+        self.replica.pause()
+        with node_client(self.master) as client:
+            assert client.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
+
+    def fail_over(self) -> None:
+        """Kill the master, wake the replica and promote it (``REPLICAOF NO ONE``): whatever
+        the master wrote since :meth:`cut_the_link` is gone."""
+        self.master.kill()
+        self.replica.resume()
+        promote(self.replica)
+
+
+@pytest.fixture
+def make_pair() -> Iterator[Callable[..., Pair]]:
+    """Makes master/replica pairs (in a short directory: unix socket paths are limited), and
+    stops them all after the test."""
+    made: list[Pair] = []
+    directory = Path(tempfile.mkdtemp(prefix="rl-fo-", dir="/tmp"))
+
+    def make(name: str, replica_args: tuple[str, ...] = ()) -> Pair:
+        pair = Pair(directory, name, replica_args)
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.stop()
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    "replica_args", [(), DURABLE_ARGS], ids=["plain-replica", "replica-with-appendfsync-always"]
+)
+def test_a_promoted_replica_that_missed_a_lock_never_grants_it_within_the_lease(
+    make_pair, replica_args
+):
+    pair = make_pair("a", replica_args)
+    wait_for(lambda: up_longer_than_quarantine(pair.replica), "the replica's uptime")
+    pair.cut_the_link()  # the lock below never reaches the replica
+    first = manager(pair.master).acquire("acct:1", blocking=False)
+    pair.fail_over()
+    with node_client(pair.replica) as client:
+        assert lock_token(client, "redlock:acct:1") is None  # it really missed the lock
+
+    # The same name through the promoted node (the managed endpoint now points at it):
+    second = manager(pair.replica)
+    with pytest.raises(LockNotAcquired) as refused:
+        second.acquire("acct:1", blocking=False)
+    assert first.validity > 0  # refused while the first lease still runs
+    (text,) = refused.value.node_errors.values()
+    assert text.startswith("QUARANTINED a replica promoted to master"), text
+
+    # It votes again by itself once the quarantine has passed, with nothing declared.
+    def granted() -> bool:
+        try:
+            second.acquire("acct:1", blocking=False).release()
+        except LockNotAcquired:
+            return False
+        return True
+
+    wait_for(granted, "the promoted node's vote after its quarantine")
+    assert first.validity == 0  # never while the first lease could still run
+
+
+def test_two_of_three_nodes_failing_over_within_one_lease_give_nobody_a_second_quorum(
+    make_pair,
+):
+    a, b = make_pair("a"), make_pair("b")
+    third = make_pair("c").master
+    for pair in (a, b):
+        wait_for(lambda pair=pair: up_longer_than_quarantine(pair.replica), "uptime")
+        pair.cut_the_link()
+    first = manager(a.master, b.master, third).acquire("acct:2", blocking=False)
+    a.fail_over()
+    b.fail_over()
+
+    rival = manager(a.replica, b.replica, third)
+    with pytest.raises(LockNotAcquired):
+        rival.acquire("acct:2", blocking=False)
+    # (The rival's round may end before both promoted nodes answer: two refusals of three
+    # settle it. Each, asked alone, refuses for its promotion.)
+    for promoted in (a.replica, b.replica):
+        with pytest.raises(LockNotAcquired) as refused:
+            manager(promoted).acquire("acct:2", blocking=False)
+        (text,) = refused.value.node_errors.values()
+        assert text.startswith("QUARANTINED a replica promoted to master"), text
+    assert first.validity > 0
+
+
+def test_a_master_that_synced_from_another_and_was_promoted_again_is_judged_again(make_pair):
+    """The same process, the same run_id, and a marker naming it (replicated back from a
+    master that never ran a script): only the replication id tells that its data was
+    replaced. A fresh connection reads it, so the hot path cannot vote on the old marker."""
+    pair = make_pair("a")
+    a, b = pair.master, pair.replica
+    manager(a).acquire("warm-up", blocking=False).release()  # a's marker names a
+    wait_for(lambda: synced(b), "the replica's sync")
+    pair.cut_the_link()
+    first = manager(a, max_ttl=30.0).acquire("acct:3", blocking=False)
+    b.resume()
+    promote(b)  # nobody runs a script on b while it is master
+    with node_client(b) as client:
+        # b may have read a's backlog between its wake-up and its promotion (its replication
+        # cron reconnects at once): then it drops the key, as a replica that lagged a little
+        # more would never have had it. A plain DEL: b's marker still names a.
+        client.delete("redlock:acct:3")
+    with node_client(a) as client:  # a follows b: a full sync replaces its data with b's
+        client.execute_command("REPLICAOF", "127.0.0.1", str(b.port))
+    wait_for(lambda: synced(a), "a's sync from b")
+    with node_client(a) as client:
+        assert lock_token(client, "redlock:acct:3") is None
+        client.execute_command("REPLICAOF", "NO", "ONE")
+
+    with pytest.raises(LockNotAcquired) as refused:
+        manager(a, max_ttl=30.0).acquire("acct:3", blocking=False)
+    assert first.validity > 0
+    (text,) = refused.value.node_errors.values()
+    assert text.startswith("QUARANTINED a replica promoted to master"), text
+
+
+def test_a_replica_listed_as_a_node_never_votes_and_says_whose_replica_it_is(make_pair):
+    pair = make_pair("a")
+    with pytest.raises(LockNotAcquired) as refused:
+        manager(pair.replica).acquire("acct:4", blocking=False)
+    (text,) = refused.value.node_errors.values()
+    assert text.startswith(f"QUARANTINED this node is a replica (of 127.0.0.1:{pair.master.port})")
+    with node_client(pair.replica) as client:
+        assert client.dbsize() <= 1  # nothing written there but what it replicated
