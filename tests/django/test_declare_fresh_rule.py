@@ -7,6 +7,7 @@ still waits, and asks where it cannot tell. Real nodes, started as an operator s
 from __future__ import annotations
 
 import io
+import logging
 import time
 from collections.abc import Iterator
 
@@ -184,3 +185,45 @@ def test_status_and_the_recorder_remember_who_voted(plain3):
 def test_the_rule(answers, verdict):
     found, _ = judge("a", "run1", 30.0, answers, horizon_ms=HORIZON_MS, needed=1)
     assert found == verdict
+
+
+def test_status_fails_on_a_misconfigured_node_even_with_a_quorum(cluster3, settings):
+    # Issue 40, item 9: a db index the server does not have never heals by waiting.
+    base = cluster3.urls[2]
+    url = f"{base}?db=99" if base.startswith("unix://") else base.rsplit("/", 1)[0] + "/99"
+    settings.REDLOCK = {"NODES": [*cluster3.urls[:2], url], "NODE_TIMEOUT": 0.5}
+    out = io.StringIO()
+    with pytest.raises(CommandError, match=r"misconfigured: .*DB index is out of range"):
+        call_command("redlock_status", stdout=out)
+    text = out.getvalue()
+    assert "MISCONFIGURED" in text
+    assert "Quorum: 2 of 3 nodes vote, 2 needed, but 1 node misconfigured" in text
+
+
+def test_a_423_adds_no_warning_to_the_django_request_log(client, held_elsewhere, caplog):
+    # Issue 40, item 9: each 423 used to add a Django WARNING line ("Locked: /pay/7/").
+    caplog.set_level(logging.INFO, logger="django.request")
+    with held_elsewhere("order:7"):
+        response = client.get("/pay/7/")
+    assert response.status_code == 423
+    request_records = [r for r in caplog.records if r.name == "django.request"]
+    assert [r.levelno for r in request_records] == [logging.INFO]  # logged once, as INFO
+
+
+def test_e003_says_it_got_a_str(settings):
+    from django_redlock.checks import check_settings
+
+    settings.REDLOCK = {"NODES": "redis://:secret@127.0.0.1:6379/0"}
+    (error,) = [m for m in check_settings() if m.id == "django_redlock.E003"]
+    assert "got a str" in error.msg
+    assert "secret" not in error.msg  # the value may carry a password
+
+
+def test_a_node_timeout_error_names_the_setting():
+    from django_redlock import QuorumUnreachable
+
+    error = QuorumUnreachable(
+        "x", 0, 2, {"a": "no answer within 50 ms", "b": "no answer within 50 ms"}
+    )
+    assert "REDLOCK['NODE_TIMEOUT']" in str(error)
+    assert "node_timeout" in str(error)
