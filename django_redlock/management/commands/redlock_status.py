@@ -1,16 +1,16 @@
 """``manage.py redlock_status [--json] [--prefix P] [--limit N|all]``: node health, quorum,
 active locks.
 
-Exit status 0 when a quorum of nodes can vote now and no node is misconfigured, 1
-otherwise, so it serves as a health check: a node that answers with a refusal (a db index out
-of range, a login or ACL refused, a replica, the same server twice) never heals by waiting,
-so it fails the check even while the others make a quorum; a node that does not answer may
-come back, and fails it only when the quorum is lost. Each node's verdict (votes /
-quarantined until T / down / misconfigured) comes from the rule the acquire script applies.
-The nodes are probed at once, so the command is bounded by about one ``--timeout`` whatever
-number of nodes is stopped or paused. At most ``--limit`` locks are listed (the first by name, 1,000 by default); when more exist, the output says "showing N of
-about M" and how many it did not show. A lock is "partial" only when fewer than a quorum of
-nodes hold it (a leftover), never because of the limit.
+Exit status 0 when a quorum of nodes can vote now and no node is misconfigured, 1 otherwise, so
+it serves as a health check: a node that answers with a refusal (a db index out of range, a
+login or ACL refused, a replica, the same server twice) never heals by waiting, so it fails the
+check even while the others make a quorum; a node that does not answer may come back, and fails
+it only when the quorum is lost. Each node's verdict (votes / quarantined until T / down /
+misconfigured) comes from the rule the acquire script applies. The nodes are probed at once, so
+the command is bounded by about one ``--timeout`` whatever number of nodes is stopped or
+paused. At most ``--limit`` locks are listed (the first by name, 1,000 by default); when more
+exist, the output says "showing N of about M" and how many it did not show. A lock is "partial"
+only when fewer than a quorum of nodes hold it (a leftover), never because of the limit.
 
 The ``--json`` output is a stable schema::
 
