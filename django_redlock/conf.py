@@ -243,6 +243,19 @@ def _alone(check: Callable[[object, str], object]) -> Check:
     return lambda value, name, reading: check(value, name)
 
 
+def _check_node_list(value: object, name: str, reading: _Reading) -> tuple[NodeAddress, ...]:
+    """E003 says what it got (issue 40, item 9): a single URL string is the usual slip. The
+    value itself is not repeated: a URL may carry a password."""
+    if isinstance(value, str):
+        raise TypeError(
+            f"{name} must be a list of node URLs, got a str (one URL?): write "
+            f'{name} = ["redis://..."], with the brackets'
+        )
+    if not isinstance(value, list | tuple):
+        raise TypeError(f"{name} must be a list of node URLs, got a {type(value).__name__}")
+    return check_nodes(value, name, reading)
+
+
 _NODES_DOC = """\
 The independent Redis/Valkey masters, 3 or 5 of them. Each is one of:
 
@@ -271,7 +284,7 @@ quarantine**: a node that lost its data votes again only this long after it came
 # One row per key: name, type, default, check, check ids; then what to do and the docs.
 # fmt: off
 SETTINGS: tuple[Setting, ...] = (
-    Setting("NODES", "list[str | dict]", [], check_nodes, (
+    Setting("NODES", "list[str | dict]", [], _check_node_list, (
                 "django_redlock.E003", "django_redlock.E004", "django_redlock.E005",
                 "django_redlock.W001", "django_redlock.W002", "django_redlock.W003",
             ),

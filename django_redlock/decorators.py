@@ -23,6 +23,7 @@ from asgiref.sync import iscoroutinefunction
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
+from django.utils.log import log_response
 
 from django_redlock.core.arguments import check_seconds, validate_name
 from django_redlock.core.options import AcquireOptions
@@ -230,7 +231,19 @@ def locked_view(
             # Always logged, whatever the response says: the operator's cue.
             logger.warning("%s %s: %s", request.method, request.path, error)
             return unavailable(request, error)
-        return locked(request, error)
+        response = locked(request, error)
+        if response.status_code == 423:
+            # A busy lock is the decorator working as meant, not a client error to warn
+            # about: logged here at INFO, so Django's request logger does not add a WARNING
+            # line per 423 (178 for one burst, issue 40, item 9).
+            log_response(
+                "Locked (busy lock): %s",
+                request.path,
+                response=cast(HttpResponse, response),  # only its status code is read
+                request=request,
+                level="info",
+            )
+        return response
 
     def decorator(view: F) -> F:
         # The acquire's arguments, the same for the sync and the async view.

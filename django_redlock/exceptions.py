@@ -121,23 +121,78 @@ class LockNotAcquired(RedlockError):
             + f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
         )
         if self.quarantined is not None:
-            text += (
-                f"; nodes are quarantined after a restart (not proven to have kept their "
-                f"locks): a quorum votes again in {math.ceil(self.quarantined)} s; declare "
-                "brand-new nodes fresh (manage.py redlock_declare_fresh)"
-            )
+            refusing = [node for node, error in self.node_errors.items() if is_quarantined(error)]
+            text += "; " + quarantine_hint(refusing, self.quarantined)
         if self.node_answers:
             # Every node, the ones that voted too: "0 of 2 votes" beside only the failed
             # nodes read as if the others were down.
             said = {**self.node_answers}
             # Entries that are no node's answer (the "validity" of a round that took too long).
             said.update((k, v) for k, v in self.node_errors.items() if k not in said)
-            details = "; ".join(f"{node}: {answer}" for node, answer in said.items())
+            details = "; ".join(f"{node}: {_shown(answer)}" for node, answer in said.items())
             text += f" (nodes: {details})"
         elif self.node_errors:
-            details = "; ".join(f"{node}: {error}" for node, error in self.node_errors.items())
+            details = "; ".join(
+                f"{node}: {_shown(error)}" for node, error in self.node_errors.items()
+            )
             text += f" (node errors: {details})"
+        if any(error.startswith(_NO_ANSWER) for error in self.node_errors.values()):
+            # The flow's text gives the wait in ms, not where it is set (issue 40, item 6).
+            text += f"; {NODE_TIMEOUT_NAMES}"
         return text
+
+
+_QUARANTINED = "QUARANTINED "
+_NO_ANSWER = "no answer within "
+
+NODE_TIMEOUT_NAMES = (
+    "the wait per node is the node timeout (node_timeout=, REDLOCK['NODE_TIMEOUT'] in Django)"
+)
+"""Where the per-node wait of a ``no answer within N ms`` error is set."""
+
+
+def is_quarantined(error: str) -> bool:
+    """Whether a node's error text is a restart-quarantine refusal (``scripts/node_rule.lua``)."""
+    return error.startswith(_QUARANTINED)
+
+
+def _shown(error: str) -> str:
+    """A node's error as a message shows it: a quarantine refusal without its code word (the
+    sentence around it says "quarantined" once for all nodes)."""
+    return "quarantined, " + error[len(_QUARANTINED) :] if is_quarantined(error) else error
+
+
+def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
+    """The one sentence every quarantine report ends with (the error, the log, the status):
+    which nodes refuse, when a quorum votes again by itself, and the one command that is safe
+    to run as printed.
+
+    Args:
+        nodes: the refusing nodes' labels (passwords already hidden).
+        seconds: until a quorum votes again by itself (None: unknown, or only these nodes).
+
+    ``redlock_declare_fresh`` with no node named lets a node vote only when it can show that
+    no other node ever saw it vote (a brand-new node); it refuses a node that may have
+    forgotten locks and says how long that node still waits, so following this hint never
+    makes such a node vote (docs/howto/operating.md, "Restarts").
+    """
+    named = ", ".join(nodes) if nodes else "some nodes"
+    wait = (
+        f"a quorum votes again in {math.ceil(seconds)} s by itself"
+        if seconds is not None
+        else "each votes again by itself when its wait ends"
+    )
+    return (
+        f"quarantined after a restart, not proven to have kept their locks: {named}; {wait}; "
+        f"if they are brand-new, {_SAFE_COMMAND} lets them vote now ({_SAFE_BECAUSE})"
+    )
+
+
+_SAFE_COMMAND = "manage.py redlock_declare_fresh"
+_SAFE_BECAUSE = "it declares only nodes no other node ever saw vote"
+
+NODE_HINT = f"if it is brand-new, {_SAFE_COMMAND} lets it vote now ({_SAFE_BECAUSE})"
+"""What a page or status line that already names one quarantined node adds to its refusal."""
 
 
 class LockContended(LockNotAcquired):

@@ -18,6 +18,8 @@ from typing import Any
 import redis
 
 from django_redlock.core.fanout import LockNodes, each_node
+from django_redlock.core.witness import record_votes
+from django_redlock.exceptions import NODE_HINT
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
@@ -54,6 +56,8 @@ class NodeStatus:
     votes_at: float | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    misconfigured: bool = False
+    """The node answered and refused (``problems`` says what): waiting will not fix it."""
 
     @property
     def votes_again(self) -> datetime | None:
@@ -73,10 +77,21 @@ class Report:
     nodes: list[NodeStatus]
     quorum: int
     voting: int
+    quarantine_ms: int = 0
+    """The restart quarantine the verdicts used: the manager's, or a longer one a node
+    reported (milliseconds)."""
 
     @property
     def healthy(self) -> bool:
         return self.voting >= self.quorum
+
+    @property
+    def misconfigured(self) -> list[NodeStatus]:
+        """Nodes that answered but can never vote as configured (a login or db refused, a
+        replica, an ACL without the scripts, the same server twice): they do not heal by
+        waiting, so ``redlock_status`` fails on them even while a quorum votes. A node that
+        does not answer at all is down, not misconfigured (it may come back)."""
+        return [node for node in self.nodes if node.problems and node.misconfigured]
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -160,7 +175,16 @@ class _Seen:
     denied: str | None
 
 
-def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | str:
+@dataclass(frozen=True)
+class _Down:
+    """Why a node could not be read; ``refused``: it answered with an error (misconfigured)
+    rather than not answering (down)."""
+
+    reason: str
+    refused: bool = False
+
+
+def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | _Down:
     """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
     could not be read."""
     try:
@@ -175,22 +199,31 @@ def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | s
             persistence = _persistence(client)
             stored = client.hget(NODE_KEY, "q")
             denied = _scripts_denied(client, manager.key_prefix)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        return _Down(str(exc) or type(exc).__name__)
     except redis.RedisError as exc:
-        return str(exc) or type(exc).__name__
+        # It answered, with a refusal (AUTH, SELECT: "DB index is out of range", an ACL).
+        return _Down(str(exc) or type(exc).__name__, refused=True)
     offset = (seconds + micros / 1e6 - (local_before + local_after) / 2) * 1000
     return _Seen(info, latency, offset, persistence, quarantine_of(stored), denied)
 
 
 def _judge(
     address: NodeAddress,
-    seen: _Seen | str,
+    seen: _Seen | _Down,
     quarantine_ms: int,
     timeout: float,
 ) -> NodeStatus:
     """Second pass: the node's verdict by the acquire script's own rule, and its warnings."""
     label = address.label
-    if isinstance(seen, str):
-        return NodeStatus(node=label, reachable=False, vote="down", problems=[seen])
+    if isinstance(seen, _Down):
+        return NodeStatus(
+            node=label,
+            reachable=False,
+            vote="down",
+            problems=[seen.reason],
+            misconfigured=seen.refused,
+        )
     info = seen.info
     problems: list[str] = []
     if seen.denied:
@@ -236,17 +269,20 @@ def _judge(
         quarantine_left_s=round(left, 3) if vote == "quarantined" else 0.0,
         votes_at=time.time() + left if vote == "quarantined" and left >= 0 else None,
         vote=vote,
-        vote_detail=detail if vote == "quarantined" else f"votes ({detail})",
+        # A refusal with what to do about it: the one command safe to run as printed.
+        vote_detail=f"{detail}; {NODE_HINT}" if vote == "quarantined" else f"votes ({detail})",
         problems=problems,
         warnings=warnings,
+        misconfigured=bool(problems),
     )
 
 
-def status(manager: LockNodes, *, timeout: float = 0.25) -> Report:
+def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) -> Report:
     """Probe every node at once (bounded by ``timeout`` per command) and judge the quorum.
 
     Each node's verdict comes from the rule the acquire script applies, with the longest
-    quarantine any node reports (as a manager that contacts them uses).
+    quarantine any node reports (as a manager that contacts them uses). With ``record``, the
+    nodes that vote are recorded on the others (best effort, see ``core/witness.py``).
     """
     addresses = manager.addresses
     seen = each_node(addresses, lambda address: _look(address, manager, timeout))
@@ -264,9 +300,23 @@ def status(manager: LockNodes, *, timeout: float = 0.25) -> Report:
                 node.problems.append(
                     f"same server as {by_run_id[node.run_id]} (run_id): not an independent node"
                 )
+                object.__setattr__(node, "misconfigured", True)  # frozen; built just above
             by_run_id.setdefault(node.run_id, node.node)
     voting = sum(1 for node in nodes if node.votes)
-    return Report(nodes=nodes, quorum=manager.quorum, voting=voting)
+    if record:
+        # What a status saw vote, remembered by the other nodes (core/witness.py): an
+        # operator's health checks keep the records that redlock_declare_fresh reads. Only
+        # on the nodes that answered: a stalled one would cost the report another timeout.
+        record_votes(
+            [address for address, node in zip(addresses, nodes, strict=True) if node.reachable],
+            {
+                address: node.run_id or ""
+                for address, node in zip(addresses, nodes, strict=True)
+                if node.votes
+            },
+            timeout=timeout,
+        )
+    return Report(nodes=nodes, quorum=manager.quorum, voting=voting, quarantine_ms=quarantine)
 
 
 @dataclass(frozen=True)
@@ -308,12 +358,31 @@ def _declare(address: NodeAddress, timeout: float) -> Declaration:
     )
 
 
-def declare_fresh(addresses: Sequence[NodeAddress], *, timeout: float = 1.0) -> list[Declaration]:
+def declare_fresh(
+    addresses: Sequence[NodeAddress],
+    *,
+    timeout: float = 1.0,
+    peers: Sequence[NodeAddress] = (),
+) -> list[Declaration]:
     """Declare the current server process of each node fresh: it votes at once, with no
     restart quarantine, until it restarts (the declaration names its run_id, see
     ``scripts/declare_fresh.lua``). All nodes at once; never raises for node failures.
 
-    Only for brand-new nodes or nodes shut down cleanly with their data: on a node that lost
-    locks whose leases still run, it allows a double grant.
+    Each declared process is recorded as seen voting on the other nodes (``addresses`` and
+    ``peers``, see ``core/witness.py``) before this returns, so a later crash of it is never
+    taken for a brand-new node.
+
+    Unconditional: only for brand-new nodes or nodes shut down cleanly with their data (on a
+    node that lost locks whose leases still run, it allows a double grant).
+    ``redlock_declare_fresh`` checks first (:func:`~django_redlock.core.witness.assess`).
     """
-    return each_node(list(addresses), lambda address: _declare(address, timeout))
+    done = each_node(list(addresses), lambda address: _declare(address, timeout))
+    everyone = list(dict.fromkeys([*addresses, *peers]))
+    declared = {
+        address: item.run_id or ""
+        for address, item in zip(addresses, done, strict=True)
+        if item.declared
+    }
+    if declared and len(everyone) > 1:
+        record_votes(everyone, declared, timeout=timeout)
+    return done

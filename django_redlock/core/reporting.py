@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django_redlock.core.flow import Nodes, has_node_errors, summarise
+from django_redlock.exceptions import is_quarantined, quarantine_hint
 from django_redlock.wire.errors import PENDING
 from django_redlock.wire.scripts import GRANTED
 
@@ -127,14 +128,17 @@ class Reporter:
     def attempt_failed(self, error: LockNotAcquired) -> None:
         """An attempt failed (the acquire may still retry)."""
         refusing = [
-            (node, text)
-            for node, text in error.node_errors.items()
-            if text.startswith("QUARANTINED")
+            (node, text) for node, text in error.node_errors.items() if is_quarantined(text)
         ]
         if refusing and self._warn_now():
-            # The operator's cue (same text as the error, the status command and the admin).
-            for node, text in refusing:
-                logger.warning("node %s does not vote: %s", node, text)
+            # The operator's cue, one line for all nodes: the sentence of the error (which
+            # nodes, when a quorum votes again, the command safe to run as printed), then
+            # each node's own refusal, as the status command and the admin show it.
+            logger.warning(
+                "%s (%s)",
+                quarantine_hint([node for node, _ in refusing], error.quarantined),
+                "; ".join(f"{node}: {text}" for node, text in refusing),
+            )
         logger.debug("attempt %d on %r failed: %s", error.attempts, error.name, error)
 
     def gave_up(self, error: LockNotAcquired, origin: str | None, waited: float) -> LockNotAcquired:

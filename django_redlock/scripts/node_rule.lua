@@ -126,9 +126,7 @@ local function node_rule(marker, quarantine, fsync, commit)
             detail = 'durability not checked yet'
         end
         return string.format(
-            'QUARANTINED restarted %d s ago and is not proven durable (%s); it votes again '
-            .. 'in %d s; if this is a brand-new node, declare it fresh '
-            .. '(manage.py redlock_declare_fresh)',
+            'QUARANTINED up %d s, not proven durable (%s): votes again in %d s',
             math.floor(up / 1000), detail, math.ceil((q - up) / 1000)), q - up
     end
     if commit and (why ~= 'known' or tonumber(stored[2] or '0') ~= q) then

@@ -272,7 +272,7 @@ def run_id_of(client):
 
 def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
     node.delete(scripts.NODE_KEY)  # as after a restart without persistence
-    with pytest.raises(Exception, match=r"QUARANTINED restarted \d+ s ago and is not proven"):
+    with pytest.raises(Exception, match=r"QUARANTINED up \d+ s, not proven durable"):
         acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="appendonly no")
     # A refusal records no vote, only the quarantine asked for (node_rule.lua: a longer one
     # must outlive a later, shorter request): a client sending less is told so.

@@ -1,13 +1,16 @@
 """``manage.py redlock_status [--json] [--prefix P] [--limit N|all]``: node health, quorum,
 active locks.
 
-Exit status 0 when a quorum of nodes can vote now, 1 otherwise, so it serves as a health
-check. Each node's verdict (votes / quarantined until T / down) comes from the rule the
-acquire script applies. The nodes are probed at once, so the command is bounded by about one
-``--timeout`` whatever number of nodes is stopped or paused. At most ``--limit`` locks are
-listed (the first by name, 1,000 by default); when more exist, the output says "showing N of
-about M" and how many it did not show. A lock is "partial" only when fewer than a quorum of
-nodes hold it (a leftover), never because of the limit.
+Exit status 0 when a quorum of nodes can vote now and no node is misconfigured, 1 otherwise, so
+it serves as a health check: a node that answers with a refusal (a db index out of range, a
+login or ACL refused, a replica, the same server twice) never heals by waiting, so it fails the
+check even while the others make a quorum; a node that does not answer may come back, and fails
+it only when the quorum is lost. Each node's verdict (votes / quarantined until T / down /
+misconfigured) comes from the rule the acquire script applies. The nodes are probed at once, so
+the command is bounded by about one ``--timeout`` whatever number of nodes is stopped or
+paused. At most ``--limit`` locks are listed (the first by name, 1,000 by default); when more
+exist, the output says "showing N of about M" and how many it did not show. A lock is "partial"
+only when fewer than a quorum of nodes hold it (a leftover), never because of the limit.
 
 The ``--json`` output is a stable schema::
 
@@ -19,7 +22,8 @@ The ``--json`` output is a stable schema::
                 "clock_offset_ms": float|null, "quarantine_left_s": float|null,
                 "vote": "votes"|"quarantined"|"down", "vote_detail": str,
                 "votes_at": float|null (epoch seconds),
-                "problems": [str], "warnings": [str]}],
+                "problems": [str], "warnings": [str],
+                "misconfigured": bool (answered with a refusal: never heals by waiting)}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
                 "kind": "lock"|"semaphore"|"read", "slot": int|null}],
@@ -125,12 +129,18 @@ class Command(BaseCommand):
                 f"no quorum: {report.voting} of {len(report.nodes)} nodes can vote, "
                 f"{report.quorum} needed"
             )
+        if report.misconfigured:
+            raise CommandError(
+                "misconfigured: "
+                + "; ".join(f"{node.node}: {node.problems[0]}" for node in report.misconfigured)
+            )
 
     def _print(self, report: Any, listing: Any) -> None:
         self.stdout.write("Nodes:")
         for node in report.nodes:
             if not node.reachable:
-                line = f"  {node.node}  DOWN  {'; '.join(node.problems)}"
+                what = "MISCONFIGURED" if node.misconfigured else "DOWN"
+                line = f"  {node.node}  {what}  {'; '.join(node.problems)}"
                 self.stdout.write(self.style.ERROR(line))
                 continue
             state = "votes"
@@ -156,11 +166,18 @@ class Command(BaseCommand):
         verdict = (
             f"Quorum: {report.voting} of {len(report.nodes)} nodes vote, {report.quorum} needed"
         )
-        self.stdout.write(
-            self.style.SUCCESS(verdict + ": healthy")
-            if report.healthy
-            else self.style.ERROR(verdict + ": NO QUORUM")
-        )
+        if not report.healthy:
+            self.stdout.write(self.style.ERROR(verdict + ": NO QUORUM"))
+        elif report.misconfigured:
+            count = len(report.misconfigured)
+            self.stdout.write(
+                self.style.ERROR(
+                    f"{verdict}, but {count} node{'s' if count != 1 else ''} misconfigured: "
+                    "fix the configuration (it does not heal by waiting)"
+                )
+            )
+        else:
+            self.stdout.write(self.style.SUCCESS(verdict + ": healthy"))
         if listing.truncated:
             self.stdout.write(
                 f"Active locks: showing {len(listing.locks)} of about {listing.approx_total} "
