@@ -55,6 +55,12 @@ __all__ = [
     "record_votes",
 ]
 
+CLIENTS_RECORD_VOTES = False
+"""Whether the managers record the votes they see (:class:`VoteRecorder`, wired into the lock
+path). Not yet: until then only ``redlock_status`` runs and declarations write records, so a node
+that voted between two status runs, then crashed empty, has none, and the absence of a record
+proves nothing. :func:`judge` then never answers "new": the command asks instead."""
+
 VOTERS_KEY = "\x00django_redlock:voters"
 """The hash, on each node, of the other nodes' processes seen voting. The NUL byte keeps it
 apart from every lock key (lock names cannot contain control characters)."""
@@ -211,10 +217,15 @@ def judge(
     *,
     horizon_ms: int,
     needed: int,
+    clients_record: bool | None = None,
 ) -> tuple[str, str]:
     """The verdict ("seen", "new" or "unknown") and its reason for a quarantined node
     (process ``run_id``, ``left_s`` seconds from voting), from the other nodes' ``answers``
-    (peer label -> :func:`_ask`'s answer). Pure: the rule the module docstring states."""
+    (peer label -> :func:`_ask`'s answer). Pure: the rule the module docstring states.
+    ``clients_record`` (default :data:`CLIENTS_RECORD_VOTES`): whether a missing record can
+    show a node never voted."""
+    if clients_record is None:
+        clients_record = CLIENTS_RECORD_VOTES
     wait = f"it votes by itself in {left_s:.0f} s" if left_s is not None else "wait"
     for peer, answer in answers.items():
         if answer is not None and answer[0]:
@@ -228,6 +239,13 @@ def judge(
     witnesses = [
         peer for peer, answer in answers.items() if answer is not None and answer[1] >= horizon_ms
     ]
+    if len(witnesses) >= needed and not clients_record:
+        return (
+            "unknown",
+            "no node recorded it voting, but clients do not record their votes yet (only "
+            "redlock_status runs and declarations do), so that does not show it never voted; "
+            f"{wait}",
+        )
     if len(witnesses) >= needed:
         return (
             "new",

@@ -16,6 +16,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import LockNotAcquired, get_manager
+from django_redlock.core import witness
 from django_redlock.core.health import status
 from django_redlock.core.witness import REFRESH, VOTERS_KEY, VoteRecorder, field_of, judge
 from django_redlock.localnodes import LocalCluster
@@ -114,12 +115,19 @@ def test_a_node_seen_voting_that_restarted_empty_is_refused_as_printed(plain3):
     assert votes(plain3)[0] == "votes"
 
 
-def test_a_brand_new_node_with_enough_witnesses_is_declared_at_once(plain3):
+def test_a_brand_new_node_with_enough_witnesses_is_declared_at_once(plain3, monkeypatch):
     # Nodes 1 and 2 vote and have kept records for longer than the quarantine plus the
-    # refresh; node 0 is brand-new: no node has a record of it.
+    # refresh; node 0 is brand-new: no node has a record of it. Until the clients record their
+    # votes, that proves nothing: the command asks, and refuses without a terminal.
     declare(plain3.urls[1], plain3.urls[2], "--yes")
     for index in (1, 2):
         kept_records_for(plain3, index, HORIZON_MS + 1000)
+    out, error = declare()
+    assert error is not None
+    assert "clients do not record their votes yet" in out
+    assert votes(plain3)[0] == "quarantined"
+    # Once clients record their votes, the same absence shows it is brand-new.
+    monkeypatch.setattr(witness, "CLIENTS_RECORD_VOTES", True)
     out, error = declare()
     assert error is None, out
     assert "no node saw it vote" in out
@@ -183,8 +191,13 @@ def test_status_and_the_recorder_remember_who_voted(plain3):
     ],
 )
 def test_the_rule(answers, verdict):
-    found, _ = judge("a", "run1", 30.0, answers, horizon_ms=HORIZON_MS, needed=1)
+    found, _ = judge(
+        "a", "run1", 30.0, answers, horizon_ms=HORIZON_MS, needed=1, clients_record=True
+    )
     assert found == verdict
+    # While clients do not record their votes, a missing record never shows a node is new.
+    found, _ = judge("a", "run1", 30.0, answers, horizon_ms=HORIZON_MS, needed=1)
+    assert found == ("unknown" if verdict == "new" else verdict)
 
 
 def test_status_fails_on_a_misconfigured_node_even_with_a_quorum(cluster3, settings):
