@@ -14,16 +14,20 @@ poison that registry (a bare ``@locked_task`` under ``@shared_task``) runs in a 
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import uuid
 from typing import Any, ClassVar
 
 import pytest
-from celery import Celery, shared_task
+from celery import Celery, Task, shared_task
 from celery.signals import before_task_publish
 
 from django_redlock import get_manager
 from django_redlock.contrib.celery import LockedTask, locked_task
 from django_redlock.contrib.celery.once import HEADER
+from tests.contrib.conftest import ROOT
 
 ORDER = r"@app.task\(bind=True\)\n    @locked_task\(key="
 
@@ -164,7 +168,125 @@ def test_the_run_lock_alone_works_with_and_without_bind(app, bind):
     assert holder["origin"].startswith(f"celery:{task.name}[")
 
 
-# -- the last line of defence -----------------------------------------------------------
+# -- what is refused where it is written --------------------------------------------------
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["once", "run-lock"])
+def test_locked_task_over_app_task_is_refused_without_building_the_task(app, once):
+    with pytest.raises(TypeError, match="not a Celery task") as raised:
+
+        @locked_task(key="spell:{key}", once=once)
+        @app.task(name=f"spell.over_{uuid.uuid4().hex}")
+        def task(key): ...
+
+    # The message shows the order that works, with the key that was given.
+    assert "place it under @app.task" in str(raised.value)
+    assert f"@locked_task(key='spell:{{key}}'{', once=True' if once else ''})" in str(raised.value)
+    # Refused from the proxy's type alone: the task was not built, the app not finalized.
+    assert not app.finalized
+
+
+def test_locked_task_over_a_finalized_apps_task_is_refused(app):
+    app.finalize()
+
+    @app.task(name=f"spell.finalized_{uuid.uuid4().hex}")
+    def task(key): ...
+
+    assert isinstance(task, Task)  # a finalized app gives the task itself, not a proxy
+    with pytest.raises(TypeError, match=rf"not a Celery task \({task.name}\)"):
+        locked_task(key="spell:{key}", once=True)(task)
+
+
+def test_locked_task_over_shared_task_is_refused():
+    with pytest.raises(TypeError, match=r"not a Celery task \(the proxy .*\n\n    " + ORDER):
+
+        @locked_task(key="spell:{key}", once=True)
+        @shared_task(name=f"spell.over_shared_{uuid.uuid4().hex}")
+        def task(key): ...
+
+
+@pytest.mark.parametrize("bind", [True, False], ids=["bind", "no-bind"])
+def test_a_bare_locked_task_under_app_task_is_refused_at_declaration(app, bind):
+    # Without parentheses the function became the key, and @app.task got the decorator.
+    with pytest.raises(TypeError, match=r"@locked_task needs its arguments \(here .*\.task "):
+
+        @app.task(bind=bind)
+        @locked_task
+        def task(key): ...
+
+
+def test_a_bare_locked_task_under_shared_task_is_refused_when_the_app_builds_it():
+    # In a subprocess: @shared_task registers the decorator for every app finalized later.
+    code = textwrap.dedent(
+        """
+        from celery import Celery, shared_task
+        from django_redlock.contrib.celery import locked_task
+
+        @shared_task
+        @locked_task
+        def task(key): ...
+
+        app = Celery("bare", broker="memory://")
+        try:
+            app.finalize()
+        except TypeError as error:
+            print("refused:", error)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "refused: @locked_task needs its arguments (here task became the lock's key)" in (
+        done.stdout
+    )
+
+
+def test_a_bare_locked_task_over_a_task_is_refused(app):
+    with pytest.raises(TypeError, match="key must be a format string or a callable, not a Cel"):
+
+        @locked_task
+        @app.task(name=f"spell.bare_over_{uuid.uuid4().hex}")
+        def task(key): ...
+
+    with pytest.raises(TypeError, match=r"not a task class \(Task\)"):
+        locked_task(Task)  # (a class-based task's class as the key)
+
+    # A class that builds keys is a key callable as good as any.
+    @app.task(name=f"spell.key_class_{uuid.uuid4().hex}")
+    @locked_task(key=str)
+    def by_class(key):
+        return get_manager().holder(key)
+
+    assert by_class.apply(args=(f"spell:{job()}",)).get() is not None
+
+
+def test_locked_task_over_a_class_is_refused():
+    with pytest.raises(TypeError, match=r"not a task class .*subclass LockedTask"):
+
+        @locked_task(key="spell:{key}")
+        class Report(Task):  # type: ignore[misc]  # Celery ships no type hints
+            def run(self, key): ...
+
+    with pytest.raises(TypeError, match="not a class"):
+        locked_task(key="spell:{key}")(dict)
+
+    with pytest.raises(TypeError, match="decorates a function, not 42"):
+        locked_task(key="spell:{key}")(42)  # type: ignore[type-var]
+
+
+def test_locked_options_given_twice_are_refused_when_the_class_is_built(app):
+    @app.task(
+        base=LockedTask,
+        name=f"spell.twice_{uuid.uuid4().hex}",
+        redlock={"key": "spell:{key}"},
+        shared=False,  # in Celery's process-wide registry, it would fail every later app
+    )
+    @locked_task(key="spell:{key}")
+    def task(key): ...
+
+    with pytest.raises(TypeError, match="already a locked task: give its options once"):
+        task.name  # noqa: B018  (evaluating the proxy builds the class)
 
 
 def test_a_task_class_that_was_never_seen_is_refused_when_it_runs(app):

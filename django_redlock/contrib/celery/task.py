@@ -26,6 +26,7 @@ from django_redlock.contrib.celery.policy import (
     has_once,
     make_policy,
     policy_of,
+    task_like,
 )
 from django_redlock.core.lease import release_quietly
 from django_redlock.redlock import Lease
@@ -140,6 +141,9 @@ def locked_task(
     Raises:
         TypeError, ValueError: a bad argument, or a key field that is not an argument of the
             function, at decoration time.
+        TypeError: at declaration, with the spelling that works: the decorator placed over
+            ``@app.task``/``@shared_task`` (it got a task), applied to a class, or written
+            without its arguments (``@locked_task`` bare: the function became the key).
     """
     policy = make_policy(
         key,
@@ -155,7 +159,7 @@ def locked_task(
         retry_first_countdown=retry_first_countdown,
         manager=manager,
     )
-    return _decorator(policy, bound=None)
+    return _Decorator(policy, bound=None)
 
 
 class _ClassHook(str):
@@ -194,13 +198,64 @@ def _run_of(owner: type) -> Any:
     return run.__func__ if isinstance(run, staticmethod) else run
 
 
-def _decorator(policy: Policy, *, bound: bool | None) -> Callable[[F], F]:
-    def decorate(function: F) -> F:
-        if hasattr(function, POLICY_ATTR):
-            raise TypeError(f"{function.__qualname__} is already a locked task")
-        return cast(F, _LockedFunction(function, policy, Namer(policy.key, function, bound=bound)))
+class _Decorator:
+    """What ``locked_task(...)`` returns: applied to a task's function, a locked function.
 
-    return decorate
+    Refuses, with a ``TypeError`` that shows the spelling that works, whatever is not a
+    task's function: a task (``@locked_task`` over ``@app.task``), a task proxy, a class.
+    Handed to ``@app.task`` itself (a bare ``@locked_task``, without arguments: the function
+    became the key), it refuses when Celery reads its ``__name__``, which Celery does when
+    the task is declared (``@app.task``) or its class built (``@shared_task``).
+    """
+
+    def __init__(self, policy: Policy, *, bound: bool | None) -> None:
+        self.policy = policy
+        self.bound = bound
+
+    def __call__(self, function: F) -> F:
+        kind = task_like(function)
+        if kind is not None and isinstance(function, type):
+            raise TypeError(
+                f"locked_task(...) decorates a task's function, not {kind}: for a class-based "
+                "task, decorate its run method with @locked_task(...), or subclass LockedTask "
+                "with redlock = {'key': ...} and a run method"
+            )
+        if kind is not None:
+            raise TypeError(
+                f"locked_task(...) decorates a task's function, not {kind}: place it under "
+                f"@app.task (or @shared_task), next to the def:\n\n{_spelling(self.policy)}"
+            )
+        if not callable(function):
+            raise TypeError(f"locked_task(...) decorates a function, not {function!r}")
+        if hasattr(function, POLICY_ATTR):
+            raise TypeError(
+                f"{function.__qualname__} is already a locked task: give its options once"
+            )
+        namer = Namer(self.policy.key, function, bound=self.bound)
+        return cast(F, _LockedFunction(function, self.policy, namer))
+
+    @property
+    def __name__(self) -> str:
+        # Only Celery asks a decorator for its name: when @app.task got it as the function.
+        key = self.policy.key
+        named = getattr(key, "__qualname__", None) if callable(key) else None
+        function = getattr(key, "__name__", None) if named else None
+        raise TypeError(
+            "@locked_task needs its arguments"
+            + (f" (here {named} became the lock's key)" if named else "")
+            + f": call it with the key, under @app.task:\n\n{_spelling(self.policy, function)}"
+        )
+
+
+def _spelling(policy: Policy, function: str | None = None) -> str:
+    """The decorator order that works, for error messages."""
+    key = policy.key if isinstance(policy.key, str) else "job:{job_id}"
+    once = ", once=True" if policy.once else ""
+    return (
+        "    @app.task(bind=True)\n"
+        f"    @locked_task(key={key!r}{once})\n"
+        f"    def {function or 'your_task'}(self, ...): ..."
+    )
 
 
 class _LockedFunction:
@@ -320,9 +375,9 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         # Celery stores a bind=False function as a staticmethod, a bind=True one (and a
         # method written in a subclass) as a plain function that receives the task first.
         if isinstance(run, staticmethod):
-            cls.run = staticmethod(_decorator(policy, bound=False)(run.__func__))
+            cls.run = staticmethod(_Decorator(policy, bound=False)(run.__func__))
         else:
-            cls.run = _decorator(policy, bound=True)(run)
+            cls.run = _Decorator(policy, bound=True)(run)
 
     @property
     def lease(self) -> Lease | None:
