@@ -20,7 +20,7 @@ from typing import Any
 
 import django
 import redis
-from celery import Celery, Task
+from celery import Celery, Task, current_task, shared_task
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 from django.apps import apps
@@ -123,6 +123,45 @@ def once_task(self: Task, job: str, gate: str | None = None) -> str:
 def once_decorated(self: Task, job: str, gate: str | None = None) -> str:
     """``once=True`` in the spelling the README shows for ``locked_task``: no base class."""
     return work(self, job, gate)
+
+
+# The other spellings of once=True without a base class (issue 40): each is de-duplicated
+# in apply_async, as once_decorated is (tests/contrib/test_celery_workers.py).
+
+
+@app.task
+@locked_task(key="job:{job}", once=True, once_ttl=3, ttl=2)
+def once_unbound(job: str, gate: str | None = None) -> str:
+    """``@app.task`` without ``bind=True``: Celery hides the function in a staticmethod."""
+    return work(current_task, job, gate)
+
+
+@shared_task(bind=True)
+@locked_task(key="job:{job}", once=True, once_ttl=3, ttl=2)
+def once_shared(self: Task, job: str, gate: str | None = None) -> str:
+    return work(self, job, gate)
+
+
+@shared_task
+@locked_task(key="job:{job}", once=True, once_ttl=3, ttl=2)
+def once_shared_unbound(job: str, gate: str | None = None) -> str:
+    return work(current_task, job, gate)
+
+
+class OnceClassBased(app.Task):  # type: ignore[name-defined,misc]  # app.Task: built per app, untyped
+    """A class-based task whose ``run`` is locked (registered when the app is finalized)."""
+
+    name = "tests.contrib.celery_app.once_class_based"
+
+    @locked_task(key="job:{job}", once=True, once_ttl=3, ttl=2)
+    def run(self, job: str, gate: str | None = None) -> str:
+        return work(self, job, gate)
+
+
+@app.on_after_finalize.connect
+def register_class_based(sender: Celery, **_: Any) -> None:
+    # app.register_task reads app.tasks, which would finalize the app at import.
+    sender.register_task(OnceClassBased())
 
 
 @app.task(

@@ -64,10 +64,11 @@ def test_a_key_field_that_is_not_an_argument_is_refused_at_decoration(app):
 
 def test_locked_task_base_checks_its_redlock_option():
     # Celery makes a task's class when its app is finalized (at the latest when a worker
-    # starts, or the task is first used): that is when the options are checked.
+    # starts, or the task is first used): that is when the options are checked. shared=False:
+    # in Celery's process-wide registry, these would fail every app finalized after them.
     app = Celery("arguments", set_as_current=False)
 
-    @app.task(bind=True, base=LockedTask, redlock={"ttl": 5})
+    @app.task(bind=True, base=LockedTask, redlock={"ttl": 5}, shared=False)
     def no_key(self, job): ...
 
     with pytest.raises(TypeError, match="needs a 'key'"):
@@ -75,7 +76,7 @@ def test_locked_task_base_checks_its_redlock_option():
 
     app = Celery("arguments", set_as_current=False)
 
-    @app.task(base=LockedTask, redlock={"key": "x:{nope}"})
+    @app.task(base=LockedTask, redlock={"key": "x:{nope}"}, shared=False)
     def typo(job): ...
 
     with pytest.raises(ValueError, match=r"\{nope\}, which is not an argument"):
@@ -119,7 +120,7 @@ def test_a_field_missing_from_a_call_is_an_error_naming_it(app, cluster3):
         bad_callable.apply(args=("x",)).get()
 
 
-def test_once_under_bind_true_needs_no_base_class_and_bind_false_is_refused(app, cluster3):
+def test_once_under_app_task_needs_no_base_class_with_or_without_bind(app, cluster3):
     # Celery registers every @app.task in its shared registry too, which each app takes in
     # when it is finalized: names unique in this file, or a later test warns of a duplicate.
     @app.task(bind=True)
@@ -133,13 +134,17 @@ def test_once_under_bind_true_needs_no_base_class_and_bind_false_is_refused(app,
     assert "once" in (built.apply_async.__doc__ or "")
     assert once_bound.apply(args=("x",)).get() == "ran"
 
+    # Without bind=True Celery wraps the function in a staticmethod: the class is seen
+    # through the function's __module__ instead (it was refused when the task ran, issue 40).
     @app.task
     @locked_task(key="j:{job}", once=True)
     def once_unbound(job):
         return "ran"
 
-    with pytest.raises(TypeError, match=r"@app.task\(bind=True\) over @locked_task"):
-        once_unbound.apply(args=("x",)).get()
+    built = type(once_unbound._get_current_object())
+    assert built.apply_async is not app.Task.apply_async
+    assert "once" in (built.apply_async.__doc__ or "")
+    assert once_unbound.apply(args=("x",)).get() == "ran"
 
 
 def test_the_function_itself_is_not_a_task():

@@ -220,14 +220,25 @@ def test_once_dedupes_while_running_and_frees_the_key_when_done(
     assert count(journal.events(job), "start") == 2
 
 
-def test_once_under_app_task_bind_needs_no_base_class(
-    solo: Worker, celery_app: Any, journal: Journal, broker: Any
+@pytest.mark.parametrize(
+    "name",
+    [
+        "once_decorated",  # @app.task(bind=True) over @locked_task(..., once=True)
+        "once_unbound",  # @app.task without bind=True
+        "once_shared",  # @shared_task(bind=True)
+        "once_shared_unbound",  # @shared_task
+        "once_class_based",  # class Task(app.Task) whose run is @locked_task(..., once=True)
+    ],
+)
+def test_once_without_a_base_class_in_every_spelling(
+    solo: Worker, celery_app: Any, journal: Journal, broker: Any, name: str
 ):
-    """``@app.task(bind=True)`` over ``@locked_task(..., once=True)``, as the README shows it:
-    the second enqueue sends nothing and returns the first copy; the worker runs it once and
-    frees the key (it failed in the worker with a TypeError before)."""
+    """``@locked_task(..., once=True)`` under ``@app.task`` or ``@shared_task``, with or
+    without ``bind=True``, or on a class-based task's ``run``: the second enqueue sends
+    nothing and returns the first copy; the worker runs it once and frees the key. (Without
+    ``bind=True`` every duplicate was sent, and failed in the worker, before issue 40.)"""
     job, gate = new_job(), journal.gate()
-    task = celery_app.once_decorated
+    task = celery_app.app.tasks[f"tests.contrib.celery_app.{name}"]
     first = task.apply_async((job,), {"gate": gate}, queue="nobody-listens")
     second = task.delay(job, gate=gate)
     assert second.id == first.id

@@ -10,8 +10,10 @@
     def build_report(self, account_id): ...
 
 (``once=True`` works in ``apply_async``: the decorator gives the task class Celery builds
-around it ``LockedTask``'s ``apply_async`` when that class is created, which needs
-``bind=True``; ``@app.task`` without it over ``once=True`` is refused when the task runs.)
+around it ``LockedTask``'s ``apply_async`` when that class is created, under ``@app.task`` or
+``@shared_task``, with or without ``bind=True``. The decorator goes *under* the task
+decorator: placed over a task, given a class, or written without its arguments, it is a
+``TypeError`` at declaration that shows this order.)
 
 **The run lock.** The worker takes the lock ``key`` (formatted from the task's arguments)
 before the task's function runs, with the origin ``celery:<task name>[<task id>]`` (shown on

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal, cast
 
 from celery import Task
+from celery.local import Proxy
 
 from django_redlock.contrib.celery.naming import Key, Namer
 from django_redlock.core.arguments import check_seconds
@@ -22,6 +23,7 @@ __all__ = [
     "has_once",
     "make_policy",
     "policy_of",
+    "task_like",
 ]
 
 OnBusy = Literal["skip", "retry", "error"]
@@ -97,6 +99,13 @@ def make_policy(
     """
     if not isinstance(key, str) and not callable(key):
         raise TypeError(f"key must be a format string or a callable, not {type(key).__name__}")
+    kind = task_like(key, any_class=False)  # a class may build keys: key=str
+    if kind is not None:
+        # @locked_task without arguments over @app.task: the task became the key.
+        raise TypeError(
+            f"key must be a format string or a callable, not {kind}: locked_task(...) takes "
+            "the lock's key, and goes under @app.task (or @shared_task), next to the def"
+        )
     if isinstance(key, str) and not key:
         raise ValueError("key must not be empty")
     if on_busy not in ("skip", "retry", "error"):
@@ -123,6 +132,27 @@ def make_policy(
         retry_first_countdown=check_seconds(retry_first_countdown, "retry_first_countdown"),
         manager=cast(ManagerOption, manager),
     )
+
+
+def task_like(value: object, *, any_class: bool = True) -> str | None:
+    """What ``value`` is when it is a Celery task, a task proxy or a task class (or, with
+    ``any_class``, any class), never a task's function, for error messages; else None.
+
+    Looks at ``type(value)`` only: a proxy (what ``@app.task`` returns before its app is
+    finalized, and ``@shared_task`` always) would build its task on any attribute access,
+    ``isinstance`` included.
+    """
+    kind = type(value)
+    if issubclass(kind, Proxy):
+        return "a Celery task (the proxy that @app.task or @shared_task returns)"
+    if issubclass(kind, Task):
+        return f"a Celery task ({cast(Task, value).name})"
+    if issubclass(kind, type):
+        if issubclass(cast(type, value), Task):
+            return f"a task class ({cast(type, value).__qualname__})"
+        if any_class:
+            return f"a class ({cast(type, value).__qualname__})"
+    return None
 
 
 def policy_of(task: Task) -> tuple[Policy, Namer] | None:

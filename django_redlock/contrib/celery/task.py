@@ -26,6 +26,7 @@ from django_redlock.contrib.celery.policy import (
     has_once,
     make_policy,
     policy_of,
+    task_like,
 )
 from django_redlock.core.lease import release_quietly
 from django_redlock.redlock import Lease
@@ -62,10 +63,12 @@ def _run_locked(
     running: RunningOnce | None = None
     if policy.once:
         if not has_once(task):
-            # Only @app.task without bind=True gets here (see _LockedFunction).
+            # The task's class was not seen when it was built (see _LockedFunction): a
+            # spelling or a Celery version this module does not know. Its copies were sent
+            # without the once lease, so refuse rather than run them as if de-duplicated.
             raise TypeError(
-                f"{task.name}: once=True works in apply_async, which Celery's task class "
-                "lacks here: declare the task with @app.task(bind=True) over @locked_task, "
+                f"{task.name}: once=True works in apply_async, which this task's class "
+                "lacks: declare the task with @app.task over @locked_task(..., once=True), "
                 "or with base=LockedTask"
             )
         running = start_once(task, manager, request)
@@ -109,7 +112,8 @@ def locked_task(
     retry_first_countdown: float = 0.5,
     manager: ManagerOption = None,
 ) -> Callable[[F], F]:
-    """Decorate a Celery task's function (under ``@app.task``): one run at a time per key.
+    """Decorate a Celery task's function (under ``@app.task`` or ``@shared_task``, next to
+    the ``def``; or a class-based task's ``run``): one run at a time per key.
 
     Args:
         key: the lock name: a format string over the task's arguments, positional
@@ -124,8 +128,8 @@ def locked_task(
         timeout: seconds to wait for a busy lock before ``on_busy`` applies (default 0).
         auto_extend: renew the run lock while the task runs (default True).
         max_hold: with ``auto_extend``, seconds after which renewal stops.
-        once: de-duplicate at enqueue (under ``@app.task(bind=True)`` or
-            ``base=LockedTask``; see the module doc).
+        once: de-duplicate at enqueue, in the task's ``apply_async`` (any spelling above,
+            with or without ``bind=True``, or ``base=LockedTask``; see the module doc).
         once_ttl: the ``once`` lease in seconds (default: the manager's ``max_ttl``): how
             long a queued copy keeps the key before it must have started.
         once_raise: raise :class:`AlreadyQueued` instead of returning the existing result.
@@ -137,6 +141,9 @@ def locked_task(
     Raises:
         TypeError, ValueError: a bad argument, or a key field that is not an argument of the
             function, at decoration time.
+        TypeError: at declaration, with the spelling that works: the decorator placed over
+            ``@app.task``/``@shared_task`` (it got a task), applied to a class, or written
+            without its arguments (``@locked_task`` bare: the function became the key).
     """
     policy = make_policy(
         key,
@@ -152,33 +159,119 @@ def locked_task(
         retry_first_countdown=retry_first_countdown,
         manager=manager,
     )
-    return _decorator(policy, bound=None)
+    return _Decorator(policy, bound=None)
 
 
-def _decorator(policy: Policy, *, bound: bool | None) -> Callable[[F], F]:
-    def decorate(function: F) -> F:
+class _ClassHook(str):
+    """A locked function's ``__module__``: the module's name, that also sees the task class
+    Celery builds around the function.
+
+    Celery builds that class with ``type(name, (base,), {..., "run": run, "__module__":
+    fun.__module__, ...})``, and Python calls ``__set_name__`` of every value of that
+    namespace as the class is created. ``run`` is the function itself only under
+    ``bind=True`` (Celery wraps it in a ``staticmethod`` otherwise, which passes nothing on),
+    but ``__module__`` is there whatever the task's options: so the decorator sees the class
+    before anything can be sent, and gives it the ``once`` ``apply_async`` under
+    ``@app.task`` and ``@shared_task`` alike. The class then gets a plain ``str`` back.
+    """
+
+    on_class: Callable[[type], None]
+
+    def __new__(cls, module: str, on_class: Callable[[type], None]) -> _ClassHook:
+        hook = super().__new__(cls, module)
+        hook.on_class = on_class
+        return hook
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name == "__module__" and owner.__dict__.get("__module__") is self:
+            owner.__module__ = str(self)
+        self.on_class(owner)
+
+    def __reduce__(self) -> tuple[type[str], tuple[str]]:
+        return (str, (str(self),))  # pickled (say, in a traceback's frame) as the plain name
+
+
+def _run_of(owner: type) -> Any:
+    """The function a task class runs (``run`` in its own namespace; a ``bind=False``
+    ``staticmethod`` unwrapped), or None."""
+    run = owner.__dict__.get("run")
+    return run.__func__ if isinstance(run, staticmethod) else run
+
+
+class _Decorator:
+    """What ``locked_task(...)`` returns: applied to a task's function, a locked function.
+
+    Refuses, with a ``TypeError`` that shows the spelling that works, whatever is not a
+    task's function: a task (``@locked_task`` over ``@app.task``), a task proxy, a class.
+    Handed to ``@app.task`` itself (a bare ``@locked_task``, without arguments: the function
+    became the key), it refuses when Celery reads its ``__name__``, which Celery does when
+    the task is declared (``@app.task``) or its class built (``@shared_task``).
+    """
+
+    def __init__(self, policy: Policy, *, bound: bool | None) -> None:
+        self.policy = policy
+        self.bound = bound
+
+    def __call__(self, function: F) -> F:
+        kind = task_like(function)
+        if kind is not None and isinstance(function, type):
+            raise TypeError(
+                f"locked_task(...) decorates a task's function, not {kind}: for a class-based "
+                "task, decorate its run method with @locked_task(...), or subclass LockedTask "
+                "with redlock = {'key': ...} and a run method"
+            )
+        if kind is not None:
+            raise TypeError(
+                f"locked_task(...) decorates a task's function, not {kind}: place it under "
+                f"@app.task (or @shared_task), next to the def:\n\n{_spelling(self.policy)}"
+            )
+        if not callable(function):
+            raise TypeError(f"locked_task(...) decorates a function, not {function!r}")
         if hasattr(function, POLICY_ATTR):
-            raise TypeError(f"{function.__qualname__} is already a locked task")
-        return cast(F, _LockedFunction(function, policy, Namer(policy.key, function, bound=bound)))
+            raise TypeError(
+                f"{function.__qualname__} is already a locked task: give its options once"
+            )
+        namer = Namer(self.policy.key, function, bound=self.bound)
+        return cast(F, _LockedFunction(function, self.policy, namer))
 
-    return decorate
+    @property
+    def __name__(self) -> str:
+        # Only Celery asks a decorator for its name: when @app.task got it as the function.
+        key = self.policy.key
+        named = getattr(key, "__qualname__", None) if callable(key) else None
+        function = getattr(key, "__name__", None) if named else None
+        raise TypeError(
+            "@locked_task needs its arguments"
+            + (f" (here {named} became the lock's key)" if named else "")
+            + f": call it with the key, under @app.task:\n\n{_spelling(self.policy, function)}"
+        )
+
+
+def _spelling(policy: Policy, function: str | None = None) -> str:
+    """The decorator order that works, for error messages."""
+    key = policy.key if isinstance(policy.key, str) else "job:{job_id}"
+    once = ", once=True" if policy.once else ""
+    return (
+        "    @app.task(bind=True)\n"
+        f"    @locked_task(key={key!r}{once})\n"
+        f"    def {function or 'your_task'}(self, ...): ..."
+    )
 
 
 class _LockedFunction:
     """A locked task's function: runs the wrapped function under the run lock.
 
-    A callable object rather than a closure for one reason: ``__set_name__``. Celery builds a
-    task class around the function (``type(name, (base,), {"run": function, ...})``), and
-    Python calls ``__set_name__`` of every value in that class body, so with ``once=True``
-    under ``@app.task(bind=True)`` the decorator gets to give the new class the
-    ``apply_async`` that takes the ``once`` lease (:func:`_give_once`) before anything can
-    be sent: no ``base=LockedTask`` needed. (With ``bind=False`` Celery wraps the function
-    in a ``staticmethod``, which does not pass ``__set_name__`` on; that spelling is refused
-    with a ``TypeError`` naming ``bind=True``.)
+    A callable object rather than a closure so that it sees the task class it runs in, and
+    with ``once=True`` gives that class the ``apply_async`` that takes the ``once`` lease
+    (:func:`_give_once`) before anything can be sent: no ``base=LockedTask`` needed. The
+    class Celery builds around it (``@app.task``, ``@shared_task``, with or without
+    ``bind=True``) is seen through its ``__module__`` (:class:`_ClassHook`); a class-based
+    task whose ``run`` it is, through its own ``__set_name__``.
     """
 
     def __init__(self, function: Callable[..., Any], policy: Policy, namer: Namer) -> None:
         update_wrapper(self, function)
+        self.__module__ = _ClassHook(function.__module__, self._on_class)
         self.function = function
         self.policy = policy
         self.namer = namer
@@ -211,12 +304,21 @@ class _LockedFunction:
         return self if instance is None else MethodType(self, instance)
 
     def __set_name__(self, owner: type, name: str) -> None:
-        if (
-            name == "run"
-            and self.policy.once
-            and issubclass(owner, Task)
-            and not issubclass(owner, LockedTask)
-        ):
+        if name == "run":
+            self._on_class(owner)
+
+    def _on_class(self, owner: type) -> None:
+        """``owner`` was just created with this function in its namespace: when it is a task
+        class that runs it, with ``once=True``, give it the ``once`` ``apply_async`` (unless
+        it has it already, as ``LockedTask`` and its subclasses do)."""
+        if not issubclass(owner, Task):
+            return
+        # Celery's pydantic=True wraps the function first (functools.wraps copies the
+        # policy): whose run it is, is told by the policy, not by identity.
+        run = _run_of(owner)
+        if getattr(run, POLICY_ATTR, None) is not getattr(self, POLICY_ATTR):
+            return
+        if self.policy.once and not getattr(owner, ONCE_ATTR, False):
             _give_once(owner)
 
 
@@ -273,9 +375,9 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         # Celery stores a bind=False function as a staticmethod, a bind=True one (and a
         # method written in a subclass) as a plain function that receives the task first.
         if isinstance(run, staticmethod):
-            cls.run = staticmethod(_decorator(policy, bound=False)(run.__func__))
+            cls.run = staticmethod(_Decorator(policy, bound=False)(run.__func__))
         else:
-            cls.run = _decorator(policy, bound=True)(run)
+            cls.run = _Decorator(policy, bound=True)(run)
 
     @property
     def lease(self) -> Lease | None:
@@ -305,10 +407,12 @@ class LockedTask(Task):  # type: ignore[misc]  # Celery ships no type hints
 
 
 def _give_once(owner: type) -> None:
-    """Give the task class Celery built over a ``once=True`` function (``@app.task(bind=True)``
-    over ``@locked_task``) the ``apply_async`` of :class:`LockedTask`. The class is this one
-    task's own (Celery makes one per task), so nothing else changes."""
-    parent: Any = owner.__mro__[1]
+    """Give the task class that runs a ``once=True`` function (``@app.task`` or
+    ``@shared_task`` over ``@locked_task``, or a class-based task whose ``run`` it is) the
+    ``apply_async`` of :class:`LockedTask`. The class is this one task's own (Celery makes
+    one per task and app), so nothing else changes; an ``apply_async`` written in that class
+    is kept, as what sends."""
+    own = owner.__dict__.get("apply_async")
 
     def apply_async(
         self: Task,
@@ -318,7 +422,11 @@ def _give_once(owner: type) -> None:
         *more: Any,
         **options: Any,
     ) -> AsyncResult:
-        send = MethodType(parent.apply_async, self)
+        send = (
+            own.__get__(self, owner)
+            if own is not None
+            else super(cast(Any, owner), self).apply_async
+        )
         return _apply(self, send, args, kwargs, task_id, *more, **options)
 
     apply_async.__doc__ = LockedTask.apply_async.__doc__
