@@ -121,7 +121,7 @@ class LockNotAcquired(RedlockError):
             + f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
         )
         if self.quarantined is not None:
-            refusing = [node for node, error in self.node_errors.items() if is_quarantined(error)]
+            refusing = [node for node, error in self.node_errors.items() if is_restarted(error)]
             text += "; " + quarantine_hint(refusing, self.quarantined)
         if self.node_answers:
             # Every node, the ones that voted too: "0 of 2 votes" beside only the failed
@@ -143,6 +143,7 @@ class LockNotAcquired(RedlockError):
 
 
 _QUARANTINED = "QUARANTINED "
+_RESTARTED = "QUARANTINED up "
 _NO_ANSWER = "no answer within "
 
 NODE_TIMEOUT_NAMES = (
@@ -152,8 +153,15 @@ NODE_TIMEOUT_NAMES = (
 
 
 def is_quarantined(error: str) -> bool:
-    """Whether a node's error text is a restart-quarantine refusal (``scripts/node_rule.lua``)."""
+    """Whether a node's error text is a refusal to vote (``scripts/node_rule.lua``): after a
+    restart, after a failover, or as a replica."""
     return error.startswith(_QUARANTINED)
+
+
+def is_restarted(error: str) -> bool:
+    """Whether a node's error text is a restart-quarantine refusal: the one a declaration can
+    lift for a brand-new node (a promoted replica votes again by itself; a replica never)."""
+    return error.startswith(_RESTARTED)
 
 
 def _shown(error: str) -> str:
@@ -168,7 +176,9 @@ def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
     to run as printed.
 
     Args:
-        nodes: the refusing nodes' labels (passwords already hidden).
+        nodes: the labels (passwords already hidden) of the nodes refusing after a restart
+            (:func:`is_restarted`); empty when the refusals are failovers' or replicas', whose
+            texts say what to do: then only the wait.
         seconds: until a quorum votes again by itself (None: unknown, or only these nodes).
 
     ``redlock_declare_fresh`` with no node named lets a node vote only when it can show that
@@ -176,12 +186,14 @@ def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
     forgotten locks and says how long that node still waits, so following this hint never
     makes such a node vote (docs/howto/operating.md, "Restarts").
     """
-    named = ", ".join(nodes) if nodes else "some nodes"
+    named = ", ".join(nodes)
     wait = (
         f"a quorum votes again in {math.ceil(seconds)} s by itself"
         if seconds is not None
         else "each votes again by itself when its wait ends"
     )
+    if not nodes:
+        return f"nodes refuse to vote; {wait}"
     return (
         f"quarantined after a restart, not proven to have kept their locks: {named}; {wait}; "
         f"if they are brand-new, {_SAFE_COMMAND} lets them vote now ({_SAFE_BECAUSE})"

@@ -19,7 +19,7 @@ import redis
 
 from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.core.witness import record_votes
-from django_redlock.exceptions import NODE_HINT
+from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
@@ -44,6 +44,13 @@ class NodeStatus:
     server: str | None = None
     version: str | None = None
     role: str | None = None
+    replicas: list[str] = field(default_factory=list)
+    """Each replica of the node as ``host:port (state, lag N s)`` (INFO replication)."""
+    master: str | None = None
+    """For a replica: its master's ``host:port``."""
+    promoted: bool = False
+    """A replica promoted to master in this server process's life (``second_repl_offset``):
+    it waits the quarantine from its promotion (``scripts/node_rule.lua``)."""
     run_id: str | None = None
     uptime_s: int | None = None
     maxmemory: int | None = None
@@ -230,10 +237,20 @@ def _judge(
         problems.append(seen.denied)
     warnings: list[str] = []
     role = str(info.get("role", "unknown"))
+    replicas = _replicas(info)
+    master = None
     if role != "master":
-        problems.append(f"role is {role}: a replica must never be a Redlock node")
-    elif int(info.get("connected_slaves", 0) or 0) > 0:
-        warnings.append("has replicas: a failover to one of them would forget locks")
+        master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
+        problems.append(
+            f"a replica (of {master}): it never votes; list its master as the node, or its "
+            "Sentinels"
+        )
+    elif replicas:
+        warnings.append(
+            f"{len(replicas)} replica{'s' if len(replicas) != 1 else ''} "
+            f"({', '.join(replicas)}): after a failover the promoted one waits "
+            f"{quarantine_ms / 1000:g} s before it votes (it may lack the last locks)"
+        )
     maxmemory = int(info.get("maxmemory", 0) or 0)
     policy = str(info.get("maxmemory_policy", "noeviction"))
     if maxmemory and policy != "noeviction":
@@ -260,6 +277,9 @@ def _judge(
         server=server,
         version=str(info.get("valkey_version") or info.get("redis_version") or ""),
         role=role,
+        replicas=replicas,
+        master=master,
+        promoted=role == "master" and int(info.get("second_repl_offset", -1) or -1) >= 0,
         run_id=str(info.get("run_id", "")),
         uptime_s=int(info.get("uptime_in_seconds", 0) or 0),
         maxmemory=maxmemory,
@@ -270,11 +290,31 @@ def _judge(
         votes_at=time.time() + left if vote == "quarantined" and left >= 0 else None,
         vote=vote,
         # A refusal with what to do about it: the one command safe to run as printed.
-        vote_detail=f"{detail}; {NODE_HINT}" if vote == "quarantined" else f"votes ({detail})",
+        vote_detail=(
+            f"votes ({detail})"
+            if vote != "quarantined"
+            else f"{detail}; {NODE_HINT}"
+            if is_restarted(detail)
+            else detail
+        ),
         problems=problems,
         warnings=warnings,
         misconfigured=bool(problems),
     )
+
+
+def _replicas(info: dict[str, Any]) -> list[str]:
+    """The replicas INFO replication lists (``slave0``, ``slave1``, ...: redis-py parses each
+    into a dict), as ``host:port (state, lag N s)``."""
+    found = []
+    for index in range(int(info.get("connected_slaves", 0) or 0)):
+        entry = info.get(f"slave{index}")
+        if isinstance(entry, dict):
+            found.append(
+                f"{entry.get('ip', '?')}:{entry.get('port', '?')} "
+                f"({entry.get('state', '?')}, lag {entry.get('lag', '?')} s)"
+            )
+    return found
 
 
 def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) -> Report:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django_redlock.core.flow import Nodes, has_node_errors, summarise
-from django_redlock.exceptions import is_quarantined, quarantine_hint
+from django_redlock.exceptions import is_quarantined, is_restarted, quarantine_hint
 from django_redlock.wire.errors import PENDING
 from django_redlock.wire.scripts import GRANTED
 
@@ -136,7 +136,9 @@ class Reporter:
             # each node's own refusal, as the status command and the admin show it.
             logger.warning(
                 "%s (%s)",
-                quarantine_hint([node for node, _ in refusing], error.quarantined),
+                quarantine_hint(
+                    [node for node, text in refusing if is_restarted(text)], error.quarantined
+                ),
                 "; ".join(f"{node}: {text}" for node, text in refusing),
             )
         logger.debug("attempt %d on %r failed: %s", error.attempts, error.name, error)

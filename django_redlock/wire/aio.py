@@ -204,6 +204,11 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         # may follow the login from then on (one test for both on the hot path).
         self.opening: asyncio.Task[None] | None = None
         self.ready = False
+        # Commands given while the connection opens (command, slot, identify): written, in
+        # order, right after the set-up; failed with it if it fails. So a round never awaits
+        # a connect: its command goes out as soon as the node can take it, within the
+        # opening's timeout, whether or not the caller is still there (issue 39).
+        self.queued: list[tuple[bytes, _Slot, bool]] = []
 
     async def open(self, timeout: float) -> None:
         """Connect within ``timeout`` seconds, then queue the set-up commands.
@@ -223,6 +228,9 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
             return
         self._set_up(setup)
         self.ready = self.broken is None
+        queued, self.queued = self.queued, []
+        for command, slot, identify in queued:
+            self.send(command, slot, identify)
 
     def _set_up(self, commands: Iterable[tuple[bytes, int]]) -> None:
         """Send set-up ``commands``, each with the kind of its reply (see Handshake.learn)."""
@@ -317,16 +325,22 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         """Write ``command``; its reply (or a :class:`NodeError`) goes where ``slot`` says.
         With ``identify``, the connection's identity completes it (see Handshake.outgoing).
         :meth:`LoopConnections._expect` is this for a round's command (inlined there)."""
-        if self.broken is not None or self.transport is None:
+        if self.broken is not None:
             answer = slot[0]
             if answer is not None:
-                _record(answer, slot[1], NodeError(self.broken or "not connected"))
+                _record(answer, slot[1], NodeError(self.broken))
+            return
+        transport = self.transport
+        if transport is None or (not self.ready and slot[0] is not None):
+            # Still opening: written once it is open (a set-up command, which names no
+            # round, is written by the opening itself, before it is ready).
+            self.queued.append((command, slot, identify))
             return
         self.pending.append(slot)
         command = self.outgoing(command, identify)
         if not command:
             return  # held until the hello is answered
-        self.transport.write(command)
+        transport.write(command)
 
     def age(self, now: float) -> float:
         """Seconds since the oldest reply still owed was asked (0 when none is owed)."""
@@ -337,6 +351,10 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         if self.broken is None:
             self.broken = reason
         self.ready = False
+        queued, self.queued = self.queued, []
+        for _, (answer, index, _, _), _ in queued:
+            if answer is not None:
+                _record(answer, index, NodeError(reason))
         pending = self.pending
         while pending:
             answer, index, _, _ = pending.popleft()
@@ -605,6 +623,9 @@ class LoopConnections:
         warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.hello = hello
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
+        # How long a connection opened for a posted command may take (seconds): the node
+        # timeout of the last round.
+        self.delivery = 1.0
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
         self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
@@ -633,6 +654,16 @@ class LoopConnections:
         ``wait_for`` around it) must not cut a connection that other tasks of the loop share
         and wait on in the middle of its login.
         """
+        conn = self.opened(index, timeout)
+        assert conn.opening is not None
+        if not conn.opening.done():
+            await asyncio.shield(conn.opening)
+        return conn
+
+    def opened(self, index: int, timeout: float) -> _AsyncConnection:
+        """Node ``index``'s connection, its opening started (within ``timeout`` seconds) if
+        there is none or it broke; not awaited: commands given to it meanwhile are queued
+        (:class:`_AsyncConnection`)."""
         conn = self.connections[index]
         if conn is None or conn.broken is not None:
             if conn is not None:
@@ -640,9 +671,6 @@ class LoopConnections:
             conn = _AsyncConnection(self.addresses[index], self.hello)
             self.connections[index] = conn
             conn.opening = asyncio.get_running_loop().create_task(conn.open(timeout))
-        assert conn.opening is not None
-        if not conn.opening.done():
-            await asyncio.shield(conn.opening)
         return conn
 
     async def run(
@@ -671,6 +699,7 @@ class LoopConnections:
             asyncio.CancelledError: the task was cancelled (the round is closed: replies
                 still owed are read and dropped).
         """
+        self.delivery = timeout
         answer = self.send_now(
             commands,
             timeout,
@@ -775,13 +804,12 @@ class LoopConnections:
             ):
                 # Open, but its oldest owed reply is long overdue (a black hole): replaced.
                 conn._fail("stalled connection reset")
-        missing = [
-            index
-            for index, command in enumerate(commands)
-            if command is not None and not _usable(self.connections[index])
-        ]
-        if missing:  # connect the nodes that need it (or wait for their login), all at once
-            await asyncio.gather(*(self.connection(index, timeout) for index in missing))
+        for index, command in enumerate(commands):
+            if command is not None and not _usable(self.connections[index]):
+                # Connected in the background (or its login not over): the command waits
+                # in the connection's queue, and the round's deadline runs from now, as
+                # the sync transport's does. The caller never waits for a connect.
+                self.opened(index, timeout)
         cap = stall.max_outstanding
         now = time.monotonic()
         for index, command in enumerate(commands):
@@ -896,7 +924,8 @@ class LoopConnections:
     def post(self, commands: Commands) -> None:
         """Write ``commands[i]`` to node ``i`` now, without awaiting (safe in a task being
         cancelled), queued behind what each node owes; the replies are read and dropped.
-        Nodes not connected are skipped (opening one would need an await). See
+        A node not connected gets a connection opened in the background, the command
+        queued on it (within the last round's node timeout). See
         :meth:`~django_redlock.wire.transport.Transport.post`.
 
         Raises:
@@ -907,9 +936,13 @@ class LoopConnections:
         ignored = _new_round(len(commands), None, 0, None, math.inf)
         ignored.closed = True
         now = time.monotonic()
-        for index, (conn, command) in enumerate(zip(self.connections, commands, strict=True)):
-            if command is not None and conn is not None and conn.ready and conn.broken is None:
-                self._expect(conn, index, fire_and_forget(command), ignored, False, now)
+        for index, command in enumerate(commands):
+            if command is None:
+                continue
+            conn = self.connections[index]
+            if conn is None or conn.broken is not None:
+                conn = self.opened(index, self.delivery)
+            self._expect(conn, index, fire_and_forget(command), ignored, False, now)
 
     def open_count(self) -> int:
         """How many sockets this loop holds open now, its pub/sub ones included."""
@@ -931,16 +964,20 @@ class LoopConnections:
         for ``answer`` resumes once the reply that makes its outcome known is parsed.
 
         :meth:`_AsyncConnection.send` inlined (one call fewer per node and round)."""
-        if conn.broken is not None or conn.transport is None:
-            _record(answer, index, NodeError(conn.broken or "not connected"))
+        if conn.broken is not None:
+            _record(answer, index, NodeError(conn.broken))
+            return
+        transport = conn.transport
+        if not conn.ready or transport is None:  # still opening: written once it is open
+            conn.queued.append((command[0], (answer, index, command[1], now), identify))
             return
         conn.pending.append((answer, index, command[1], now))
         if conn.held is None:  # Handshake.outgoing's usual case: the hello was answered
-            conn.transport.write(command[0] + conn.identity if identify else command[0])
+            transport.write(command[0] + conn.identity if identify else command[0])
             return
         data = conn.outgoing(command[0], identify)
         if data:  # else held until the hello is answered
-            conn.transport.write(data)
+            transport.write(data)
 
     def close(self) -> None:
         """Close every socket (they reopen on the next round or subscribe)."""

@@ -18,6 +18,12 @@ A node that owes too many replies is skipped without sending until it answers or
 connection is reset (:mod:`~django_redlock.wire.stall`), so a stalled node costs neither time
 nor new connections.
 
+What a round leaves unsent when it returns (a connect or TLS handshake still under way, a
+socket buffer full, commands held behind a hello) is not left to this thread's next operation,
+which may never come: a courier thread takes the set for at most one node timeout and writes
+it (see :meth:`ConnectionSet.deliver_rest`), so every reachable node gets each round's request,
+and the caller's wait never includes a connect.
+
 :class:`ConnectionSet` is a :class:`~django_redlock.wire.transport.Transport`.
 """
 
@@ -27,6 +33,7 @@ import contextlib
 import os
 import select
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -54,6 +61,9 @@ __all__ = ["ConnectionSet", "ThreadConnections"]
 
 # A connection set unused this long (seconds) looks for closed sockets before sending.
 _IDLE = 0.005
+# The courier's longest poll (seconds): the owner's next operation waits at most this long
+# for the set (deliver_rest).
+_COURIER_SLICE = 0.005
 _POLLOUT = select.POLLOUT
 _READABLE = POLL_IN | POLL_ERR
 _POLLIN = select.POLLIN
@@ -104,6 +114,16 @@ class ConnectionSet:
         # fd -> its connection (which knows its node's index): one lookup per poll event.
         self.polling: dict[int, NodeSocket] = {}
         self.last_post = float("-inf")
+        # The courier (deliver_rest): while `lent`, a thread of its own writes what the last
+        # round left unsent, holding `_courier`; the owner thread takes the set back (waits
+        # for it) before its next operation. `delivery` is how long the courier may take: the
+        # node timeout of the last round (seconds). `unsent` is set wherever bytes may be left
+        # in a connection's buffer, so a round that wrote everything checks nothing.
+        self.lent = False
+        self._courier = threading.Lock()
+        self._wanted = False  # the owner wants the set back: the courier stops at once
+        self.delivery = 1.0
+        self.unsent = False
         # Whether a connection opened lately may still hold commands until its hello is
         # answered (see wait): checked only then, not on every round trip.
         self.settling = False
@@ -142,6 +162,8 @@ class ConnectionSet:
         if self.pid != current_pid():
             self._forget_all()
             return
+        if self.lent:
+            self._take_back()
         for index in range(len(self.connections)):
             self._drop(index, "connection closed by the client")
         if self._subscriber is not None and not self._shared_subscriber:
@@ -159,6 +181,10 @@ class ConnectionSet:
         self.by_fd.clear()
         self.polling.clear()
         self.pid = current_pid()
+        # A courier of the parent's does not exist here; its lock may have been copied held.
+        self._courier = threading.Lock()
+        self.lent = False
+        self.unsent = False
 
     def _drop(self, index: int, reason: str) -> None:
         conn = self.connections[index]
@@ -215,6 +241,8 @@ class ConnectionSet:
         """Poll ``conn`` for what it waits on now, under its current file descriptor (a
         connect that moved on to the node's next address has a new socket)."""
         fd = conn.fileno()
+        if conn.out:
+            self.unsent = True
         if self.by_fd.get(index) == fd:
             self.poller.modify(fd, conn.events())
             return
@@ -389,8 +417,12 @@ class ConnectionSet:
         Raises:
             Nothing of its own: a node that fails is recorded as its result.
         """
+        self.delivery = timeout
         answer = self.send_round(commands, yes_value, need, give_up, identify, queue_behind)
-        return self.wait_round(answer, self.clock() + timeout)
+        answer = self.wait_round(answer, self.clock() + timeout)
+        if self.unsent:
+            self.deliver_rest()
+        return answer
 
     def send_round(
         self,
@@ -411,6 +443,8 @@ class ConnectionSet:
         now = self.clock()
         if self.pid != process.PID:
             self._forget_all()
+        if self.lent:
+            self._take_back()
         if now - self.last_post > _IDLE:
             # After a pause, first take in what arrived meanwhile: a node that restarted has
             # closed our socket, and learning that now (instead of from a failed send) lets
@@ -524,6 +558,8 @@ class ConnectionSet:
         """
         if self.pid != process.PID:
             self._forget_all()
+        if self.lent:
+            self._take_back()
         now = self.clock()
         # Its replies are read and dropped (closed), except that a NOSCRIPT still gets the
         # EVAL fallback: clean-up commands are built with ``when_over=True``.
@@ -546,6 +582,10 @@ class ConnectionSet:
             except NodeError:
                 continue  # best effort: nothing more can be done for this node now
             self._send_to(index, conn, command, ignored, now)
+        if self.settling:
+            self._send_held()
+        if self.unsent:
+            self.deliver_rest()
 
     def _send_to(
         self, index: int, conn: NodeSocket, command: Command, answer: Round, now: float
@@ -608,9 +648,8 @@ class ConnectionSet:
         to this thread's next operation, which may never come, a command could reach its
         node at any later time or never: a lease's SET that misses the last node of a
         quorum leaves the lease one failure from lost, and a late one takes a key after the
-        lease is over. Left as it is: a connection still connecting or in its TLS handshake
-        keeps these bytes buffered until this thread's next poll (waiting for it here would
-        add a connect to the round that already has its answer).
+        lease is over. A connection still connecting or in its TLS handshake keeps these
+        bytes buffered: :meth:`deliver_rest` writes them.
         """
         for index, conn in enumerate(self.connections):
             if conn is None or not conn.held:
@@ -622,6 +661,64 @@ class ConnectionSet:
                 continue
             if conn.out:
                 self._rearm(index, conn)
+
+    def deliver_rest(self) -> None:
+        """Hand what the connections still hold unsent to a courier thread, which writes it
+        within :attr:`delivery` seconds (the node timeout of the last round) and gives the set
+        back; the owner thread's next operation waits for that first (:meth:`_take_back`).
+
+        Why not this thread: it has its answer, and waiting for a connect or a TLS handshake
+        here would add it to the caller's wait; leaving the bytes until this thread's next
+        operation, which may never come, lets a lease's SET miss a node (one failure from
+        lost) or reach it at any later time. Real time bounds the courier, not the injected
+        clock: it is about sockets, not about a lease's validity.
+        """
+        if not any(conn is not None and conn.out for conn in self.connections):
+            self.unsent = False
+            return
+        self._courier.acquire()
+        self.lent = True
+        self._wanted = False
+        deadline = time.monotonic() + self.delivery
+        try:
+            threading.Thread(
+                target=self._deliver, args=(deadline,), name="django_redlock-courier", daemon=True
+            ).start()
+        except BaseException:  # no thread (interpreter shutting down): keep the set
+            self.lent = False
+            self._courier.release()
+            raise
+
+    def _deliver(self, deadline: float) -> None:
+        """The courier: poll until the connections that had bytes unsent have written them
+        and read every reply they owe, or ``deadline`` (time.monotonic). Reading the replies
+        too: a socket closed with replies unread (its thread ended, the set was collected)
+        sends a reset, not a close, and a reset may drop what the node had not read yet."""
+        try:
+            watched = [conn for conn in self.connections if conn is not None and conn.out]
+            while not self._wanted and any(
+                (conn.out or conn.slots) and self.connections[conn.index] is conn
+                for conn in watched
+            ):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                # In slices, so that the owner's next operation waits one at most.
+                self._poll_once(min(remaining, _COURIER_SLICE))
+                if self.settling:
+                    self._send_held()
+            if not any(conn is not None and conn.out for conn in self.connections):
+                self.unsent = False
+        finally:  # whatever happens, the set goes back to its owner
+            self.lent = False
+            self._courier.release()
+
+    def _take_back(self) -> None:
+        """Take the set back from the courier: it stops within one poll slice (what it left
+        unsent goes out with this operation, on the same connections, in order)."""
+        self._wanted = True
+        with self._courier:
+            pass
 
     def _poll_once(self, timeout: float) -> None:
         # poll() takes whole milliseconds; round up so a short timeout is not a busy loop

@@ -65,6 +65,9 @@ class NodeSocket(Handshake):
         self.slots: deque[Slot] = deque()
         self.reader = make_reader()
         self.tls_handshaking = False
+        # What the TLS handshake waits for (poll events): after SSLWantReadError only the
+        # node's answer, so a poll does not wake at once on a writable socket and spin.
+        self.handshake_events = select.POLLOUT | POLL_IN
         self.connecting = True
         self.ready = False
         self.index = -1
@@ -145,7 +148,9 @@ class NodeSocket(Handshake):
         return self.sock.fileno()
 
     def events(self) -> int:
-        if self.connecting or self.out or self.tls_handshaking:
+        if self.tls_handshaking and not self.connecting:
+            return self.handshake_events
+        if self.connecting or self.out:
             return select.POLLOUT | POLL_IN
         return POLL_IN
 
@@ -217,7 +222,11 @@ class NodeSocket(Handshake):
             assert isinstance(self.sock, ssl.SSLSocket)
             try:
                 self.sock.do_handshake()
-            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            except ssl.SSLWantReadError:
+                self.handshake_events = POLL_IN
+                return
+            except ssl.SSLWantWriteError:
+                self.handshake_events = select.POLLOUT | POLL_IN
                 return
             except ssl.SSLError as exc:
                 raise NodeError(f"TLS handshake failed: {exc.reason or exc}") from None

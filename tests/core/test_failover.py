@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from django_redlock import LockManager, LockNotAcquired
+from django_redlock.core.health import status
 from django_redlock.localnodes import DURABLE_ARGS, LocalNode
 from tests.helpers import lock_token, node_client
 
@@ -223,3 +224,28 @@ def test_a_replica_listed_as_a_node_never_votes_and_says_whose_replica_it_is(mak
     assert text.startswith(f"QUARANTINED this node is a replica (of 127.0.0.1:{pair.master.port})")
     with node_client(pair.replica) as client:
         assert client.dbsize() <= 1  # nothing written there but what it replicated
+
+
+def test_operators_see_roles_replicas_and_a_promotion(make_pair):
+    pair = make_pair("a")
+    report = status(manager(pair.master, pair.replica), timeout=2.0)
+    master, replica = report.nodes
+    assert master.role == "master"
+    assert not master.promoted
+    assert len(master.replicas) == 1
+    assert master.replicas[0].startswith(f"127.0.0.1:{pair.replica.port} (online, lag ")
+    assert any("after a failover the promoted one waits" in text for text in master.warnings)
+    assert replica.role == "slave"
+    assert replica.master == f"127.0.0.1:{pair.master.port}"
+    assert replica.problems[0].startswith(f"a replica (of 127.0.0.1:{pair.master.port})")
+    assert report.misconfigured == [replica]
+
+    pair.master.kill()
+    promote(pair.replica)
+    (promoted,) = status(manager(pair.replica), timeout=2.0).nodes
+    assert promoted.promoted
+    assert promoted.vote == "quarantined"
+    # Its own text says why and when; no declaration is suggested (it votes by itself).
+    assert promoted.vote_detail.startswith("QUARANTINED a replica promoted to master")
+    assert "redlock_declare_fresh" not in promoted.vote_detail
+    assert promoted.votes_at is not None

@@ -17,7 +17,9 @@ The ``--json`` output is a stable schema::
     {"healthy": bool, "quorum": int, "voting": int,
      "nodes": [{"node": str, "reachable": bool, "votes": bool, "latency_ms": float|null,
                 "server": str|null, "version": str|null, "role": str|null,
-                "run_id": str|null, "uptime_s": int|null, "maxmemory": int|null,
+                "replicas": [str] ("host:port (state, lag N s)"), "master": str|null (a
+                replica's master), "promoted": bool (a replica promoted in this process's
+                life: it waits the quarantine from its promotion), "run_id": str|null, "uptime_s": int|null, "maxmemory": int|null,
                 "maxmemory_policy": str|null, "persistence": str|null,
                 "clock_offset_ms": float|null, "quarantine_left_s": float|null,
                 "vote": "votes"|"quarantined"|"down", "vote_detail": str,
@@ -150,8 +152,15 @@ class Command(BaseCommand):
                 )
             elif node.problems:
                 state = "DOES NOT VOTE"
+            role = node.role or "?"
+            if node.promoted:
+                role += " (promoted)"
+            elif node.master:
+                role += f" of {node.master}"
+            if node.replicas:
+                role += f", {len(node.replicas)} replica{'s' if len(node.replicas) != 1 else ''}"
             line = (
-                f"  {node.node}  {state}  {node.server} {node.version}  "
+                f"  {node.node}  {state}  {node.server} {node.version}  {role}  "
                 f"{node.latency_ms:.2f} ms  up {node.uptime_s} s  "
                 f"clock {node.clock_offset_ms:+.0f} ms  {node.persistence}"
             )
