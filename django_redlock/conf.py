@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -50,6 +50,16 @@ from django_redlock.redlock import (
     DEFAULT_TTL,
 )
 from django_redlock.wire.nodes import NodeAddress
+
+if TYPE_CHECKING:
+    # The names that moved to default_manager, as the type checker should see them here
+    # (at run time, __getattr__ below hands them out with a DeprecationWarning).
+    from django_redlock.default_manager import ManagerFactory as ManagerFactory
+    from django_redlock.default_manager import build_manager as build_manager
+    from django_redlock.default_manager import get_async_manager as get_async_manager
+    from django_redlock.default_manager import get_manager as get_manager
+    from django_redlock.default_manager import reset as reset
+    from django_redlock.default_manager import set_manager_factory as set_manager_factory
 
 __all__ = [
     "DEFAULTS",
@@ -418,3 +428,41 @@ def forget_settings() -> None:
     """Drop the parsed settings: the next :func:`get_settings` reads them again."""
     global _settings
     _settings = None
+
+
+# The process-wide manager and its factory lived here until they moved to default_manager
+# (the settings' parser and the singleton are two jobs); the old path still works, and says
+# where the name went. Imported on use: default_manager imports this module.
+_MOVED_TO_DEFAULT_MANAGER = frozenset(
+    {
+        "ManagerFactory",
+        "build_manager",
+        "get_async_manager",
+        "get_manager",
+        "reset",
+        "set_manager_factory",
+    }
+)
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """``django_redlock.conf.<name>`` for a name that moved to
+        :mod:`django_redlock.default_manager`: that object, with a ``DeprecationWarning``.
+
+        Raises:
+            AttributeError: for any other name.
+        """
+        if name not in _MOVED_TO_DEFAULT_MANAGER:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import warnings
+
+        from django_redlock import default_manager
+
+        warnings.warn(
+            f"django_redlock.conf.{name} moved: import it from "
+            f"django_redlock.default_manager.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(default_manager, name)
