@@ -121,8 +121,18 @@ def setting_name(argument: str) -> str:
     return f"REDLOCK[{argument.upper()!r}]"
 
 
-def _hint(check_id: str, text: str) -> str:
-    return f"{text} See docs/reference/checks.md, {check_id}."
+# Where the system checks are documented, for their hints: the page in the repository
+# (mkdocs.yml's repo_url; the site has no site_url yet), which whoever installed the wheel can
+# open, where a path into docs/ means something only in a clone. tests/django/test_checks.py
+# keeps it in step with mkdocs.yml and with the page's headings.
+CHECKS_PAGE = "https://github.com/django-redlock/django_redlock/blob/main/docs/reference/checks.md"
+
+
+def check_hint(check_id: str, text: str) -> str:
+    """``text``, then the address of ``check_id``'s entry on the checks page: the anchor
+    that GitHub and MkDocs give its heading ``## `django_redlock.E001` `` (punctuation
+    dropped, lower case)."""
+    return f"{text} See {CHECKS_PAGE}#{check_id.replace('.', '').lower()}"
 
 
 class _Reading:
@@ -139,7 +149,7 @@ class _Reading:
     def report(
         self, check_id: str, message: str, hint: str, level: Literal["error", "warning"] = "error"
     ) -> None:
-        self.problems.append(Problem(check_id, level, message, _hint(check_id, hint)))
+        self.problems.append(Problem(check_id, level, message, check_hint(check_id, hint)))
 
     def value(self, key: str) -> Any:
         """The checked value of ``key``; None when it is invalid (its problem is reported)."""
@@ -348,7 +358,7 @@ def inspect(
             "django_redlock.E001",
             "error",
             f"REDLOCK must be a dict, not {type(raw).__name__}",
-            _hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
+            check_hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
         )
         return None, [problem]
     values = dict(raw)
