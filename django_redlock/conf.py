@@ -23,6 +23,8 @@ URL would be readable there; check ``django_redlock.W003`` says so).
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -50,16 +52,6 @@ from django_redlock.redlock import (
     DEFAULT_TTL,
 )
 from django_redlock.wire.nodes import NodeAddress
-
-if TYPE_CHECKING:
-    # The names that moved to default_manager, as the type checker should see them here
-    # (at run time, __getattr__ below hands them out with a DeprecationWarning).
-    from django_redlock.default_manager import ManagerFactory as ManagerFactory
-    from django_redlock.default_manager import build_manager as build_manager
-    from django_redlock.default_manager import get_async_manager as get_async_manager
-    from django_redlock.default_manager import get_manager as get_manager
-    from django_redlock.default_manager import reset as reset
-    from django_redlock.default_manager import set_manager_factory as set_manager_factory
 
 __all__ = [
     "DEFAULTS",
@@ -442,16 +434,19 @@ def forget_settings() -> None:
 
 # The process-wide manager and its factory lived here until they moved to default_manager
 # (the settings' parser and the singleton are two jobs); the old path still works, and says
-# where the name went. Imported on use: default_manager imports this module.
-_MOVED_TO_DEFAULT_MANAGER = frozenset(
-    {
+# where the name went. By name, as the package root's lazy names are: default_manager
+# imports this module, and this one must not import it back (no import cycle, not even a
+# late one: tests/test_module_boundaries.py). Type checkers see the names gone.
+_MOVED = dict.fromkeys(
+    (
         "ManagerFactory",
         "build_manager",
         "get_async_manager",
         "get_manager",
         "reset",
         "set_manager_factory",
-    }
+    ),
+    "django_redlock.default_manager",
 )
 
 if not TYPE_CHECKING:
@@ -463,16 +458,12 @@ if not TYPE_CHECKING:
         Raises:
             AttributeError: for any other name.
         """
-        if name not in _MOVED_TO_DEFAULT_MANAGER:
+        module = _MOVED.get(name)
+        if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        import warnings
-
-        from django_redlock import default_manager
-
         warnings.warn(
-            f"django_redlock.conf.{name} moved: import it from "
-            f"django_redlock.default_manager.{name}",
+            f"django_redlock.conf.{name} moved: import it from {module}.{name}",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(default_manager, name)
+        return getattr(importlib.import_module(module), name)

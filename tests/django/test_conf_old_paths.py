@@ -35,9 +35,9 @@ def test_a_moved_name_is_the_new_object_with_a_warning_naming_its_new_path(name)
 
 def test_the_old_import_statement_works_too():
     with pytest.warns(DeprecationWarning, match=new_path("set_manager_factory")):
-        from django_redlock.conf import set_manager_factory
+        from django_redlock.conf import set_manager_factory  # type: ignore[attr-defined]
     with pytest.warns(DeprecationWarning, match=new_path("build_manager")):
-        from django_redlock.conf import build_manager
+        from django_redlock.conf import build_manager  # type: ignore[attr-defined]
     assert set_manager_factory is default_manager.set_manager_factory
     assert build_manager is default_manager.build_manager
 
@@ -48,12 +48,12 @@ def test_a_factory_set_through_the_old_path_builds_the_manager(cluster3, setting
 
     def factory(config: conf.RedlockSettings) -> LockManager:
         with pytest.warns(DeprecationWarning, match=new_path("build_manager")):
-            build = conf.build_manager
+            build = conf.build_manager  # type: ignore[attr-defined]
         built.append(build(config))
         return built[-1]
 
     with pytest.warns(DeprecationWarning, match=new_path("set_manager_factory")):
-        set_factory = conf.set_manager_factory
+        set_factory = conf.set_manager_factory  # type: ignore[attr-defined]
     set_factory(factory)
     try:
         manager = get_manager()
