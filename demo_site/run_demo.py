@@ -5,7 +5,13 @@
    nemesis pauses nodes and buyers, first with fencing on, then with fencing off. The
    terminal shows it live; a summary follows.
 3. Keep serving http://127.0.0.1:8000/ (bookings, refused writes, double sales, the admin's
-   Active locks page) until Ctrl-C, which stops the server and the nodes.
+   Active locks page) until Ctrl-C, SIGTERM or SIGHUP, which stop the server and the nodes.
+
+Whatever ends it, the demo leaves no process behind: a signal (SIGINT, SIGTERM, SIGHUP, or
+the SIGTERM it asks for when the process that started it dies) unwinds through the clean-ups
+that stop the buyers, the server and the nodes; and if it is killed outright, they follow
+it by themselves (the server and nodes by their parent-death signal, the buyers by their
+parent's sentinel).
 """
 
 from __future__ import annotations
@@ -49,9 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1")
     seed = args.seed if args.seed is not None else random.randrange(10_000)
-    # SIGTERM (kill, a closed terminal) unwinds like Ctrl-C: the buyers, the server and the
-    # nodes are stopped by the cleanups below instead of being left running.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop_on_signals()
 
     # Started as an operator would, with durable persistence: they vote at once, with nothing
     # declared (a node without it would wait out the restart quarantine first).
@@ -73,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
             REDLOCK_DEMO_LOG=str(Path(scratch) / "locks.log"),
         )
         manage = [sys.executable, str(ROOT / "manage.py")]
-        subprocess.run([*manage, "migrate", "--no-input", "-v", "0"], check=True)
+        subprocess.run(
+            [*manage, "migrate", "--no-input", "-v", "0"], check=True, preexec_fn=_die_with_parent
+        )
         server_log = Path(scratch) / "runserver.log"
         with server_log.open("wb") as log:
             server = subprocess.Popen(
@@ -96,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n--no-serve: the story is told, nothing is served.", flush=True)
                 return 0 if reports[0]["doubles"] == 0 else 1
             print(f"\nThe site: http://{args.addr}/  (admin: admin / admin)", flush=True)
-            print("serving until Ctrl-C", flush=True)
+            print("serving until Ctrl-C (or SIGTERM)", flush=True)
             with contextlib.suppress(KeyboardInterrupt):
                 while server.poll() is None:
                     time.sleep(0.5)
@@ -107,6 +113,33 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 server.wait(10)
     return 0
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals() -> None:
+    """SIGTERM (kill, a supervisor, a test) and SIGHUP (a closed terminal) unwind like Ctrl-C,
+    through the clean-ups that stop the buyers, the server and the nodes, and the demo exits
+    with 128 + the signal's number. Ctrl-C is Python's own KeyboardInterrupt, unless the
+    demo was started with SIGINT ignored (from a script, in the background): then SIGTERM is
+    the way to stop it.
+
+    The process that started the demo dying is one more SIGTERM (Linux: the parent-death
+    signal), so that a killed ``./run demo``'s caller, or test, leaves no demo serving."""
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, _unwind)
+    parent = os.getppid()
+    _die_with_parent()
+    if os.getppid() != parent:  # it died before the line above: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _unwind(signum: int, frame: object) -> None:
+    # Once: a second signal must not cut short the clean-ups this exception runs.
+    for each in _STOP_SIGNALS:
+        signal.signal(each, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
 
 
 def serving(server: subprocess.Popen[bytes], addr: str, timeout: float = 30.0) -> bool:
@@ -175,4 +208,7 @@ def tell_the_story(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before the site was served: the clean-ups ran
+        sys.exit(130)

@@ -72,6 +72,7 @@ class Shared:
 
 def buyer_main(index: int, event_id: int, seed: int, shared: Shared) -> None:
     """One buyer process: buy seats of ``event_id`` until none is left."""
+    _end_with_the_demo()
     import django
 
     django.setup()
@@ -145,6 +146,25 @@ def buyer_main(index: int, event_id: int, seed: int, shared: Shared) -> None:
             }[result.outcome]
         )
     shared.state[index] = DONE
+
+
+def _end_with_the_demo() -> None:
+    """End this buyer when the demo's process ends, however it ended (SIGKILL included, where
+    no clean-up of the demo ran). Not by the parent-death signal: that follows the thread that
+    started the buyer, and the nemesis' thread (which restarts killed buyers) ends before the
+    buyers do. multiprocessing gives a child a sentinel that closes when its parent process
+    exits; a thread waits on it. (A buyer the nemesis had stopped is woken by the kernel: the
+    demo's death leaves its process group orphaned, and a stopped member of an orphaned
+    group gets SIGHUP and SIGCONT.)"""
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def wait_for_the_demo() -> None:
+        parent.join()
+        os._exit(1)
+
+    threading.Thread(target=wait_for_the_demo, name="end-with-the-demo", daemon=True).start()
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning
 
-from django_redlock.conf import inspect
+from django_redlock.conf import check_hint, inspect
 
 __all__ = ["check_settings"]
 
@@ -42,7 +42,7 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
         return [
             Error(
                 "REDLOCK is not set: django_redlock has no nodes to lock on",
-                hint='REDLOCK = {"NODES": ["redis://...", ...]}. See docs/reference/checks.md.',
+                hint=check_hint("django_redlock.E003", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
                 id="django_redlock.E003",
             )
         ]

@@ -23,9 +23,11 @@ URL would be readable there; check ``django_redlock.W003`` says so).
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -111,8 +113,18 @@ def setting_name(argument: str) -> str:
     return f"REDLOCK[{argument.upper()!r}]"
 
 
-def _hint(check_id: str, text: str) -> str:
-    return f"{text} See docs/reference/checks.md, {check_id}."
+# Where the system checks are documented, for their hints: the page in the repository
+# (mkdocs.yml's repo_url; the site has no site_url yet), which whoever installed the wheel can
+# open, where a path into docs/ means something only in a clone. tests/django/test_checks.py
+# keeps it in step with mkdocs.yml and with the page's headings.
+CHECKS_PAGE = "https://github.com/django-redlock/django_redlock/blob/main/docs/reference/checks.md"
+
+
+def check_hint(check_id: str, text: str) -> str:
+    """``text``, then the address of ``check_id``'s entry on the checks page: the anchor
+    that GitHub and MkDocs give its heading ``## `django_redlock.E001` `` (punctuation
+    dropped, lower case)."""
+    return f"{text} See {CHECKS_PAGE}#{check_id.replace('.', '').lower()}"
 
 
 class _Reading:
@@ -129,7 +141,7 @@ class _Reading:
     def report(
         self, check_id: str, message: str, hint: str, level: Literal["error", "warning"] = "error"
     ) -> None:
-        self.problems.append(Problem(check_id, level, message, _hint(check_id, hint)))
+        self.problems.append(Problem(check_id, level, message, check_hint(check_id, hint)))
 
     def value(self, key: str) -> Any:
         """The checked value of ``key``; None when it is invalid (its problem is reported)."""
@@ -351,7 +363,7 @@ def inspect(
             "django_redlock.E001",
             "error",
             f"REDLOCK must be a dict, not {type(raw).__name__}",
-            _hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
+            check_hint("django_redlock.E001", 'REDLOCK = {"NODES": ["redis://...", ...]}'),
         )
         return None, [problem]
     values = dict(raw)
@@ -431,3 +443,40 @@ def forget_settings() -> None:
     """Drop the parsed settings: the next :func:`get_settings` reads them again."""
     global _settings
     _settings = None
+
+
+# The process-wide manager and its factory lived here until they moved to default_manager
+# (the settings' parser and the singleton are two jobs); the old path still works, and says
+# where the name went. By name, as the package root's lazy names are: default_manager
+# imports this module, and this one must not import it back (no import cycle, not even a
+# late one: tests/test_module_boundaries.py). Type checkers see the names gone.
+_MOVED = dict.fromkeys(
+    (
+        "ManagerFactory",
+        "build_manager",
+        "get_async_manager",
+        "get_manager",
+        "reset",
+        "set_manager_factory",
+    ),
+    "django_redlock.default_manager",
+)
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """``django_redlock.conf.<name>`` for a name that moved to
+        :mod:`django_redlock.default_manager`: that object, with a ``DeprecationWarning``.
+
+        Raises:
+            AttributeError: for any other name.
+        """
+        module = _MOVED.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        warnings.warn(
+            f"django_redlock.conf.{name} moved: import it from {module}.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), name)

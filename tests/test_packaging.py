@@ -1,4 +1,5 @@
-"""The wheel ships what the package needs at run time, and says what PyPI will show."""
+"""The sdist and the wheel ship what the package needs at run time (the wheel is built from
+the sdist, as pip builds one), no test files, and say what PyPI will show."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import configparser
 import re
 import subprocess
 import sys
+import tarfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -19,17 +21,49 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``python -m build``: the sdist, then the wheel built from the unpacked sdist (so the
+    wheel's tests also show that the sdist holds all it needs)."""
     outdir = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(outdir)],
+        [sys.executable, "-m", "build", "--no-isolation", "--outdir", str(outdir)],
         cwd=copy_of_the_source(tmp_path_factory.mktemp("clone")),
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (built,) = outdir.glob("django_redlock-*.whl")
+    return outdir
+
+
+@pytest.fixture(scope="module")
+def wheel(dist: Path) -> Path:
+    (built,) = dist.glob("django_redlock-*.whl")
     return built
+
+
+@pytest.fixture(scope="module")
+def sdist(dist: Path) -> Path:
+    (built,) = dist.glob("django_redlock-*.tar.gz")
+    return built
+
+
+@pytest.mark.slow
+def test_the_sdist_carries_the_package_and_no_test_files(sdist, wheel):
+    """setuptools adds tests/test*.py to an sdist by default: 9 files that cannot run without
+    the rest of tests/ (issue 40, item 8). MANIFEST.in prunes tests/."""
+    top = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as archive:
+        names = {name.removeprefix(f"{top}/") for name in archive.getnames()}
+    assert not [name for name in names if name == "tests" or name.startswith("tests/")]
+    assert not [name for name in names if name.startswith(("demo_site/", "benchmarks/"))]
+    assert {"README.md", "LICENSE", "CHANGELOG.md", "setup.cfg", "pyproject.toml"} <= names
+    in_wheel = {
+        name
+        for name in zipfile.ZipFile(wheel).namelist()
+        if name.startswith("django_redlock/") and not name.endswith("/")
+    }
+    assert any(name.endswith(".lua") for name in in_wheel)
+    assert in_wheel <= names, f"in the wheel, not in the sdist: {sorted(in_wheel - names)}"
 
 
 @pytest.mark.slow

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import markdown  # type: ignore[import-untyped]  # no stubs installed
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 
 from django_redlock.checks import check_settings
+from django_redlock.conf import CHECKS_PAGE, check_hint
 
 URL = "redis://127.0.0.1:7001/0"
 THREE = [URL, "redis://127.0.0.1:7002/0", "redis://127.0.0.1:7003/0"]
@@ -81,10 +83,42 @@ def test_a_missing_setting_is_an_error(settings):
 
 
 def test_hints_point_to_the_documentation(settings):
+    """Each hint ends with the address of its id's entry, which a user of the wheel can open
+    (it named docs/reference/checks.md, a path only a clone has: issue 40, item 8)."""
     settings.REDLOCK = {"NODES": [], "DRIFT_FACTOR": 2}
     messages = check_settings()
-    assert len(messages) == 2
-    assert all("docs/reference/checks.md" in (message.hint or "") for message in messages)
+    del settings.REDLOCK
+    messages += check_settings()
+    assert [message.id for message in messages] == [
+        "django_redlock.E003",
+        "django_redlock.E007",
+        "django_redlock.E003",
+    ]
+    for message in messages:
+        anchor = str(message.id).replace(".", "").lower()
+        assert (message.hint or "").endswith(f" See {CHECKS_PAGE}#{anchor}"), message.hint
+
+
+def test_the_hints_address_is_the_repositorys_page_with_an_anchor_per_id():
+    """CHECKS_PAGE is mkdocs.yml's site (site_url) or, without one, the page in the repository
+    (repo_url), and every check's anchor is the one its heading gets (MkDocs' toc and GitHub
+    both drop the punctuation and lower the case)."""
+    root = Path(__file__).parents[2]
+    mkdocs = (root / "mkdocs.yml").read_text()
+    site = re.search(r"^site_url: (\S+)$", mkdocs, flags=re.MULTILINE)
+    repo = re.search(r"^repo_url: (\S+)$", mkdocs, flags=re.MULTILINE)
+    assert repo is not None
+    if site is not None:
+        assert site[1].rstrip("/") + "/reference/checks/" == CHECKS_PAGE
+    else:
+        assert f"{repo[1]}/blob/main/docs/reference/checks.md" == CHECKS_PAGE
+    page = (root / "docs" / "reference" / "checks.md").read_text()
+    html = markdown.markdown(page, extensions=["toc"])
+    anchors = set(re.findall(r'<h2 id="([^"]+)"><code>(django_redlock\.[EW]\d{3})</code>', html))
+    assert len(anchors) >= 18, html
+    for anchor, check_id in anchors:
+        hint = check_hint(check_id, "Do this.")
+        assert hint == f"Do this. See {CHECKS_PAGE}#{anchor}"
 
 
 def test_the_check_is_registered_and_blocks_manage_py(settings):

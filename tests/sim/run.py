@@ -3,7 +3,8 @@
 ``--seed S`` replays one history and prints its steps; ``--histories N`` runs seeds
 ``--first`` .. ``--first + N - 1``; ``--minutes M`` explores from a random first seed until
 M minutes have passed. A history that breaks an invariant prints its seed and steps, and
-the run exits with status 1. ``--mutant NAME`` runs a deliberately broken variant
+the run exits with status 1. The last line says how many histories ran and that no invariant
+broke, or the first that did. ``--mutant NAME`` runs a deliberately broken variant
 (``tests/sim/mutants.py``): then the run is expected to fail.
 """
 
@@ -193,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         choices=sorted(PROFILES),
         default="mix",
-        help="; ".join(f"{name}: {text}" for name, text in PROFILES.items()),
+        # argparse %-formats help texts: a "%" of a profile's text must be written "%%".
+        help="; ".join(f"{name}: {text}" for name, text in PROFILES.items()).replace("%", "%%"),
     )
     parser.add_argument(
         "--shrink", action="store_true", help="with --seed: leave out every fault it can"
@@ -220,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(outcome.report())
         if failed and outcome.dropped:
             print(f"\nreplay: {replay(options, outcome)}")
+        print(verdict(1, outcome if failed else None, expected(outcome), options.mutant))
         return 1 if failed else 0
     first = options.first if options.first is not None else random.SystemRandom().randrange(2**32)
     if options.minutes is not None:
@@ -244,8 +247,35 @@ def main(argv: list[str] | None = None) -> int:
     if failure is not None:
         print(failure.report())
         print(f"\nreplay: {replay(options, failure)}  (add --shrink: fewer faults)")
-        return 1
-    return 0
+    print(verdict(found.count, failure, found.expected, options.mutant))
+    return 1 if failure is not None else 0
+
+
+def expected(outcome: Outcome) -> dict[str, int]:
+    """The faults outside the model after which ``outcome`` broke an invariant, as excused."""
+    if outcome.violations and outcome.expected:
+        return dict.fromkeys(outcome.world.checker.expected, 1)
+    return {}
+
+
+def verdict(
+    count: int, failure: Outcome | None, excused: dict[str, int], mutant: str | None
+) -> str:
+    """The run's last line: how many histories ran, and that no invariant broke or which
+    did (the first violation of the failing history)."""
+    ran = f"{count} histor{'y' if count == 1 else 'ies'} ran"
+    if failure is not None:
+        caught = f" (mutant {mutant}: caught, as expected)" if mutant else ""
+        return (
+            f"FAILED: {ran}; seed {failure.seed} broke an invariant{caught}: "
+            f"{failure.violations[0]}"
+        )
+    if excused:
+        after = ", ".join(f"{n} after {reason}" for reason, n in sorted(excused.items()))
+        return (
+            f"OK: {ran}; no invariant broke but after faults outside the model ({after}: expected)"
+        )
+    return f"OK: {ran}; no invariant broke" + (f" (mutant {mutant} survived)" if mutant else "")
 
 
 if __name__ == "__main__":
