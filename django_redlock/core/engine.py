@@ -66,6 +66,7 @@ from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.shapes import Shape
+from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
 from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
@@ -214,6 +215,8 @@ class Engine:
         "_contact",
         "_default_checks",
         "_line_lifetime_ms",
+        "_unrecorded",
+        "_voters",
         "addresses",
         "clock",
         "connections",
@@ -311,10 +314,23 @@ class Engine:
         )
         """The sync transport, one connection set per thread: the sync manager's rounds and
         every lease's renewal by the extender thread (sync or asyncio lease)."""
+        self._voters = VoteRecorder(self.addresses, timeout=max(self.node_timeout, 1.0))
+        self._unrecorded = set(range(len(self.addresses)))
+        """The nodes this process has not seen grant yet: the first grant of each is recorded
+        on the other nodes (``core/witness.py``), so that ``redlock_declare_fresh`` never takes
+        a node that voted, crashed and came back empty for a brand-new one."""
         self.leases_untrackable = reaches_no_lease(self.addresses, clock, observer, key_prefix)
         """Whether nothing of the user's that this engine refers to can refer to a lease, so
         that a thread holding many of its sync leases may have them untracked by the garbage
         collector (``core.lease._cycle_free``): fixed at construction, from what it was given."""
+
+    def _record_votes(self, held: Sequence[bool]) -> None:
+        """Hand the nodes in ``held`` not seen granting before to the vote recorder (a dict
+        lookup each; its thread writes the records, never this one)."""
+        for index, granted in enumerate(held):
+            if granted and index in self._unrecorded:
+                self._unrecorded.discard(index)
+                self._voters.saw_vote(self.addresses[index], CLIENT_SEEN)
 
     def __repr__(self) -> str:
         return f"<Engine quorum {self.quorum} of {len(self.addresses)}: {self.describe()}>"
@@ -541,6 +557,7 @@ class Engine:
             # one state tuple fewer per acquire). Our place in line may remain on nodes that
             # did not grant this attempt; the release drops it there (see release.lua), at no
             # extra round trip.
+            held = held_on(shape.granted_on(results))
             lease = make(
                 name=attempt.name,
                 key=attempt.key,
@@ -552,10 +569,12 @@ class Engine:
                 shape=shape,
                 owner=attempt.owner,
                 waiter=attempt.waiter,
-                held=held_on(shape.granted_on(results)),
+                held=held,
             )
             waited = acquired_at - attempt.started
             self.reporter.granted(attempt.name, results, attempt.votes, waited)
+            if self._unrecorded:  # empty once every node was seen granting: one test
+                self._record_votes(held)
             return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
         except BaseException:
             free(attempt.interrupted())

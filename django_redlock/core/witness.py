@@ -32,8 +32,10 @@ evicted, or a node whose first grant it is (a client records it right after, a f
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,11 +57,20 @@ __all__ = [
     "record_votes",
 ]
 
-CLIENTS_RECORD_VOTES = False
-"""Whether the managers record the votes they see (:class:`VoteRecorder`, wired into the lock
-path). Not yet: until then only ``redlock_status`` runs and declarations write records, so a node
-that voted between two status runs, then crashed empty, has none, and the absence of a record
-proves nothing. :func:`judge` then never answers "new": the command asks instead."""
+CLIENTS_RECORD_VOTES = True
+"""Whether the managers record the votes they see: every engine hands each node's first grant
+in its process to its :class:`VoteRecorder` (``core/engine.py``), so a node that voted has a
+record on the other nodes a few milliseconds after its first grant, refreshed every
+:data:`REFRESH` seconds while the client lives. Were it false (only ``redlock_status`` runs and
+declarations writing records), a missing record would prove nothing, and :func:`judge` would
+never answer "new"."""
+
+CLIENT_SEEN = "0"
+"""The run_id a client records for a node it saw grant: the client's connections know their
+node's process, its lock path does not, and the rule needs only that some process at that
+address voted (any record makes the node "seen")."""
+
+logger = logging.getLogger("django_redlock")
 
 VOTERS_KEY = "\x00django_redlock:voters"
 """The hash, on each node, of the other nodes' processes seen voting. The NUL byte keeps it
@@ -140,28 +151,50 @@ class VoteRecorder:
         self.written = 0  # rounds of writes done (for tests and metrics)
 
     def saw_vote(self, address: NodeAddress, run_id: str) -> None:
-        """``address`` granted a vote from its process ``run_id``. Call it when a connection
-        first sees a grant from its node (the lead's one call site, see the module)."""
+        """``address`` granted a vote from its process ``run_id`` (:data:`CLIENT_SEEN` when the
+        caller does not know it). Called by the engine on each node's first grant in this
+        process."""
         if self._seen.get(address) == run_id or not run_id:
             return
         with self._lock:
             self._seen[address] = run_id
             if self._pid != os.getpid():
                 self._pid = os.getpid()
+                self._wake = threading.Event()  # this process's own (a fork copies the old)
+                # The thread holds the recorder weakly: a manager dropped lets its recorder
+                # go, whose finalizer wakes the thread to end.
                 threading.Thread(
-                    target=self._loop, name="django_redlock-voters", daemon=True
+                    target=_record_loop,
+                    args=(weakref.ref(self), self._wake, self.refresh),
+                    name="django_redlock-voters",
+                    daemon=True,
                 ).start()
+                weakref.finalize(self, self._wake.set)
         self._wake.set()
 
-    def _loop(self) -> None:
-        pid = os.getpid()
-        while self._pid == pid:
-            self._wake.clear()
-            with self._lock:
-                seen = dict(self._seen)
-            record_votes(self.addresses, seen, timeout=self.timeout)
-            self.written += 1
-            self._wake.wait(self.refresh)
+
+def _record_loop(ref: weakref.ref[VoteRecorder], wake: threading.Event, refresh: float) -> None:
+    """A recorder's thread: writes its records at once when told of a new one, then every
+    ``refresh`` seconds, until the recorder is gone or the process forked away from it."""
+    pid = os.getpid()
+    while True:
+        wake.clear()
+        recorder = ref()
+        if recorder is None or recorder._pid != pid:
+            return
+        with recorder._lock:
+            seen = dict(recorder._seen)
+        addresses, timeout = recorder.addresses, recorder.timeout
+        del recorder  # not held while writing or waiting
+        try:
+            record_votes(addresses, seen, timeout=timeout)
+        except Exception:  # best effort, as each write is: the thread must go on refreshing
+            logger.debug("recording votes failed", exc_info=True)
+        recorder = ref()
+        if recorder is not None:
+            recorder.written += 1
+        del recorder
+        wake.wait(refresh)
 
 
 @dataclass(frozen=True)
@@ -230,7 +263,13 @@ def judge(
     for peer, answer in answers.items():
         if answer is not None and answer[0]:
             seen_run, _, ago = answer[0].partition(" ")
-            was = "this process" if seen_run == run_id else f"process {seen_run[:8]}"
+            was = (
+                "this process"
+                if seen_run == run_id
+                else "a process"
+                if seen_run == CLIENT_SEEN
+                else f"process {seen_run[:8]}"
+            )
             return (
                 "seen",
                 f"{peer} saw {was} of it vote {_ago(int(ago or 0))} ago: it may have forgotten "

@@ -254,7 +254,9 @@ def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
     node does not hold it: counting it would let a renewal think the lease still held there."""
     from django_redlock.core.shapes import Shape
 
-    quarantined = NodeError("QUARANTINED restarted 1 s ago and is not proven durable")
+    quarantined = NodeError(
+        "QUARANTINED up 1 s, not proven durable (appendonly no): votes again in 59 s"
+    )
     replies = [GRANTED, quarantined, TIMED_OUT, NotSent("refused"), PENDING, 3_000]
     assert Shape("k").granted_on(replies) == (True, False, True, False, True, False)
 

@@ -19,7 +19,8 @@ The ``--json`` output is a stable schema::
                 "server": str|null, "version": str|null, "role": str|null,
                 "replicas": [str] ("host:port (state, lag N s)"), "master": str|null (a
                 replica's master), "promoted": bool (a replica promoted in this process's
-                life: it waits the quarantine from its promotion), "run_id": str|null, "uptime_s": int|null, "maxmemory": int|null,
+                life: it waits the quarantine from its promotion), "run_id": str|null,
+                "uptime_s": int|null, "maxmemory": int|null,
                 "maxmemory_policy": str|null, "persistence": str|null,
                 "clock_offset_ms": float|null, "quarantine_left_s": float|null,
                 "vote": "votes"|"quarantined"|"down", "vote_detail": str,

@@ -1,0 +1,48 @@
+"""Clients record the nodes they saw grant on the other nodes (issue 40, item 1): the memory
+``redlock_declare_fresh`` reads to tell a brand-new node from one that voted, crashed and came
+back empty (``core/witness.py``). Real nodes; the recorder's thread, never the acquire, writes.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+from django_redlock import LockManager
+from django_redlock.core.witness import CLIENT_SEEN, VOTERS_KEY, field_of
+from django_redlock.wire.nodes import parse_node
+from tests.helpers import node_client
+
+PROMPT = 10.0  # an upper bound, never expected
+
+
+def recorders() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == "django_redlock-voters")
+
+
+def test_a_clients_first_grant_of_each_node_is_recorded_on_the_others(cluster3):
+    before = recorders()
+    manager = LockManager(cluster3.urls, node_timeout=0.5)
+    lease = manager.acquire("recorded", blocking=False)
+    lease.extend()  # every node answers it: all three granted
+    manager.acquire("again", blocking=False).release()  # no second record needed
+    fields = [field_of(parse_node(url)) for url in cluster3.urls]
+    deadline = time.monotonic() + PROMPT
+    for index, node in enumerate(cluster3):
+        with node_client(node) as client:
+            others = [field for other, field in enumerate(fields) if other != index]
+            while any(client.hget(VOTERS_KEY, field) is None for field in others):
+                assert time.monotonic() < deadline, f"node {index} has no record"
+                time.sleep(0.01)
+            for field in others:
+                assert client.hget(VOTERS_KEY, field).split()[0] == CLIENT_SEEN.encode()
+            assert client.hget(VOTERS_KEY, fields[index]) is None  # never itself
+    lease.release()
+    # A manager dropped takes its recorder's thread with it.
+    assert recorders() == before + 1
+    del lease, manager
+    gc.collect()
+    while recorders() > before:
+        assert time.monotonic() < deadline, "the recorder's thread outlived its manager"
+        time.sleep(0.01)
