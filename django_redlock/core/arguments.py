@@ -128,9 +128,12 @@ def check_ttl(
         raise ValueError(f"{argument}={value!r} is above the cap of {MAX_TTL:g} seconds")
     if seconds > max_ttl:
         name = spell("max_ttl")
+        # The runtime check (acquire's ttl) names the argument; a Django user set it as a
+        # setting, so the message says both (issue 40, item 9).
+        where = " (REDLOCK['MAX_TTL'] in Django)" if spell is _as_is else ""
         raise ValueError(
-            f"{argument}={value!r} is above {name}={max_ttl:g}: raise {name} (the restart "
-            "quarantine) to take longer leases"
+            f"{argument}={value!r} is above {name}={max_ttl:g}: raise {name}{where} (the "
+            "restart quarantine) to take longer leases"
         )
     if node_timeout is not None:
         floor = node_timeout + seconds * drift_factor + DRIFT_SECONDS

@@ -143,6 +143,9 @@ def test_the_ttl_check_names_the_other_arguments_as_told():
     with pytest.raises(ValueError, match=r"^TTL=90 is above MAX_TTL=60: raise MAX_TTL "):
         check_ttl(90, "TTL", max_ttl=60.0, spell=str.upper)
     assert check_ttl(MAX_TTL) == MAX_TTL
+    # Told nothing (an acquire's ttl), it names the Django setting beside the argument.
+    with pytest.raises(ValueError, match=r"raise max_ttl \(REDLOCK\['MAX_TTL'\] in Django\)"):
+        check_ttl(90, max_ttl=60.0)
 
 
 def test_max_ttl_defaults_to_a_minute_or_the_ttl_when_longer():
