@@ -65,7 +65,7 @@ from django_redlock.core.lease import (
 from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
-from django_redlock.core.shapes import Shape
+from django_redlock.core.shapes import Shape, heard
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
 from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
@@ -124,6 +124,37 @@ class Quarantine:
         with self._lock:
             self.heard.add(node)
             self.ms = max(self.ms, ms)
+
+
+class Servers:
+    """Which server process each node's connections reached (its run_id, from the hello), to
+    tell two addresses of one server apart from two nodes (issue 40): three databases of one
+    server listed as three nodes would make a "quorum" of one machine. Shared with the
+    connections, like :class:`Quarantine`.
+
+    ``same`` maps each node label whose server another label already reached to that label;
+    empty (the usual case: one test per acquire) while every node is its own server.
+    """
+
+    __slots__ = ("_lock", "by_run_id", "same")
+
+    def __init__(self) -> None:
+        self.by_run_id: dict[str, str] = {}
+        self.same: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def report(self, node: str, run_id: str) -> None:
+        """Node ``node``'s connection reached the server process ``run_id``."""
+        with self._lock:
+            first = self.by_run_id.setdefault(run_id, node)
+            if first != node:
+                self.same[node] = first
+
+    def distinct(self, labels: Sequence[str], granted: Sequence[bool]) -> int:
+        """How many different servers are among the nodes that ``granted``."""
+        return len(
+            {self.same.get(label, label) for label, yes in zip(labels, granted, strict=True) if yes}
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +265,7 @@ class Engine:
         "quorum",
         "reporter",
         "retry_delay",
+        "servers",
         "ttl",
     )
 
@@ -266,7 +298,8 @@ class Engine:
         )
         self.quarantine = Quarantine(math.ceil(self.max_ttl * 1000))
         # What every new connection (sync or asyncio) asks its node first (see Hello).
-        self.hello = Hello(NODE_KEY, self.quarantine.report)
+        self.servers = Servers()
+        self.hello = Hello(NODE_KEY, self.quarantine.report, self.servers.report)
         self.quorum = len(self.addresses) // 2 + 1
         self.nodes = flow.Nodes(
             tuple(address.label for address in self.addresses),
@@ -323,6 +356,34 @@ class Engine:
         """Whether nothing of the user's that this engine refers to can refer to a lease, so
         that a thread holding many of its sync leases may have them untracked by the garbage
         collector (``core.lease._cycle_free``): fixed at construction, from what it was given."""
+
+    def _one_vote_per_server(
+        self, attempt: flow.Acquire | flow.FirstTry, held: Sequence[bool], results: Sequence[Any]
+    ) -> None:
+        """Count the grants of two addresses of one server as one vote: a quorum must be of
+        different servers, or the lease is refused (the caller frees its keys). Only grants
+        heard count here (``held`` also has the nodes whose reply was not waited for).
+
+        Raises:
+            QuorumUnreachable: the grants come from fewer servers than a quorum; its node
+                errors name each address and the one it duplicates.
+        """
+        labels = self.nodes.labels
+        granted = [may and heard(reply) for may, reply in zip(held, results, strict=True)]
+        servers = self.servers.distinct(labels, granted)
+        if servers >= self.quorum:
+            return
+        same = dict(self.servers.same)
+        raise QuorumUnreachable(
+            attempt.name,
+            servers,
+            self.quorum,
+            {
+                label: f"same server as {first} (one run_id): not an independent node; list "
+                "each Redlock node once, on its own server"
+                for label, first in same.items()
+            },
+        )
 
     def _record_votes(self, held: Sequence[bool]) -> None:
         """Hand the nodes in ``held`` not seen granting before to the vote recorder (a dict
@@ -558,6 +619,8 @@ class Engine:
             # did not grant this attempt; the release drops it there (see release.lua), at no
             # extra round trip.
             held = held_on(shape.granted_on(results))
+            if self.servers.same:  # empty unless two addresses reached one server
+                self._one_vote_per_server(attempt, held, results)
             lease = make(
                 name=attempt.name,
                 key=attempt.key,

@@ -78,11 +78,19 @@ class Hello:
     q``) goes to ``on_quarantine(node label, ms)`` (0 when the node has none).
     """
 
-    __slots__ = ("marker", "on_quarantine")
+    __slots__ = ("marker", "on_quarantine", "on_server")
 
-    def __init__(self, marker: str, on_quarantine: Callable[[str, int], None]) -> None:
+    def __init__(
+        self,
+        marker: str,
+        on_quarantine: Callable[[str, int], None],
+        on_server: Callable[[str, str], None] | None = None,
+    ) -> None:
         self.marker = marker
         self.on_quarantine = on_quarantine
+        self.on_server = on_server
+        """Told ``(node label, run_id)`` when a connection learns which server process it
+        reached: two labels with one run_id are one server (see core/engine.py, Servers)."""
 
 
 HELLO_RUN_ID = encode_command(b"INFO", b"server")
@@ -340,6 +348,8 @@ class Handshake:
             self.loads_owed = max(0, self.loads_owed - 1)
         elif kind == RUN_ID:
             self.run_id = run_id_of(reply)
+            if self.hello is not None and self.hello.on_server is not None and self.run_id:
+                self.hello.on_server(self.address.label, self.run_id)
         elif kind == REPLICATION:
             self.replid = replid_of(reply)
         elif kind == PERSISTENCE:
