@@ -225,3 +225,13 @@ class FaultServer:
                 if sock in self._peers:
                     self._forget(sock)
         self.listener.close()
+
+
+def votes_recorded(*managers: object) -> None:
+    """Wait until each manager's vote recorder has written what it was told (a node's first
+    grant in this process is recorded on the other nodes by a thread of its own, with an INFO
+    call: see core/witness.py). Tests that count what the nodes run call this first, so those
+    writes fall outside what they count."""
+    for manager in managers:
+        engine = manager.engine  # type: ignore[attr-defined]
+        assert engine._voters.wait_idle(10.0), "the vote recorder did not finish writing"

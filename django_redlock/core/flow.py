@@ -433,6 +433,9 @@ class Acquire:
     """Node index -> the last round whose reply from that node was heard (plus a half when
     that reply said it holds the token and a yield followed: its grants count no more)."""
     last_results: Sequence[Any] = field(default=(), init=False, repr=False)
+    outage: int = field(default=0, init=False, repr=False)
+    """Rounds in a row in which so many nodes refused the connection outright that no quorum
+    was possible (see :func:`plainly_refusing`)."""
 
     def __post_init__(self) -> None:
         if self.shape is None:
@@ -531,6 +534,24 @@ class Acquire:
             nodes, self.name, results, granted, end - start, self.attempts, shape.refused_ms
         )
         give_up = not self.blocking or (self.deadline is not None and end >= self.deadline)
+        pause = None
+        if give_up or self.deadline is None:
+            pass
+        elif nodes.size - plainly_refusing(results) < nodes.quorum:
+            # A total outage: the nodes refuse connections outright (nothing listens there,
+            # or the name does not resolve), so no quorum is possible, and retrying every
+            # retry_delay until the timeout would only stall the caller (a web worker) for
+            # nothing. One more round after one node timeout (a restart may be under way),
+            # then give up, saying so. A caller who asked to wait (timeout=None) keeps
+            # waiting; one node of three down changes nothing here.
+            self.outage += 1
+            if self.outage >= 2:
+                give_up = True
+                error = outage_error(error, nodes)
+            else:
+                pause = nodes.node_timeout
+        else:
+            self.outage = 0
         if self.hand:
             clean_up = self._hand_clean_up(results, give_up)
         elif give_up:
@@ -539,6 +560,8 @@ class Acquire:
             clean_up = shape.retry_clean_up(self.token, results, nodes.size)
         if give_up:
             return Failed(error, clean_up, True, 0.0, end - self.started)
+        if pause is not None:
+            return Failed(error, clean_up, False, pause, end - self.started)
         quarantined = error.quarantined
         if quarantined is not None:
             # The nodes said when a quorum votes again: never wait out a timeout that the
@@ -738,6 +761,51 @@ def failure(
         attempts=attempts,
         quarantined=quarantined,
         node_answers=node_answers(nodes, results, read),
+    )
+
+
+_REFUSALS = (
+    "connection refused",
+    "no such file or directory",
+    "name or service not known",
+    "temporary failure in name resolution",
+    "nodename nor servname provided",
+    "no address associated with hostname",
+    "connect call failed",  # asyncio's words for a refused TCP connect
+)
+"""What a node's error says when its connection was refused outright (lower case): nothing
+listens at the address, or the name does not resolve. Not a timeout, not a reset: those
+may be a node that is alive but slow."""
+
+
+def plainly_refusing(results: Sequence[Any]) -> int:
+    """How many nodes of a round refused the connection outright (see :data:`_REFUSALS`)."""
+    count = 0
+    for reply in results:
+        if isinstance(reply, NodeError):
+            text = str(reply).lower()
+            count += any(refusal in text for refusal in _REFUSALS)
+    return count
+
+
+def outage_error(error: LockNotAcquired, nodes: Nodes) -> LockNotAcquired:
+    """``error`` again, saying that it gave up early because the nodes refuse connections."""
+    errors = dict(error.node_errors)
+    errors["nodes"] = (
+        f"no quorum is possible: the nodes refuse connections (down, or a wrong address); "
+        f"gave up after {error.attempts} attempts, one node timeout "
+        f"({nodes.node_timeout * 1000:.0f} ms) apart, instead of retrying until the timeout "
+        "(timeout=None waits for them)"
+    )
+    return QuorumUnreachable(
+        error.name,
+        votes=error.votes,
+        quorum=error.quorum,
+        node_errors=errors,
+        retry_after=error.retry_after,
+        attempts=error.attempts,
+        quarantined=error.quarantined,
+        node_answers=error.node_answers,
     )
 
 

@@ -149,6 +149,11 @@ class VoteRecorder:
         self._lock = threading.Lock()
         self._pid = 0
         self.written = 0  # rounds of writes done (for tests and metrics)
+        # Set while every record it was told of has been written (or tried): tests that
+        # count a node's commands wait for it (wait_idle) so the writes fall outside.
+        self._idle = threading.Event()
+        self._idle.set()
+        self._told = 0  # how many times it was told of a new record
 
     def saw_vote(self, address: NodeAddress, run_id: str) -> None:
         """``address`` granted a vote from its process ``run_id`` (:data:`CLIENT_SEEN` when the
@@ -158,6 +163,8 @@ class VoteRecorder:
             return
         with self._lock:
             self._seen[address] = run_id
+            self._told += 1
+            self._idle.clear()
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._wake = threading.Event()  # this process's own (a fork copies the old)
@@ -170,7 +177,14 @@ class VoteRecorder:
                     daemon=True,
                 ).start()
                 weakref.finalize(self, self._wake.set)
-        self._wake.set()
+            # Under the lock: the thread clears the event under it with its snapshot, so a
+            # wake-up always brings news (no second write of what it just wrote).
+            self._wake.set()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every record this recorder was told of has
+        been written (or tried); False if it has not by then."""
+        return self._idle.wait(timeout)
 
 
 def _record_loop(ref: weakref.ref[VoteRecorder], wake: threading.Event, refresh: float) -> None:
@@ -178,12 +192,14 @@ def _record_loop(ref: weakref.ref[VoteRecorder], wake: threading.Event, refresh:
     ``refresh`` seconds, until the recorder is gone or the process forked away from it."""
     pid = os.getpid()
     while True:
-        wake.clear()
         recorder = ref()
         if recorder is None or recorder._pid != pid:
             return
         with recorder._lock:
+            wake.clear()
             seen = dict(recorder._seen)
+            idle = recorder._idle
+            told = recorder._told
         addresses, timeout = recorder.addresses, recorder.timeout
         del recorder  # not held while writing or waiting
         try:
@@ -193,6 +209,9 @@ def _record_loop(ref: weakref.ref[VoteRecorder], wake: threading.Event, refresh:
         recorder = ref()
         if recorder is not None:
             recorder.written += 1
+            with recorder._lock:
+                if recorder._told == told:  # told of nothing new meanwhile
+                    idle.set()
         del recorder
         wake.wait(refresh)
 

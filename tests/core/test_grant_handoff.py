@@ -18,7 +18,7 @@ import pytest
 from django_redlock import AsyncLockManager, LockContended, LockManager
 from django_redlock.core import flow
 from django_redlock.wire import scripts
-from tests.helpers import lock_token, node_client, node_identity, owner_arg
+from tests.helpers import lock_token, node_client, node_identity, owner_arg, votes_recorded
 
 KEY = "redlock:handed"
 HAND = KEY + "\x00h"
@@ -500,6 +500,10 @@ def test_a_hand_off_release_names_its_process_so_the_nodes_read_no_info(cluster3
     # identify=True), so hand_grant.lua knows the node is the process that recorded the line
     # without an INFO call on each node (scripts/hand_grant.lua).
     waiter = LockManager(cluster3.urls, retry_delay=30.0)
+    # Each manager's first grants are recorded on the other nodes, with an INFO call, by a
+    # thread of its own (core/witness.py): done before the count.
+    waiter.acquire("warm-up", blocking=False).release()
+    votes_recorded(waiter)
     got: list[Any] = []
 
     def wait() -> None:
@@ -508,6 +512,7 @@ def test_a_hand_off_release_names_its_process_so_the_nodes_read_no_info(cluster3
     async def hold_and_release(start: threading.Event, registered: threading.Event) -> None:
         holder = AsyncLockManager(cluster3.urls)
         lease = await holder.acquire("handed", ttl=10.0)
+        votes_recorded(holder)
         start.set()
         while not registered.is_set():
             await asyncio.sleep(0.005)
@@ -523,6 +528,7 @@ def test_a_hand_off_release_names_its_process_so_the_nodes_read_no_info(cluster3
     else:
         holder = LockManager(cluster3.urls)
         lease = holder.acquire("handed", ttl=10.0)
+        votes_recorded(holder)
     thread = threading.Thread(target=wait)
     thread.start()
     _wait_for(lambda: _registered(cluster3, 2))

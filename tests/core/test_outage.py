@@ -1,0 +1,74 @@
+"""A total outage fails fast (issue 40, item 3): when the nodes refuse connections outright,
+no quorum is possible, and an acquire gives up after a second round one node timeout later
+instead of retrying until its timeout (a web worker stalled 10 s under `lock_for`). Real
+nodes, stopped; attempts are counted, never seconds."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from django_redlock import AsyncLockManager, LockManager, QuorumUnreachable
+from django_redlock.localnodes import LocalCluster, _free_port
+
+
+def test_nodes_that_refuse_connections_fail_an_acquire_after_two_rounds():
+    with LocalCluster(3) as cluster:
+        urls = cluster.urls
+    # Stopped: the unix sockets are gone ("no such file or directory").
+    manager = LockManager(urls, node_timeout=0.05, retry_delay=0.05)
+    with pytest.raises(QuorumUnreachable) as refused:
+        manager.acquire("outage", timeout=30.0)
+    assert refused.value.attempts == 2
+    assert "the nodes refuse connections" in str(refused.value)
+    assert "timeout=None waits for them" in str(refused.value)
+
+
+def test_tcp_nodes_that_refuse_connections_fail_fast_in_asyncio_too():
+    urls = [f"redis://127.0.0.1:{_free_port()}/0" for _ in range(3)]  # nothing listens
+
+    async def take() -> QuorumUnreachable:
+        manager = AsyncLockManager(urls, node_timeout=0.05, retry_delay=0.05)
+        with pytest.raises(QuorumUnreachable) as refused:
+            await manager.acquire("outage", timeout=30.0)
+        return refused.value
+
+    error = asyncio.run(take())
+    assert error.attempts == 2
+    assert "the nodes refuse connections" in str(error)
+
+
+def test_one_node_of_three_down_changes_nothing(cluster3):
+    cluster3[0].kill()
+    manager = LockManager(cluster3.urls, node_timeout=0.2)
+    manager.acquire("one-down", timeout=5.0).release()
+
+
+def test_a_caller_who_asked_to_wait_waits_for_the_nodes_to_come_back(cluster3):
+    for node in cluster3:
+        node.kill()
+    manager = LockManager(cluster3.urls, node_timeout=0.05, retry_delay=0.05)
+    came_back = threading.Event()
+
+    def restart() -> None:
+        came_back.wait()
+        for node in cluster3:
+            node.start(fresh=True)
+
+    starter = threading.Thread(target=restart)
+    starter.start()
+    # The first refused rounds are the cue to bring the nodes back (no sleep): the acquire
+    # keeps trying with timeout=None, and gets the lock once they answer.
+    original = manager.engine.reporter.attempt_failed
+
+    def failed(error: object) -> None:
+        came_back.set()
+        original(error)  # type: ignore[arg-type]
+
+    manager.engine.reporter.attempt_failed = failed  # type: ignore[method-assign]
+    lease = manager.acquire("waits", timeout=None)
+    starter.join()
+    assert came_back.is_set()  # it was refused first, and waited instead of giving up
+    lease.release()
