@@ -22,7 +22,7 @@ from benchmarks.floor_line import SameCommandsLine
 from benchmarks.references import raw_sockets, redis_py_connections
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.wire.scripts import HAND_UNDO, HOT_SCRIPTS
-from tests.helpers import node_client, node_identity
+from tests.helpers import node_client, node_identity, votes_recorded
 
 TTL_MS = 10_000
 
@@ -75,6 +75,7 @@ def test_it_sends_what_a_lock_manager_sends(cluster3, reference):
     # The references of W1 (benchmarks/references.py) claim the same: checked alike.
     manager = LockManager(cluster3.urls, ttl=TTL_MS / 1000, node_timeout=1.0)
     manager.acquire("warm", blocking=False).release()  # connected: no hello in what follows
+    votes_recorded(manager)  # nor the vote recorder's writes (core/witness.py)
     with ExitStack() as stack:
         run = reference(cluster3.urls, stack)  # connected too
         monitors = [
@@ -237,6 +238,7 @@ def test_the_line_floor_sends_what_a_blocking_lock_sends(cluster3):
             manager = LockManager(cluster3.urls, ttl=TTL_MS / 1000, node_timeout=1.0)
             stack.callback(manager.close)
             manager.acquire("warm", blocking=False).release()  # connected: no hello below
+            votes_recorded(manager)  # nor the vote recorder's writes (core/witness.py)
             managers.append(manager)
         first_line = stack.enter_context(closing(SameCommandsLine(cluster3.urls, 1.0)))
         second_line = stack.enter_context(

@@ -154,6 +154,7 @@ class VoteRecorder:
         self._idle = threading.Event()
         self._idle.set()
         self._told = 0  # how many times it was told of a new record
+        self.thread: threading.Thread | None = None  # its writer, once told of a record
 
     def saw_vote(self, address: NodeAddress, run_id: str) -> None:
         """``address`` granted a vote from its process ``run_id`` (:data:`CLIENT_SEEN` when the
@@ -170,12 +171,13 @@ class VoteRecorder:
                 self._wake = threading.Event()  # this process's own (a fork copies the old)
                 # The thread holds the recorder weakly: a manager dropped lets its recorder
                 # go, whose finalizer wakes the thread to end.
-                threading.Thread(
+                self.thread = threading.Thread(
                     target=_record_loop,
                     args=(weakref.ref(self), self._wake, self.refresh),
                     name="django_redlock-voters",
                     daemon=True,
-                ).start()
+                )
+                self.thread.start()
                 weakref.finalize(self, self._wake.set)
             # Under the lock: the thread clears the event under it with its snapshot, so a
             # wake-up always brings news (no second write of what it just wrote).

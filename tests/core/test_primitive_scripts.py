@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from django_redlock.core.witness import VOTERS_KEY
 from django_redlock.wire import primitives as p
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import PythonReader, encode_parts
@@ -70,8 +71,9 @@ def node(nodes):
 
 
 def user_keys(client: redis.Redis) -> list[bytes]:
-    """The keys under names (not the marker, nor the owners' records: scripts/lock_key.lua)."""
-    keys = set(client.scan_iter()) - {scripts.NODE_KEY.encode()}
+    """The keys under names (not the marker, nor the record of the nodes seen voting
+    (core/witness.py), nor the owners' records: scripts/lock_key.lua)."""
+    keys = set(client.scan_iter()) - {scripts.NODE_KEY.encode(), VOTERS_KEY.encode()}
     return sorted(key for key in keys if not key.startswith(b"\x00o:"))
 
 

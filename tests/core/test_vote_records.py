@@ -6,7 +6,6 @@ back empty (``core/witness.py``). Real nodes; the recorder's thread, never the a
 from __future__ import annotations
 
 import gc
-import threading
 import time
 
 from django_redlock import LockManager
@@ -17,12 +16,7 @@ from tests.helpers import node_client
 PROMPT = 10.0  # an upper bound, never expected
 
 
-def recorders() -> int:
-    return sum(1 for thread in threading.enumerate() if thread.name == "django_redlock-voters")
-
-
 def test_a_clients_first_grant_of_each_node_is_recorded_on_the_others(cluster3):
-    before = recorders()
     manager = LockManager(cluster3.urls, node_timeout=0.5)
     lease = manager.acquire("recorded", blocking=False)
     lease.extend()  # every node answers it: all three granted
@@ -40,9 +34,10 @@ def test_a_clients_first_grant_of_each_node_is_recorded_on_the_others(cluster3):
             assert client.hget(VOTERS_KEY, fields[index]) is None  # never itself
     lease.release()
     # A manager dropped takes its recorder's thread with it.
-    assert recorders() == before + 1
+    thread = manager.engine._voters.thread
+    assert thread is not None
+    assert thread.is_alive()
     del lease, manager
     gc.collect()
-    while recorders() > before:
-        assert time.monotonic() < deadline, "the recorder's thread outlived its manager"
-        time.sleep(0.01)
+    thread.join(PROMPT)
+    assert not thread.is_alive(), "the recorder's thread outlived its manager"
