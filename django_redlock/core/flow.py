@@ -549,7 +549,8 @@ class Acquire:
                 give_up = True
                 error = outage_error(error, nodes)
             else:
-                pause = nodes.node_timeout
+                # Never past the deadline (the same bound as retry_delay's).
+                pause = min(nodes.node_timeout, self.deadline - end)
         else:
             self.outage = 0
         if self.hand:
