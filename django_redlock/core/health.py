@@ -23,6 +23,7 @@ from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
+from django_redlock.wire.sentinel import cached
 from django_redlock.wire.setup import persistence_hint, quarantine_of
 
 __all__ = ["Declaration", "NodeStatus", "Report", "declare_fresh", "status"]
@@ -65,6 +66,11 @@ class NodeStatus:
     warnings: list[str] = field(default_factory=list)
     misconfigured: bool = False
     """The node answered and refused (``problems`` says what): waiting will not fix it."""
+    service: str | None = None
+    """For a node reached through Sentinel: the service name its Sentinels monitor."""
+    resolved: str | None = None
+    """For a node reached through Sentinel: the master's ``host:port`` they told (None when
+    none answered)."""
 
     @property
     def votes_again(self) -> datetime | None:
@@ -223,6 +229,7 @@ def _judge(
 ) -> NodeStatus:
     """Second pass: the node's verdict by the acquire script's own rule, and its warnings."""
     label = address.label
+    where = _sentinel_fields(address)
     if isinstance(seen, _Down):
         return NodeStatus(
             node=label,
@@ -230,6 +237,7 @@ def _judge(
             vote="down",
             problems=[seen.reason],
             misconfigured=seen.refused,
+            **where,
         )
     info = seen.info
     problems: list[str] = []
@@ -268,7 +276,9 @@ def _judge(
             with client_for(address, timeout) as client:
                 vote, detail, left = _node_rule(client, quarantine_ms, seen.persistence)
         except redis.RedisError as exc:
-            return NodeStatus(node=label, reachable=False, problems=[str(exc) or "no answer"])
+            return NodeStatus(
+                node=label, reachable=False, problems=[str(exc) or "no answer"], **where
+            )
     server = "valkey" if "valkey_version" in info else "redis"
     return NodeStatus(
         node=label,
@@ -300,7 +310,20 @@ def _judge(
         problems=problems,
         warnings=warnings,
         misconfigured=bool(problems),
+        **where,
     )
+
+
+def _sentinel_fields(address: NodeAddress) -> dict[str, Any]:
+    """``service`` and ``resolved`` for a node reached through Sentinel (none otherwise):
+    the master its Sentinels told when this status connected (:func:`_look`)."""
+    if address.sentinel is None:
+        return {}
+    master = cached(address)
+    return {
+        "service": address.sentinel.service,
+        "resolved": None if master is None else f"{master[0]}:{master[1]}",
+    }
 
 
 def _replicas(info: dict[str, Any]) -> list[str]:
