@@ -278,7 +278,11 @@ def parse_sentinel(spec: Mapping[str, Any]) -> NodeAddress:
                 f"nodes: Sentinel node {service!r}: {_redact_url(url)!r} names a database or a "
                 "login; a Sentinel URL is host:port only (use SENTINEL_PASSWORD, DB, PASSWORD)"
             )
-        address = _from_url(url)
+        try:
+            address = _from_url(url)
+        except ValueError as exc:
+            text = str(exc).removeprefix("nodes: ")
+            raise ValueError(f"nodes: Sentinel node {service!r}: {text}") from None
         if address.tls and not address.ssl_options:
             address = replace(address, ssl_options=ssl_options)
         address = replace(address, username=sentinel_username, password=sentinel_password)
