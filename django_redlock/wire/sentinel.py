@@ -18,6 +18,7 @@ waits its quarantine (``scripts/node_rule.lua``).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -35,6 +36,16 @@ __all__ = ["amaster_of", "cached", "endpoint", "forget", "master_of"]
 _MASTERS: dict[SentinelService, tuple[tuple[str, int], NodeAddress]] = {}
 _ORDER: dict[SentinelService, tuple[NodeAddress, ...]] = {}
 _LOCK = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # Another thread of the parent may have held the lock at the instant of the fork; that
+    # thread does not exist here. The cache itself is kept: a connection checks the role.
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def cached(address: NodeAddress) -> tuple[str, int] | None:
