@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
@@ -308,6 +309,10 @@ class LocalSentinel:
         down_after: seconds without an answer before a master is judged down.
         failover_timeout: seconds a failover may take (and between two tries of one).
         binary: the server executable (default: :func:`server_binary`).
+        password: the Sentinel's own password (``requirepass``), for its clients.
+        master_password: the masters' password (``sentinel auth-pass``).
+        tls: ``{"cert": path, "key": path, "ca": path}``: the Sentinel listens on TLS only
+            and speaks TLS to the masters it monitors (``tls-replication yes``).
 
     Kept small for tests: a killed master is failed over in about ``down_after`` plus a
     second or two.
@@ -323,9 +328,15 @@ class LocalSentinel:
         down_after: float = 0.2,
         failover_timeout: float = 2.0,
         binary: str | None = None,
+        password: str | None = None,
+        master_password: str | None = None,
+        tls: dict[str, Path] | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.name = name
+        self.password = password
+        self.master_password = master_password
+        self.tls = tls
         self.binary = binary or server_binary()
         self.port = _free_port()
         self.config_path = self.directory / f"{name}.conf"
@@ -338,7 +349,10 @@ class LocalSentinel:
 
     @property
     def url(self) -> str:
-        """The Sentinel's URL, for a Sentinel node's ``SENTINELS``."""
+        """The Sentinel's URL, for a Sentinel node's ``SENTINELS`` (``rediss://`` with the
+        CA to trust when it speaks TLS; never its password)."""
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}?ssl_ca_certs={self.tls['ca']}"
         return f"redis://127.0.0.1:{self.port}"
 
     @property
@@ -347,7 +361,7 @@ class LocalSentinel:
 
     def _config(self) -> str:
         lines = [
-            f"port {self.port}",
+            f"port {0 if self.tls else self.port}",
             "bind 127.0.0.1",
             "protected-mode no",
             f"dir {self.directory}",
@@ -357,6 +371,17 @@ class LocalSentinel:
             "sentinel announce-ip 127.0.0.1",
             f"sentinel announce-port {self.port}",
         ]
+        if self.password:
+            lines.append(f"requirepass {self.password}")
+        if self.tls is not None:
+            lines += [
+                f"tls-port {self.port}",
+                f"tls-cert-file {self.tls['cert']}",
+                f"tls-key-file {self.tls['key']}",
+                f"tls-ca-cert-file {self.tls['ca']}",
+                "tls-auth-clients no",
+                "tls-replication yes",
+            ]
         for service, master in self.services.items():
             host, port = ("127.0.0.1", master.port) if isinstance(master, LocalNode) else master
             if port is None:
@@ -367,6 +392,8 @@ class LocalSentinel:
                 f"sentinel failover-timeout {service} {round(self.failover_timeout * 1000)}",
                 f"sentinel parallel-syncs {service} 1",
             ]
+            if self.master_password:
+                lines.append(f"sentinel auth-pass {service} {self.master_password}")
         return "\n".join(lines) + "\n"
 
     def start(self) -> None:
@@ -389,16 +416,17 @@ class LocalSentinel:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 break
-            if _answers_ping(self.url, 0.5):
-                return
+            with contextlib.suppress(redis.RedisError), self.client(0.5) as client:
+                if client.ping():
+                    return
             time.sleep(0.005)
         log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
         self.stop()
         raise RuntimeError(f"{self.name} ({self.binary} --sentinel) did not start; log:\n{log}")
 
-    def client(self) -> redis.Redis:
+    def client(self, timeout: float = 2.0) -> redis.Redis:
         """A redis-py client to the Sentinel itself (``SENTINEL ...`` commands)."""
-        return client_for(parse_node(self.url), 2.0)
+        return client_for(replace(parse_node(self.url), password=self.password), timeout)
 
     def master_of(self, service: str) -> tuple[str, int] | None:
         """The master this Sentinel names for ``service`` now (None: it knows none)."""

@@ -18,6 +18,7 @@ The suite runs on the bundled Valkey and again on Redis 7 (``REDLOCK_SERVER_BIN`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import socket
 import tempfile
@@ -33,6 +34,7 @@ from django_redlock.core.health import status
 from django_redlock.localnodes import LocalNode, LocalSentinel
 from django_redlock.wire import sentinel as sentinel_cache
 from django_redlock.wire.scripts import ACQUIRE
+from tests.core import test_tls
 from tests.helpers import lock_token, node_client
 
 pytestmark = pytest.mark.slow
@@ -41,6 +43,7 @@ MAX_TTL = 2.0  # the quarantine: short, so that waiting it out stays short
 NODE_TIMEOUT = 0.5  # generous: a node that just started compiles the scripts first
 PROMPT = 30.0  # an upper bound on what a healthy set-up takes (sync, failover), never expected
 PROMOTED = "QUARANTINED a replica promoted to master"
+pki = test_tls.pki  # its certificates (a module fixture), for the TLS test below
 
 
 def _closed_port() -> int:
@@ -403,3 +406,63 @@ def test_the_cache_is_forgotten_when_a_connection_is_lost(make_service):
         ),
         "the client asking the Sentinels again",
     )
+
+
+def test_passwords_of_the_master_and_of_the_sentinels(tmp_path):
+    master = LocalNode(tmp_path, name="pm", tcp=True, password="m4ster")
+    sentinel = LocalSentinel(
+        tmp_path, {"p": master}, name="ps", password="s3nt", master_password="m4ster"
+    )
+    try:
+        master.start()
+        sentinel.start()
+        spec = {"SENTINELS": [sentinel.url], "SERVICE": "p", "PASSWORD": "m4ster"}
+        assert attempt(manager({**spec, "SENTINEL_PASSWORD": "s3nt"}), "acct:9") is None
+        for wrong, why in [
+            ({}, "refused: NOAUTH"),
+            ({"SENTINEL_PASSWORD": "nope"}, "login refused: WRONGPASS"),
+        ]:
+            text = attempt(manager({**spec, **wrong}), "acct:9")
+            assert text is not None
+            assert "no Sentinel told the master of service 'p'" in text, text
+            assert why in text, text
+            assert "s3nt" not in text
+            assert "nope" not in text
+    finally:
+        sentinel.stop()
+        master.stop()
+
+
+def test_tls_to_the_sentinels_and_to_the_master(pki, tmp_path):
+    """A TLS-only master and a TLS-only Sentinel (Debian's redis-server; skipped on a
+    server built without TLS): the Sentinel URL is rediss://, TLS and SSL_OPTIONS are the
+    master's, and the CA given once serves both."""
+    serving = contextlib.contextmanager(test_tls.tls_server_or_skip)
+    with serving(pki, tmp_path) as port:
+        sentinel = LocalSentinel(tmp_path, {"t": ("127.0.0.1", port)}, name="ts", tls=pki)
+        try:
+            sentinel.start()
+            spec = {
+                "SENTINELS": [f"rediss://127.0.0.1:{sentinel.port}"],
+                "SERVICE": "t",
+                "TLS": True,
+                "SSL_OPTIONS": {"ssl_ca_certs": str(pki["ca"])},
+            }
+            lock = manager(spec)
+            lock.declare_fresh()  # a brand-new node: no quarantine to sit out
+            assert attempt(lock, "acct:10") is None
+            (node,) = status(lock, timeout=2.0).nodes
+            assert node.resolved == f"127.0.0.1:{port}"
+
+            async def main(spec: dict[str, Any]) -> None:
+                alock = AsyncLockManager([spec], ttl=MAX_TTL, node_timeout=NODE_TIMEOUT)
+                await (await alock.acquire("acct:10", blocking=False)).release()
+                await alock.aclose()
+
+            asyncio.run(main(spec))
+            wrong = {**spec, "SSL_OPTIONS": {"ssl_ca_certs": str(pki["wrong_ca"])}}
+            text = attempt(manager(wrong), "acct:10")
+            assert text is not None
+            assert "CERTIFICATE_VERIFY_FAILED" in text, text
+        finally:
+            sentinel.stop()
