@@ -97,7 +97,8 @@ def _node(spec: object, reading: Reading) -> NodeAddress | None:
                 bad,
                 f"REDLOCK node {_redacted(spec)!r} must have exactly one of URL or CACHE"
                 + (f" (unknown keys: {', '.join(unknown)})" if unknown else ""),
-                'Write {"URL": "redis://...", "PASSWORD": ...} or {"CACHE": "alias"}.',
+                'Write {"URL": "redis://...", "PASSWORD": ...}, {"CACHE": "alias"} or, for a '
+                'node managed by Sentinel, {"SENTINELS": [...], "SERVICE": "name"}.',
             )
             return None
         if "CACHE" in spec:
