@@ -23,7 +23,7 @@ from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
-from django_redlock.wire.sentinel import cached
+from django_redlock.wire.sentinel import cached, forget
 from django_redlock.wire.setup import persistence_hint, quarantine_of
 
 __all__ = ["Declaration", "NodeStatus", "Report", "declare_fresh", "status"]
@@ -213,6 +213,9 @@ def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | _
             stored = client.hget(NODE_KEY, "q")
             denied = _scripts_denied(client, manager.key_prefix)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # A Sentinel node's master may have moved: the next look asks the Sentinels again
+        # (a long-lived process that shows the page but takes no lock would keep it forever).
+        forget(address)
         return _Down(str(exc) or type(exc).__name__)
     except redis.RedisError as exc:
         # It answered, with a refusal (AUTH, SELECT: "DB index is out of range", an ACL).
@@ -248,10 +251,16 @@ def _judge(
     replicas = _replicas(info)
     master = None
     if role != "master":
+        # The Sentinels named a replica (one of them has not seen a failover): asked again,
+        # that one last, at the next look.
+        forget(address, stale=True)
         master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
         problems.append(
             f"a replica (of {master}): it never votes; list its master as the node, or its "
             "Sentinels"
+            if address.sentinel is None
+            else f"the Sentinels named a replica (of {master}): one of them has not seen a "
+            "failover yet; the next look asks the others first"
         )
     elif replicas:
         warnings.append(

@@ -343,6 +343,12 @@ def test_a_sentinel_naming_a_replica_is_never_followed_and_the_others_are_asked(
         assert "is a slave now; asking the Sentinels again" in text, text
         assert b"INFO" in seen  # the hello reached the replica...
         assert ACQUIRE.sha not in seen  # ...and the acquire never did (held behind it)
+        (node,) = status(manager({"SENTINELS": [behind.url], "SERVICE": "s"}), timeout=2.0).nodes
+        assert node.resolved == f"127.0.0.1:{service.replica.port}"
+        assert not node.votes
+        assert node.problems[0].startswith(
+            f"the Sentinels named a replica (of 127.0.0.1:{service.master.port})"
+        )
 
         both = manager({"SENTINELS": [behind.url, service.sentinel.url], "SERVICE": "s"})
         with both.lock("acct:6") as lease, node_client(service.master) as client:
