@@ -42,7 +42,7 @@ from django_redlock.wire.resp import (
 )
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, fire_and_forget
-from django_redlock.wire.sentinel import amaster_of, forget
+from django_redlock.wire.sentinel import Watch, amaster_of, forget, watch
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
@@ -647,6 +647,13 @@ class LoopConnections:
         # or so instead of one made and cancelled per round.
         self.waiting: set[_LoopRound] = set()
         self.alarm_at = math.inf
+        # The Sentinel nodes, each with the failovers of its service heard in this process
+        # (see ConnectionSet.watches).
+        self.watches: dict[int, Watch] = {
+            index: watch(address)
+            for index, address in enumerate(self.addresses)
+            if address.sentinel is not None
+        }
 
     @property
     def subscriber(self) -> LoopSubscriber:
@@ -682,6 +689,10 @@ class LoopConnections:
             if conn is not None:
                 conn.close()
             conn = _AsyncConnection(self.addresses[index], self.hello)
+            watched = self.watches.get(index)
+            if watched is not None:
+                watched.ensure_running()  # (a forked child has no thread of its parent's)
+                conn.switches = watched.switches  # before asking: a switch meanwhile drops it
             self.connections[index] = conn
             conn.opening = asyncio.get_running_loop().create_task(conn.open(timeout))
         return conn
@@ -751,6 +762,8 @@ class LoopConnections:
         Raises:
             RuntimeError: no event loop is running.
         """
+        if self.watches:
+            self._drop_switched()
         connections = self.connections
         stall = self.stall
         cap = stall.max_outstanding
@@ -777,6 +790,14 @@ class LoopConnections:
                 answer.pending += 1
                 self._expect(conn, index, command, answer, identify, now)
         return answer
+
+    def _drop_switched(self) -> None:
+        """Fail each connection to a Sentinel node opened before a failover of its service
+        heard since (see ConnectionSet._drop_switched): the next round opens a new one."""
+        for index, watched in self.watches.items():
+            conn = self.connections[index]
+            if conn is not None and conn.broken is None and conn.switches != watched.switches:
+                conn._fail("the Sentinels switched the master: connection dropped")
 
     async def _send_after_awaits(
         self,

@@ -53,7 +53,7 @@ from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
-from django_redlock.wire.sentinel import forget
+from django_redlock.wire.sentinel import Watch, forget, watch
 from django_redlock.wire.setup import Hello, describe, is_replica_reply, warm_tls
 from django_redlock.wire.stall import StallRule
 from django_redlock.wire.subscriber import Subscriber
@@ -129,6 +129,13 @@ class ConnectionSet:
         # see _connection): taken off the round's wait, so that the round stays within the
         # node timeout whatever the Sentinels do.
         self.asking = 0.0
+        # The Sentinel nodes, each with the failovers of its service heard in this process:
+        # a connection opened before the last one is dropped before the next round.
+        self.watches: dict[int, Watch] = {
+            index: watch(address)
+            for index, address in enumerate(self.addresses)
+            if address.sentinel is not None
+        }
         # Whether a connection opened lately may still hold commands until its hello is
         # answered (see wait): checked only then, not on every round trip.
         self.settling = False
@@ -242,6 +249,9 @@ class ConnectionSet:
             if address.sentinel is None:
                 conn = NodeSocket(address, self.clock, self.preload, self.hello)
             else:
+                watched = self.watches[index]
+                watched.ensure_running()  # (a forked child has no thread of its parent's)
+                switches = watched.switches  # before asking: a switch meanwhile drops it
                 # Asking the Sentinels blocks (within the node timeout): counted, so the
                 # round's wait is shortened by as much (see run).
                 started = time.monotonic()
@@ -251,6 +261,7 @@ class ConnectionSet:
                     )
                 finally:
                     self.asking += time.monotonic() - started
+                conn.switches = switches
             conn.index = index
             self.settling = self.hello is not None
             self.connections[index] = conn
@@ -480,6 +491,8 @@ class ConnectionSet:
             # closed our socket, and learning that now (instead of from a failed send) lets
             # this very operation reconnect to it.
             self._poll_once(0)
+        if self.watches:
+            self._drop_switched()
         self.last_post = now
         connections = self.connections
         results = answer.results
@@ -527,6 +540,15 @@ class ConnectionSet:
                 self._rearm(index, conn)
         answer.pending += index + 1 - others
         return answer
+
+    def _drop_switched(self) -> None:
+        """Drop each connection to a Sentinel node opened before a failover of its service
+        that this process has heard of since (+switch-master): the old master may still be
+        up and a master for a while, and must not be asked to vote any more."""
+        for index, watched in self.watches.items():
+            conn = self.connections[index]
+            if conn is not None and conn.switches != watched.switches:
+                self._drop(index, "the Sentinels switched the master: connection dropped")
 
     def _send_one(
         self,

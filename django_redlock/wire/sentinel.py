@@ -11,8 +11,10 @@ The answer is cached per service for the process, and dropped (:func:`forget`) w
 connection to that node is lost or meets a replica: a ``READONLY`` reply, the scripts' refusal
 ``QUARANTINED this node is a replica``, or a hello whose ``INFO replication`` says the address
 the Sentinels gave is not a master (a Sentinel that has not seen the failover yet). The next
-connection asks again. Nothing here decides whether a node votes: a promoted replica still
-waits its quarantine (``scripts/node_rule.lua``).
+connection asks again. A daemon thread per service (:class:`Watch`) also listens to the
+Sentinels' ``+switch-master``, so that connections that live on are dropped at a failover
+instead of at the old master's demotion. Nothing here decides whether a node votes: a promoted
+replica still waits its quarantine (``scripts/node_rule.lua``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from dataclasses import replace
 
 from django_redlock.wire.errors import NodeError
@@ -29,7 +32,7 @@ from django_redlock.wire.nodes import NodeAddress, SentinelService
 from django_redlock.wire.resp import PROTOCOL_ERRORS, ReplyError, encode_command, make_reader
 from django_redlock.wire.setup import describe, login_commands, tls_context
 
-__all__ = ["amaster_of", "cached", "endpoint", "forget", "master_of"]
+__all__ = ["Watch", "amaster_of", "cached", "endpoint", "forget", "master_of", "watch"]
 
 # service -> ((host, port) of its master as last told, the Sentinel that told it);
 # service -> the Sentinels' order to ask.
@@ -272,3 +275,170 @@ async def amaster_of(address: NodeAddress, timeout: float) -> NodeAddress:
         _remember(service, sentinel, master)
         return endpoint(address, master)
     raise _gave_up(service, errors)
+
+
+# -- failovers heard ----------------------------------------------------------------------
+
+# A connection that lives on is not asked about: until the Sentinels reconfigure an old master
+# that is still up (SENTINEL FAILOVER, a partition that heals), it stays a master, and a client
+# whose connection to it lives on would still get its vote while the promoted replica, its
+# quarantine over, votes for others. So each process listens to the Sentinels' +switch-master
+# (one thread per service, while a connection set uses it): at a switch the master told is
+# forgotten and the transports drop their connections to the old one before their next round.
+
+_WATCHES: weakref.WeakValueDictionary[SentinelService, Watch] = weakref.WeakValueDictionary()
+_SWITCH = b"+switch-master"
+_KEEPALIVE = 1.0  # seconds between PINGs to the Sentinel listened to
+_SILENT = 3  # PINGs unanswered in a row before another Sentinel is listened to
+
+
+class Watch:
+    """The failovers of one service heard so far in this process (:attr:`switches`), kept
+    up to date by a daemon thread listening to one of its Sentinels while anything holds
+    this object (the connection sets of the nodes served by that service do).
+
+    A transport notes :attr:`switches` when it opens a connection to the node, and drops
+    the connection once the count has moved on (:func:`switched`).
+    """
+
+    def __init__(self, address: NodeAddress) -> None:
+        assert address.sentinel is not None
+        self.address = address
+        self.service = address.sentinel
+        self.switches = 0
+        self.pid = 0
+        self.thread: threading.Thread | None = None
+
+    def ensure_running(self) -> None:
+        """Start the listening thread if it is not running in this process (first use, or
+        a forked child, which has none of its parent's threads)."""
+        if self.pid == os.getpid() and self.thread is not None and self.thread.is_alive():
+            return
+        with _LOCK:
+            if self.pid == os.getpid() and self.thread is not None and self.thread.is_alive():
+                return
+            self.pid = os.getpid()
+            self.thread = threading.Thread(
+                target=_listen,
+                args=(weakref.ref(self), self.service, self.address),
+                name=f"django_redlock-sentinel-{self.service.service}",
+                daemon=True,
+            )
+            self.thread.start()
+
+
+def watch(address: NodeAddress) -> Watch:
+    """The :class:`Watch` of ``address``'s service (one per process), its thread started."""
+    service = address.sentinel
+    assert service is not None
+    with _LOCK:
+        found = _WATCHES.get(service)
+        if found is None:
+            found = Watch(address)
+            _WATCHES[service] = found
+    found.ensure_running()
+    return found
+
+
+def _switched(service: SentinelService, watch: Watch) -> None:
+    with _LOCK:
+        _MASTERS.pop(service, None)
+        watch.switches += 1
+
+
+def _subscribe(sentinel: NodeAddress) -> socket.socket:
+    """A socket to ``sentinel`` subscribed to +switch-master (its confirmation read).
+
+    Raises:
+        OSError, NodeError: it cannot be reached, or refused the login or the subscription.
+    """
+    assert sentinel.host is not None
+    assert sentinel.port is not None
+    sock = socket.create_connection((sentinel.host, sentinel.port), timeout=_KEEPALIVE)
+    try:
+        if sentinel.tls:
+            sock = tls_context(sentinel).wrap_socket(sock, server_hostname=sentinel.host)
+        logins = login_commands(sentinel)
+        sock.sendall(b"".join([*logins, encode_command(b"SUBSCRIBE", _SWITCH)]))
+        reader = make_reader()
+        replies: list[object] = []
+        while len(replies) <= len(logins):
+            data = sock.recv(4096)
+            if not data:
+                raise NodeError("connection closed by the Sentinel")
+            reader.feed(data)
+            while (reply := reader.gets()) is not False:
+                replies.append(reply)
+        if any(isinstance(reply, ReplyError) for reply in replies):
+            raise NodeError("the Sentinel refused the login or the subscription")
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _listen(owner: weakref.ref[Watch], service: SentinelService, address: NodeAddress) -> None:
+    """The thread of a :class:`Watch`: listen to the service's Sentinels in turn, until
+    nothing holds the watch any more."""
+    name = service.service.encode()
+    while owner() is not None:
+        for sentinel in _ordered(service):
+            if owner() is None:
+                return
+            try:
+                sock = _subscribe(sentinel)
+            except (OSError, NodeError, ValueError):
+                continue
+            try:
+                _hear(sock, owner, service, name)
+            except (OSError, NodeError):
+                pass
+            except PROTOCOL_ERRORS:
+                pass  # not RESP: another Sentinel, then
+            finally:
+                sock.close()
+            # Between two Sentinels a switch may have gone unheard: forget the master told.
+            forget(address)
+        time.sleep(_KEEPALIVE)  # no Sentinel listens now: try them all again in a while
+
+
+def _hear(
+    sock: socket.socket, owner: weakref.ref[Watch], service: SentinelService, name: bytes
+) -> None:
+    """Read +switch-master messages from ``sock`` until it fails or falls silent, or nothing
+    holds the watch any more.
+
+    Raises:
+        OSError, NodeError: the connection failed or the Sentinel fell silent.
+    """
+    reader = make_reader()
+    sock.settimeout(_KEEPALIVE)
+    silent = 0
+    while True:
+        try:
+            data = sock.recv(4096)
+        except TimeoutError:
+            if owner() is None:
+                return
+            silent += 1
+            if silent > _SILENT:
+                raise NodeError("the Sentinel fell silent") from None
+            sock.sendall(encode_command(b"PING"))
+            continue
+        if not data:
+            raise NodeError("connection closed by the Sentinel")
+        silent = 0
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            if (
+                isinstance(reply, list)
+                and len(reply) == 3
+                and reply[0] == b"message"
+                and isinstance(reply[2], bytes)
+                and reply[2].split(b" ", 1)[0] == name
+            ):
+                held = owner()
+                if held is None:
+                    return
+                _switched(service, held)
+                del held  # this thread must not keep the watch alive

@@ -319,6 +319,9 @@ class Handshake:
         # The node answered as a replica (its hello, or a refusal): for a Sentinel node, the
         # Sentinel that named it is asked last next time (see wire/sentinel.py's forget).
         self.met_replica = False
+        # For a Sentinel node: the failovers its process had heard of when this connection
+        # was opened (wire/sentinel.py's Watch); one heard since makes the transport drop it.
+        self.switches = 0
 
     def setup_commands(self) -> list[tuple[bytes, int]]:
         """The commands a new connection starts with, each with the kind of its reply.
