@@ -18,6 +18,7 @@ core's own argument checks (the limits below are the ``LockManager``'s).
 | E011 | DEFAULT_TIMEOUT is not seconds >= 0 or None |
 | E012 | MAX_TTL is neither None nor a valid TTL at least as long as TTL |
 | E013 | METRICS_LABEL is neither "prefix" nor "name" |
+| E014 | a Sentinel node is malformed (no SERVICE, no Sentinel, a bad Sentinel URL, unknown keys) |
 | W001 | an even number of nodes |
 | W002 | a single node (fine for development) |
 | W003 | a node password inside a URL (shown on DEBUG error pages) |

@@ -15,6 +15,8 @@ A node is one of::
     "redis://host:6379/0"                                   # a URL (also rediss://, unix://)
     {"URL": "redis://host:6379/0", "PASSWORD": "...", "USERNAME": "..."}
     {"CACHE": "default"}                                    # a django-redis / Django cache alias
+    {"SENTINELS": ["redis://s1:26379", "redis://s2:26379"], "SERVICE": "locks-1",
+     "PASSWORD": "...", "SENTINEL_PASSWORD": "..."}         # the master of a Sentinel service
 
 The dict form keeps the password out of the URL: Django's DEBUG error page cleanses dict keys
 named like ``PASSWORD`` but shows strings inside lists as they are (a password embedded in a
@@ -280,7 +282,16 @@ The independent Redis/Valkey masters, 3 or 5 of them. Each is one of:
   `django_redis.cache.RedisCache` or `django.core.cache.backends.redis.RedisCache`. Its first
   `LOCATION` is used (django-redis lists replicas after the master: they never count as nodes)
   and its `OPTIONS["PASSWORD"]`. Its client options, retries included, are not: the lock uses
-  its own connections with one try per node."""
+  its own connections with one try per node;
+- `{"SENTINELS": ["redis://s1:26379", "redis://s2:26379"], "SERVICE": "locks-1"}`: the master
+  of a service that Sentinels monitor, asked of them (in turn, within `NODE_TIMEOUT`) when a
+  connection opens, and again after a connection loss or a reply from a replica. One node is
+  one service: list N services for N nodes. Optional keys: `PASSWORD` and `USERNAME` (the
+  master's login), `DB`, `TLS` (`True`: TLS to the master) and `SSL_OPTIONS` (`ssl_*` names
+  as in a `rediss://` query, for the master and for `rediss://` Sentinels whose URL gives
+  none), `SENTINEL_PASSWORD` and `SENTINEL_USERNAME` (the Sentinels' login). A Sentinel URL is
+  `redis://host:port` or `rediss://host:port`, nothing more (check E014). `LockManager(nodes=...)`
+  takes the same dict."""
 _DEFAULT_TIMEOUT_DOC = f"""\
 How long a blocking acquire waits when not told: `get_manager().acquire()` and `.lock()`,
 `lock_for`, and `@locked_command(on_busy="wait")`. Finite by default, so a lock that never comes
@@ -298,6 +309,7 @@ quarantine**: a node that lost its data votes again only this long after it came
 SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "list[str | dict]", [], _check_node_list, (
                 "django_redlock.E003", "django_redlock.E004", "django_redlock.E005",
+                "django_redlock.E014",
                 "django_redlock.W001", "django_redlock.W002", "django_redlock.W003",
             ),
             required=True,

@@ -26,6 +26,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 
@@ -35,7 +36,14 @@ from django_redlock.core.health import declare_fresh
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import parse_node
 
-__all__ = ["DURABLE_ARGS", "SERVER_BIN_ENV", "LocalCluster", "LocalNode", "server_binary"]
+__all__ = [
+    "DURABLE_ARGS",
+    "SERVER_BIN_ENV",
+    "LocalCluster",
+    "LocalNode",
+    "LocalSentinel",
+    "server_binary",
+]
 
 SERVER_BIN_ENV = "REDLOCK_SERVER_BIN"
 DURABLE_ARGS = ("--appendonly", "yes", "--appendfsync", "always")
@@ -286,6 +294,191 @@ class LocalNode:
     def __repr__(self) -> str:
         state = "paused" if self.paused else "running" if self.running else "stopped"
         return f"<LocalNode {self.name} {self.url} {state}>"
+
+
+class LocalSentinel:
+    """A Sentinel: the same server binary with ``--sentinel`` and a config file of its own
+    (Sentinel rewrites it), on a free 127.0.0.1 port, monitoring the given services.
+
+    Args:
+        directory: where its config file and log go.
+        services: service name -> the master it monitors (a TCP :class:`LocalNode`, or a
+            ``(host, port)``: a Sentinel told a replica's address answers with it until it
+            gives up on it, as one that missed a failover does).
+        quorum: Sentinels that must agree a master is down before a failover.
+        down_after: seconds without an answer before a master is judged down.
+        failover_timeout: seconds a failover may take (and between two tries of one).
+        binary: the server executable (default: :func:`server_binary`).
+        password: the Sentinel's own password (``requirepass``), for its clients.
+        master_password: the masters' password (``sentinel auth-pass``).
+        tls: ``{"cert": path, "key": path, "ca": path}``: the Sentinel listens on TLS only
+            and speaks TLS to the masters it monitors (``tls-replication yes``).
+
+    Kept small for tests: a killed master is failed over in about ``down_after`` plus a
+    second or two.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        services: dict[str, LocalNode | tuple[str, int]],
+        *,
+        name: str = "sentinel",
+        quorum: int = 1,
+        down_after: float = 0.2,
+        failover_timeout: float = 2.0,
+        binary: str | None = None,
+        password: str | None = None,
+        master_password: str | None = None,
+        tls: dict[str, Path] | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self.password = password
+        self.master_password = master_password
+        self.tls = tls
+        self.binary = binary or server_binary()
+        self.port = _free_port()
+        self.config_path = self.directory / f"{name}.conf"
+        self.log_path = self.directory / f"{name}.log"
+        self.services = dict(services)
+        self.quorum = quorum
+        self.down_after = down_after
+        self.failover_timeout = failover_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        """The Sentinel's URL, for a Sentinel node's ``SENTINELS`` (``rediss://`` with the
+        CA to trust when it speaks TLS; never its password)."""
+        if self.tls is not None:
+            return f"rediss://127.0.0.1:{self.port}?ssl_ca_certs={self.tls['ca']}"
+        return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _config(self) -> str:
+        lines = [
+            f"port {0 if self.tls else self.port}",
+            "bind 127.0.0.1",
+            "protected-mode no",
+            f"dir {self.directory}",
+            f"logfile {self.log_path}",
+            "daemonize no",
+            # Every process here is on the loopback interface: announce it as such.
+            "sentinel announce-ip 127.0.0.1",
+            f"sentinel announce-port {self.port}",
+        ]
+        if self.password:
+            lines.append(f"requirepass {self.password}")
+        if self.tls is not None:
+            lines += [
+                f"tls-port {self.port}",
+                f"tls-cert-file {self.tls['cert']}",
+                f"tls-key-file {self.tls['key']}",
+                f"tls-ca-cert-file {self.tls['ca']}",
+                "tls-auth-clients no",
+                "tls-replication yes",
+            ]
+        for service, master in self.services.items():
+            host, port = ("127.0.0.1", master.port) if isinstance(master, LocalNode) else master
+            if port is None:
+                raise ValueError(f"{service}: a Sentinel monitors TCP nodes only")
+            lines += [
+                f"sentinel monitor {service} {host} {port} {self.quorum}",
+                f"sentinel down-after-milliseconds {service} {round(self.down_after * 1000)}",
+                f"sentinel failover-timeout {service} {round(self.failover_timeout * 1000)}",
+                f"sentinel parallel-syncs {service} 1",
+            ]
+            if self.master_password:
+                lines.append(f"sentinel auth-pass {service} {self.master_password}")
+        return "\n".join(lines) + "\n"
+
+    def start(self) -> None:
+        """Write the config, start the process and wait until it answers PING.
+
+        Raises:
+            RuntimeError: it exited or did not answer within 15 seconds (log included).
+        """
+        if self.running:
+            raise RuntimeError(f"{self.name} is already running")
+        self.config_path.write_text(self._config())
+        self.process = subprocess.Popen(
+            [self.binary, str(self.config_path), "--sentinel"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        deadline = time.monotonic() + _READY_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            with contextlib.suppress(redis.RedisError), self.client(0.5) as client:
+                if client.ping():
+                    return
+            time.sleep(0.005)
+        log = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        self.stop()
+        raise RuntimeError(f"{self.name} ({self.binary} --sentinel) did not start; log:\n{log}")
+
+    def client(self, timeout: float = 2.0) -> redis.Redis:
+        """A redis-py client to the Sentinel itself (``SENTINEL ...`` commands)."""
+        return client_for(replace(parse_node(self.url), password=self.password), timeout)
+
+    def master_of(self, service: str) -> tuple[str, int] | None:
+        """The master this Sentinel names for ``service`` now (None: it knows none)."""
+        with self.client() as client:
+            reply = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", service)
+        if not reply:
+            return None
+        host, port = reply
+        return (host.decode() if isinstance(host, bytes) else str(host)), int(port)
+
+    def replicas_ready(self, service: str) -> int:
+        """How many replicas of ``service`` this Sentinel could promote now: seen, answering,
+        and linked to their master."""
+        with self.client() as client:
+            replicas = client.execute_command("SENTINEL", "REPLICAS", service)
+        return sum(
+            1
+            for replica in replicas
+            if isinstance(replica, dict)
+            and replica.get(b"flags") == b"slave"
+            and replica.get(b"master-link-status") == b"ok"
+        )
+
+    def fail_over(self, service: str) -> bool:
+        """``SENTINEL FAILOVER``: promote a replica of ``service`` now, without asking the
+        other Sentinels (a clean switch: the old master becomes a replica). False when the
+        Sentinel has no replica it trusts yet (NOGOODSLAVE: its view of them is too old, as
+        just after it started); try again then."""
+        with self.client() as client:
+            try:
+                client.execute_command("SENTINEL", "FAILOVER", service)
+            except redis.ResponseError as exc:
+                if str(exc).startswith("NOGOODSLAVE"):
+                    return False
+                raise
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after 5 seconds."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else "stopped"
+        return f"<LocalSentinel {self.name} {self.url} {state}>"
 
 
 class LocalCluster:

@@ -1,5 +1,6 @@
-"""``REDLOCK['NODES']``: each entry (a URL, a dict with credentials, or a cache alias) to
-the :class:`~django_redlock.wire.nodes.NodeAddress` the managers connect to.
+"""``REDLOCK['NODES']``: each entry (a URL, a dict with credentials, a cache alias, or a
+Sentinel service) to the :class:`~django_redlock.wire.nodes.NodeAddress` the managers connect
+to.
 
 Called by :mod:`django_redlock.conf` while it reads the setting; every problem is reported
 through the reading (``report``), with its system check id, and an unusable entry is left out.
@@ -12,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
-from django_redlock.wire.nodes import NodeAddress, parse_node
+from django_redlock.wire.nodes import NodeAddress, parse_node, parse_sentinel
 
 __all__ = ["CACHE_BACKENDS", "Reading", "check_nodes"]
 
@@ -88,13 +89,16 @@ def _node(spec: object, reading: Reading) -> NodeAddress | None:
             raise TypeError(
                 f"REDLOCK node must be a URL string or a dict, not {type(spec).__name__}"
             )
+        if "SENTINELS" in spec or "SERVICE" in spec:
+            return _sentinel_node(spec, reading)
         unknown = sorted(set(map(str, spec)) - {"URL", "PASSWORD", "USERNAME", "CACHE"})
         if unknown or ("URL" in spec) == ("CACHE" in spec):
             reading.report(
                 bad,
                 f"REDLOCK node {_redacted(spec)!r} must have exactly one of URL or CACHE"
                 + (f" (unknown keys: {', '.join(unknown)})" if unknown else ""),
-                'Write {"URL": "redis://...", "PASSWORD": ...} or {"CACHE": "alias"}.',
+                'Write {"URL": "redis://...", "PASSWORD": ...}, {"CACHE": "alias"} or, for a '
+                'node managed by Sentinel, {"SENTINELS": [...], "SERVICE": "name"}.',
             )
             return None
         if "CACHE" in spec:
@@ -112,6 +116,21 @@ def _node(spec: object, reading: Reading) -> NodeAddress | None:
         text = str(exc).removeprefix("nodes: ")
         reading.report(
             bad, f"REDLOCK['NODES']: {text}", "Write a redis://, rediss:// or unix:// URL."
+        )
+        return None
+
+
+def _sentinel_node(spec: Mapping[Any, Any], reading: Reading) -> NodeAddress | None:
+    """A node reached through Sentinel (``wire.nodes.parse_sentinel``, the very parser of
+    ``LockManager(nodes=...)``); a malformed one is E014."""
+    try:
+        return parse_sentinel(spec)
+    except (TypeError, ValueError) as exc:
+        reading.report(
+            "django_redlock.E014",
+            f"REDLOCK['NODES']: {str(exc).removeprefix('nodes: ')}",
+            'Write {"SENTINELS": ["redis://host:26379", ...], "SERVICE": "name"} (and '
+            "PASSWORD, SENTINEL_PASSWORD, DB, TLS, SSL_OPTIONS as needed).",
         )
         return None
 

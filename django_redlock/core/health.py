@@ -23,6 +23,7 @@ from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
+from django_redlock.wire.sentinel import cached, forget
 from django_redlock.wire.setup import persistence_hint, quarantine_of
 
 __all__ = ["Declaration", "NodeStatus", "Report", "declare_fresh", "status"]
@@ -65,6 +66,11 @@ class NodeStatus:
     warnings: list[str] = field(default_factory=list)
     misconfigured: bool = False
     """The node answered and refused (``problems`` says what): waiting will not fix it."""
+    service: str | None = None
+    """For a node reached through Sentinel: the service name its Sentinels monitor."""
+    resolved: str | None = None
+    """For a node reached through Sentinel: the master's ``host:port`` they told (None when
+    none answered)."""
 
     @property
     def votes_again(self) -> datetime | None:
@@ -207,6 +213,9 @@ def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | _
             stored = client.hget(NODE_KEY, "q")
             denied = _scripts_denied(client, manager.key_prefix)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
+        # A Sentinel node's master may have moved: the next look asks the Sentinels again
+        # (a long-lived process that shows the page but takes no lock would keep it forever).
+        forget(address)
         return _Down(str(exc) or type(exc).__name__)
     except redis.RedisError as exc:
         # It answered, with a refusal (AUTH, SELECT: "DB index is out of range", an ACL).
@@ -223,6 +232,7 @@ def _judge(
 ) -> NodeStatus:
     """Second pass: the node's verdict by the acquire script's own rule, and its warnings."""
     label = address.label
+    where = _sentinel_fields(address)
     if isinstance(seen, _Down):
         return NodeStatus(
             node=label,
@@ -230,6 +240,7 @@ def _judge(
             vote="down",
             problems=[seen.reason],
             misconfigured=seen.refused,
+            **where,
         )
     info = seen.info
     problems: list[str] = []
@@ -240,10 +251,16 @@ def _judge(
     replicas = _replicas(info)
     master = None
     if role != "master":
+        # The Sentinels named a replica (one of them has not seen a failover): asked again,
+        # that one last, at the next look.
+        forget(address, stale=True)
         master = f"{info.get('master_host', '?')}:{info.get('master_port', '?')}"
         problems.append(
             f"a replica (of {master}): it never votes; list its master as the node, or its "
             "Sentinels"
+            if address.sentinel is None
+            else f"the Sentinels named a replica (of {master}): one of them has not seen a "
+            "failover yet; the next look asks the others first"
         )
     elif replicas:
         warnings.append(
@@ -268,7 +285,9 @@ def _judge(
             with client_for(address, timeout) as client:
                 vote, detail, left = _node_rule(client, quarantine_ms, seen.persistence)
         except redis.RedisError as exc:
-            return NodeStatus(node=label, reachable=False, problems=[str(exc) or "no answer"])
+            return NodeStatus(
+                node=label, reachable=False, problems=[str(exc) or "no answer"], **where
+            )
     server = "valkey" if "valkey_version" in info else "redis"
     return NodeStatus(
         node=label,
@@ -300,7 +319,20 @@ def _judge(
         problems=problems,
         warnings=warnings,
         misconfigured=bool(problems),
+        **where,
     )
+
+
+def _sentinel_fields(address: NodeAddress) -> dict[str, Any]:
+    """``service`` and ``resolved`` for a node reached through Sentinel (none otherwise):
+    the master its Sentinels told when this status connected (:func:`_look`)."""
+    if address.sentinel is None:
+        return {}
+    master = cached(address)
+    return {
+        "service": address.sentinel.service,
+        "resolved": None if master is None else f"{master[0]}:{master[1]}",
+    }
 
 
 def _replicas(info: dict[str, Any]) -> list[str]:

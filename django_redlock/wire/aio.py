@@ -42,10 +42,12 @@ from django_redlock.wire.resp import (
 )
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, fire_and_forget
+from django_redlock.wire.sentinel import Watch, amaster_of, forget, watch
 from django_redlock.wire.setup import (
     Handshake,
     Hello,
     aresolve,
+    is_replica_reply,
     login_commands,
     tls_context,
     warm_tls,
@@ -67,15 +69,19 @@ async def _connect(
 ) -> asyncio.BaseTransport:
     """Connect ``protocol`` to ``address`` (unix socket, TCP or TLS) within ``timeout`` s:
     every address the host resolves to (``loop.getaddrinfo``: the loop never blocks on DNS)
-    is tried in turn until one connects.
+    is tried in turn until one connects. A Sentinel node's master is asked of its Sentinels
+    first, with asyncio I/O, within the same ``timeout``.
 
     Raises:
         TimeoutError, OSError: the node cannot be reached or the TLS handshake failed.
-        NodeError: the host does not resolve, or the TLS settings are unusable.
+        NodeError: the host does not resolve, no Sentinel told the master, or the TLS
+            settings are unusable.
     """
     loop = asyncio.get_running_loop()
     context = tls_context(address) if address.tls else None  # built once, outside the deadline
     async with asyncio.timeout(timeout):
+        if address.sentinel is not None:
+            address = await amaster_of(address, timeout)
         if address.path is not None:
             transport, _ = await loop.create_unix_connection(lambda: protocol, address.path)
             return transport
@@ -312,6 +318,11 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         action = on_reply(reply, fallback, answer.closed)
         if action == RECORD:
             _record(answer, index, NodeError(str(reply)))
+            if is_replica_reply(reply):
+                # A replica answers: the next connection reads the identity afresh, and a
+                # Sentinel node asks where its master is now (as the sync transport does).
+                self.met_replica = True
+                self._fail("the node is a replica: connection dropped")
             return
         assert fallback is not None  # on_reply resends only a fallback
         if action == RESEND:
@@ -350,6 +361,8 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
     def _fail(self, reason: str) -> None:
         if self.broken is None:
             self.broken = reason
+            # Lost, or met a replica: a Sentinel node's next connection asks its Sentinels.
+            forget(self.address, stale=self.met_replica)
         self.ready = False
         queued, self.queued = self.queued, []
         for _, (answer, index, _, _), _ in queued:
@@ -634,6 +647,13 @@ class LoopConnections:
         # or so instead of one made and cancelled per round.
         self.waiting: set[_LoopRound] = set()
         self.alarm_at = math.inf
+        # The Sentinel nodes, each with the failovers of its service heard in this process
+        # (see ConnectionSet.watches).
+        self.watches: dict[int, Watch] = {
+            index: watch(address)
+            for index, address in enumerate(self.addresses)
+            if address.sentinel is not None
+        }
 
     @property
     def subscriber(self) -> LoopSubscriber:
@@ -669,6 +689,10 @@ class LoopConnections:
             if conn is not None:
                 conn.close()
             conn = _AsyncConnection(self.addresses[index], self.hello)
+            watched = self.watches.get(index)
+            if watched is not None:
+                watched.ensure_running()  # (a forked child has no thread of its parent's)
+                conn.switches = watched.switches  # before asking: a switch meanwhile drops it
             self.connections[index] = conn
             conn.opening = asyncio.get_running_loop().create_task(conn.open(timeout))
         return conn
@@ -738,6 +762,8 @@ class LoopConnections:
         Raises:
             RuntimeError: no event loop is running.
         """
+        if self.watches:
+            self._drop_switched()
         connections = self.connections
         stall = self.stall
         cap = stall.max_outstanding
@@ -764,6 +790,14 @@ class LoopConnections:
                 answer.pending += 1
                 self._expect(conn, index, command, answer, identify, now)
         return answer
+
+    def _drop_switched(self) -> None:
+        """Fail each connection to a Sentinel node opened before a failover of its service
+        heard since (see ConnectionSet._drop_switched): the next round opens a new one."""
+        for index, watched in self.watches.items():
+            conn = self.connections[index]
+            if conn is not None and conn.broken is None and conn.switches != watched.switches:
+                conn._fail("the Sentinels switched the master: connection dropped")
 
     async def _send_after_awaits(
         self,

@@ -53,7 +53,8 @@ from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
-from django_redlock.wire.setup import Hello, describe, warm_tls
+from django_redlock.wire.sentinel import Watch, forget, watch
+from django_redlock.wire.setup import Hello, describe, is_replica_reply, warm_tls
 from django_redlock.wire.stall import StallRule
 from django_redlock.wire.subscriber import Subscriber
 
@@ -124,6 +125,17 @@ class ConnectionSet:
         self._wanted = False  # the owner wants the set back: the courier stops at once
         self.delivery = 1.0
         self.unsent = False
+        # Seconds this round spent asking Sentinels where a node's master is (real time,
+        # see _connection): taken off the round's wait, so that the round stays within the
+        # node timeout whatever the Sentinels do.
+        self.asking = 0.0
+        # The Sentinel nodes, each with the failovers of its service heard in this process:
+        # a connection opened before the last one is dropped before the next round.
+        self.watches: dict[int, Watch] = {
+            index: watch(address)
+            for index, address in enumerate(self.addresses)
+            if address.sentinel is not None
+        }
         # Whether a connection opened lately may still hold commands until its hello is
         # answered (see wait): checked only then, not on every round trip.
         self.settling = False
@@ -196,6 +208,9 @@ class ConnectionSet:
             self.polling.pop(fd, None)
             self.poller.unregister(fd)
         conn.close()
+        # A Sentinel node's connection lost, stalled or met a replica: where its master is
+        # may have changed, so the next connection asks the Sentinels again.
+        forget(conn.address, stale=conn.met_replica)
         for answer, index_, _, _ in conn.slots:
             if answer is not None:
                 answer.record(index_, NodeError(reason))
@@ -230,7 +245,23 @@ class ConnectionSet:
                         if reason is not None:
                             raise NodeError(reason)
         if conn is None:
-            conn = NodeSocket(self.addresses[index], self.clock, self.preload, self.hello)
+            address = self.addresses[index]
+            if address.sentinel is None:
+                conn = NodeSocket(address, self.clock, self.preload, self.hello)
+            else:
+                watched = self.watches[index]
+                watched.ensure_running()  # (a forked child has no thread of its parent's)
+                switches = watched.switches  # before asking: a switch meanwhile drops it
+                # Asking the Sentinels blocks (within the node timeout): counted, so the
+                # round's wait is shortened by as much (see run).
+                started = time.monotonic()
+                try:
+                    conn = NodeSocket(
+                        address, self.clock, self.preload, self.hello, timeout=self.delivery
+                    )
+                finally:
+                    self.asking += time.monotonic() - started
+                conn.switches = switches
             conn.index = index
             self.settling = self.hello is not None
             self.connections[index] = conn
@@ -350,6 +381,13 @@ class ConnectionSet:
                     return False
             return True
         answer.record(slot_index, NodeError(str(reply)))
+        if is_replica_reply(reply):
+            # A replica answers (a demotion, a Sentinel's stale answer, a replica listed as
+            # the node): the next connection reads the identity afresh, and a Sentinel node
+            # asks where its master is now.
+            conn.met_replica = True
+            self._drop(index, "the node is a replica: connection dropped")
+            return False
         return True
 
     def _write(self, index: int, conn: NodeSocket, data: bytes) -> bool:
@@ -418,8 +456,11 @@ class ConnectionSet:
             Nothing of its own: a node that fails is recorded as its result.
         """
         self.delivery = timeout
+        self.asking = 0.0
         answer = self.send_round(commands, yes_value, need, give_up, identify, queue_behind)
-        answer = self.wait_round(answer, self.clock() + timeout)
+        # The time spent asking Sentinels (only while opening a connection) comes off the wait.
+        wait = timeout - self.asking if self.asking else timeout
+        answer = self.wait_round(answer, self.clock() + max(0.0, wait))
         if self.unsent:
             self.deliver_rest()
         return answer
@@ -450,6 +491,8 @@ class ConnectionSet:
             # closed our socket, and learning that now (instead of from a failed send) lets
             # this very operation reconnect to it.
             self._poll_once(0)
+        if self.watches:
+            self._drop_switched()
         self.last_post = now
         connections = self.connections
         results = answer.results
@@ -497,6 +540,15 @@ class ConnectionSet:
                 self._rearm(index, conn)
         answer.pending += index + 1 - others
         return answer
+
+    def _drop_switched(self) -> None:
+        """Drop each connection to a Sentinel node opened before a failover of its service
+        that this process has heard of since (+switch-master): the old master may still be
+        up and a master for a while, and must not be asked to vote any more."""
+        for index, watched in self.watches.items():
+            conn = self.connections[index]
+            if conn is not None and conn.switches != watched.switches:
+                self._drop(index, "the Sentinels switched the master: connection dropped")
 
     def _send_one(
         self,

@@ -25,6 +25,7 @@ from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, make_reader
 from django_redlock.wire.rounds import Round
 from django_redlock.wire.scripts import Fallback, Script
+from django_redlock.wire.sentinel import master_of
 from django_redlock.wire.setup import Handshake, Hello, describe, resolve, tls_context
 
 __all__ = ["HUNG_UP", "POLL_ERR", "POLL_IN", "READ_SIZE", "NodeSocket", "Slot", "close_all"]
@@ -42,13 +43,21 @@ HUNG_UP = select.POLLHUP | _RDHUP
 # clock). A tuple: this is made for every command on the hot path.
 Slot = tuple[Round | None, int, Fallback | None, float]
 
+SENTINEL_TIMEOUT = 0.5
+"""How long a new connection to a Sentinel node may ask its Sentinels (seconds) when its
+owner names no node timeout (the pub/sub connections); the master is usually cached."""
+
 
 class NodeSocket(Handshake):
     """A non-blocking socket to one node, with its write buffer and expected replies.
 
+    A node reached through Sentinel connects to the master its Sentinels name (asked here,
+    blocking, within ``timeout`` seconds, unless cached: see
+    :func:`~django_redlock.wire.sentinel.master_of`); :attr:`endpoint` is where it went.
+
     Raises:
-        NodeError: the node cannot be reached at once (no address, refused, no such socket),
-            or its credential provider failed.
+        NodeError: the node cannot be reached at once (no address, refused, no such socket,
+            no Sentinel told its master), or its credential provider failed.
     """
 
     def __init__(
@@ -57,6 +66,7 @@ class NodeSocket(Handshake):
         clock: Callable[[], float],
         preload: Sequence[Script] = (),
         hello: Hello | None = None,
+        timeout: float = SENTINEL_TIMEOUT,
     ) -> None:
         super().__init__(address, hello, preload)
         self.tls = address.tls
@@ -75,7 +85,8 @@ class NodeSocket(Handshake):
         """Connected, plain (no TLS) and its hello answered (or none asked): the one flag the
         transport's hot path tests instead of four (see :meth:`_settle`)."""
         setup = self.setup_commands()  # before the socket: a failing provider leaks nothing
-        self.targets = resolve(address)
+        self.endpoint = address if address.sentinel is None else master_of(address, timeout)
+        self.targets = resolve(self.endpoint)
         self.sock = self._open()
         if not self.connecting and self.tls:
             try:
@@ -138,7 +149,7 @@ class NodeSocket(Handshake):
         context = tls_context(self.address)  # built once per address, before any deadline
         try:
             self.sock = context.wrap_socket(
-                self.sock, server_hostname=self.address.host, do_handshake_on_connect=False
+                self.sock, server_hostname=self.endpoint.host, do_handshake_on_connect=False
             )
         except (OSError, ValueError) as exc:
             raise NodeError(f"TLS set-up failed: {exc}") from None

@@ -1,21 +1,31 @@
 """Node addresses: parsing, validation and redaction of the ``nodes`` argument.
 
-A node is given as a URL (``redis://``, ``rediss://``, ``unix://``) or as a ready redis-py
-client, whose connection settings are copied (never its retry policy). Everything shown to a
-person uses :attr:`NodeAddress.label`, which never contains the password.
+A node is given as a URL (``redis://``, ``rediss://``, ``unix://``), as a ready redis-py
+client, whose connection settings are copied (never its retry policy), or as a Sentinel
+service (a dict, the very one ``REDLOCK['NODES']`` takes: see :func:`parse_sentinel`), whose
+master is asked of the Sentinels when a connection opens (:mod:`django_redlock.wire.sentinel`).
+Everything shown to a person uses :attr:`NodeAddress.label`, which never contains a password.
 """
 
 from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from redis.connection import parse_url
 
-__all__ = ["NodeAddress", "parse_node", "parse_nodes"]
+__all__ = [
+    "SENTINEL_KEYS",
+    "NodeAddress",
+    "SentinelService",
+    "parse_node",
+    "parse_nodes",
+    "parse_sentinel",
+]
 
 # Spellings of this machine's loopback interface, for duplicate detection.
 _LOOPBACK = {"localhost": "127.0.0.1", "localhost.": "127.0.0.1", "::1": "127.0.0.1"}
@@ -62,6 +72,10 @@ class NodeAddress:
         ssl_options: TLS settings copied from the URL query or the client (``ssl_*`` names).
         credential_provider: a redis-py ``CredentialProvider`` asked for the login of every
             new connection (instead of ``username``/``password``); not part of the identity.
+        sentinel: for a node reached through Sentinel, the service whose master is the node
+            (then ``host``, ``port`` and ``path`` are ``None``: the Sentinels say where it
+            is, see :mod:`django_redlock.wire.sentinel`); the login, database and TLS
+            settings above are the master's.
     """
 
     host: str | None = None
@@ -73,11 +87,18 @@ class NodeAddress:
     tls: bool = False
     ssl_options: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
     credential_provider: Any = field(default=None, repr=False, compare=False)
+    sentinel: SentinelService | None = None
 
     @property
     def label(self) -> str:
         """A human-readable name for messages and pages, never with the password."""
         user = f"{self.username}@" if self.username else ""
+        if self.sentinel is not None:
+            # Stable whichever master the Sentinels name now: quarantine records and
+            # messages are keyed by it.
+            scheme = "sentinels" if self.tls else "sentinel"
+            where = ",".join(_endpoint(item) for item in self.sentinel.sentinels)
+            return f"{scheme}://{user}{where}/{self.sentinel.service}/{self.db}"
         if self.path is not None:
             where = f"unix://{user}{self.path}"
         else:
@@ -91,6 +112,10 @@ class NodeAddress:
         """What makes two addresses the same node (used to refuse duplicates): host names are
         compared without case, and ``localhost`` is the loopback address it names (no DNS is
         asked: ``redlock_status`` finds other duplicates by the servers' run_id)."""
+        if self.sentinel is not None:
+            # One service behind the same Sentinels is one node, however they are listed.
+            sentinels = tuple(sorted(repr(item.identity) for item in self.sentinel.sentinels))
+            return ("sentinel", self.sentinel.service, sentinels, self.db)
         host = self.host and self.host.lower()
         host = _LOOPBACK.get(host, host) if host else host
         path = os.path.normpath(self.path) if self.path else self.path
@@ -130,6 +155,150 @@ class NodeAddress:
                 options.get("ssl_password"),
             )
         return context
+
+
+@dataclass(frozen=True)
+class SentinelService:
+    """A Redlock node reached through Sentinel: the master of ``service``, as the Sentinels
+    tell it. One node is one service; N services (on the same Sentinels or not) for N nodes.
+
+    Attributes:
+        service: the name the Sentinels monitor the master under (``sentinel monitor``).
+        sentinels: where each Sentinel listens, with its login and TLS settings; asked in
+            this order (the one that answered last is asked first next time).
+    """
+
+    service: str
+    sentinels: tuple[NodeAddress, ...]
+
+
+SENTINEL_KEYS = frozenset(
+    {
+        "SENTINELS",
+        "SERVICE",
+        "DB",
+        "USERNAME",
+        "PASSWORD",
+        "SENTINEL_USERNAME",
+        "SENTINEL_PASSWORD",
+        "TLS",
+        "SSL_OPTIONS",
+    }
+)
+"""The keys of a Sentinel node's dict (see :func:`parse_sentinel`)."""
+
+# TLS settings a Sentinel node's SSL_OPTIONS may give (as a rediss:// URL's query may).
+_SSL_OPTION_NAMES = frozenset(name for name in _SUPPORTED_CLIENT_KWARGS if name.startswith("ssl_"))
+
+
+def _endpoint(address: NodeAddress) -> str:
+    host = f"[{address.host}]" if address.host and ":" in address.host else address.host
+    return f"{host}:{address.port}"
+
+
+def _optional_text(spec: Mapping[str, Any], key: str) -> str | None:
+    value = spec.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(
+            f"nodes: a Sentinel node's {key} must be a string, not {type(value).__name__}"
+        )
+    return value
+
+
+def parse_sentinel(spec: Mapping[str, Any]) -> NodeAddress:
+    """A node reached through Sentinel, from the dict ``REDLOCK['NODES']`` and
+    ``LockManager(nodes=...)`` both take::
+
+        {"SENTINELS": ["redis://s1:26379", "rediss://s2:26379"], "SERVICE": "locks-1",
+         "PASSWORD": "...", "SENTINEL_PASSWORD": "...", "DB": 0,
+         "TLS": True, "SSL_OPTIONS": {"ssl_ca_certs": "/etc/ssl/ca.pem"}}
+
+    SENTINELS are ``redis://`` or ``rediss://`` URLs (host and port, nothing else but
+    ``ssl_*`` options in the query); SERVICE is the monitored name; USERNAME/PASSWORD, DB and
+    TLS/SSL_OPTIONS are the master's; SENTINEL_USERNAME/SENTINEL_PASSWORD the Sentinels'
+    login (Sentinels often have none, or their own). SSL_OPTIONS (``ssl_*`` names as in a
+    rediss:// URL's query) also apply to a rediss:// Sentinel whose URL gives none.
+
+    Raises:
+        ValueError: no SERVICE, no Sentinel, a Sentinel URL that does not parse or names a
+            path, a database or a login, the same Sentinel twice, an unknown key.
+        TypeError: a value of the wrong type.
+    """
+    unknown = sorted(str(key) for key in spec if key not in SENTINEL_KEYS)
+    if unknown:
+        raise ValueError(
+            f"nodes: a Sentinel node has unknown keys: {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(SENTINEL_KEYS))})"
+        )
+    service = spec.get("SERVICE")
+    if not isinstance(service, str) or not service.strip():
+        raise ValueError("nodes: a Sentinel node needs SERVICE, the monitored master's name")
+    if any(char.isspace() for char in service):
+        raise ValueError(f"nodes: Sentinel SERVICE {service!r} contains white space")
+    urls = spec.get("SENTINELS")
+    if isinstance(urls, str | bytes) or not isinstance(urls, list | tuple):
+        raise TypeError("nodes: a Sentinel node's SENTINELS must be a list of redis:// URLs")
+    if not urls:
+        raise ValueError(f"nodes: Sentinel node {service!r} has an empty SENTINELS list")
+    tls = spec.get("TLS", False)
+    if not isinstance(tls, bool):
+        raise TypeError(f"nodes: a Sentinel node's TLS must be True or False, not {tls!r}")
+    ssl_given = spec.get("SSL_OPTIONS") or {}
+    if not isinstance(ssl_given, Mapping):
+        raise TypeError("nodes: a Sentinel node's SSL_OPTIONS must be a dict of ssl_* names")
+    bad = sorted(str(name) for name in ssl_given if name not in _SSL_OPTION_NAMES)
+    if bad:
+        raise ValueError(
+            f"nodes: Sentinel node {service!r}: unknown SSL_OPTIONS {', '.join(bad)} "
+            f"(known: {', '.join(sorted(_SSL_OPTION_NAMES))})"
+        )
+    ssl_options = tuple(sorted((str(k), v) for k, v in ssl_given.items() if v is not None))
+    db = spec.get("DB", 0)
+    if isinstance(db, bool) or not isinstance(db, int) or db < 0:
+        raise ValueError(f"nodes: Sentinel node {service!r}: DB must be an int >= 0, not {db!r}")
+    sentinel_username = _optional_text(spec, "SENTINEL_USERNAME")
+    sentinel_password = _optional_text(spec, "SENTINEL_PASSWORD")
+    sentinels: list[NodeAddress] = []
+    for url in urls:
+        if not isinstance(url, str):
+            raise TypeError(
+                f"nodes: Sentinel node {service!r}: each SENTINELS item must be a URL string, "
+                f"not {type(url).__name__}"
+            )
+        parts = urlsplit(url)
+        if parts.scheme.lower() not in ("redis", "rediss"):
+            raise ValueError(
+                f"nodes: Sentinel node {service!r}: {_redact_url(url)!r} is not a redis:// or "
+                "rediss:// URL (Sentinels listen on TCP)"
+            )
+        if parts.path.strip("/") or parts.username or parts.password:
+            raise ValueError(
+                f"nodes: Sentinel node {service!r}: {_redact_url(url)!r} names a database or a "
+                "login; a Sentinel URL is host:port only (use SENTINEL_PASSWORD, DB, PASSWORD)"
+            )
+        try:
+            address = _from_url(url)
+        except ValueError as exc:
+            text = str(exc).removeprefix("nodes: ")
+            raise ValueError(f"nodes: Sentinel node {service!r}: {text}") from None
+        if address.tls and not address.ssl_options:
+            address = replace(address, ssl_options=ssl_options)
+        address = replace(address, username=sentinel_username, password=sentinel_password)
+        if any(address.identity == seen.identity for seen in sentinels):
+            raise ValueError(
+                f"nodes: Sentinel node {service!r} lists the Sentinel {address.label} twice"
+            )
+        sentinels.append(address)
+    return NodeAddress(
+        db=db,
+        username=_optional_text(spec, "USERNAME"),
+        password=_optional_text(spec, "PASSWORD"),
+        tls=tls,
+        ssl_options=ssl_options if tls else (),
+        sentinel=SentinelService(service, tuple(sentinels)),
+    )
 
 
 def _from_url(url: str) -> NodeAddress:
@@ -238,22 +407,26 @@ def _redact_url(url: str) -> str:
 
 
 def parse_node(node: object) -> NodeAddress:
-    """One node from a URL string or a redis-py ``Redis`` client.
+    """One node from a URL string, a redis-py ``Redis`` client or a Sentinel node's dict
+    (:func:`parse_sentinel`).
 
     Raises:
-        TypeError: ``node`` is neither a string nor a redis-py client, or the client uses
-            settings our sockets cannot honour.
-        ValueError: the URL is malformed or has an unsupported scheme.
+        TypeError: ``node`` is none of these, or the client uses settings our sockets cannot
+            honour.
+        ValueError: the URL is malformed or has an unsupported scheme; the Sentinel dict is
+            malformed.
     """
     if isinstance(node, NodeAddress):
         return node
     if isinstance(node, str):
         return _from_url(node)
+    if isinstance(node, Mapping):
+        return parse_sentinel(node)
     if hasattr(node, "connection_pool") and hasattr(node.connection_pool, "connection_kwargs"):
         return _from_client(node)
     raise TypeError(
-        f"nodes: each node must be a redis://, rediss:// or unix:// URL string or a redis-py "
-        f"client, not {type(node).__name__}"
+        f"nodes: each node must be a redis://, rediss:// or unix:// URL string, a redis-py "
+        f"client or a Sentinel node's dict, not {type(node).__name__}"
     )
 
 

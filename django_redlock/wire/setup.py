@@ -39,11 +39,13 @@ __all__ = [
     "describe",
     "hello_quarantine",
     "identity_of",
+    "is_replica_reply",
     "login_commands",
     "persistence_hint",
     "quarantine_of",
     "replid_of",
     "resolve",
+    "role_of",
     "run_id_of",
     "tls_context",
     "warm_tls",
@@ -116,6 +118,26 @@ def replid_of(info: object) -> str:
     text = info.decode(errors="replace") if isinstance(info, bytes) else ""
     start = text.find("master_replid:")
     return text[start + 14 : start + 54] if start >= 0 else ""
+
+
+def role_of(info: object) -> str:
+    """The role (``master``, ``slave``) from an ``INFO replication`` reply ("" when absent)."""
+    text = info.decode(errors="replace") if isinstance(info, bytes) else ""
+    start = text.find("role:")
+    return text[start + 5 :].split("\r", 1)[0].strip() if start >= 0 else ""
+
+
+# The replies of a node that is a replica now (scripts/node_rule.lua's refusal; a write
+# refused; a replica cut from its master with replica-serve-stale-data no).
+_REPLICA_REPLIES = ("QUARANTINED this node is a replica", "READONLY", "MASTERDOWN")
+
+
+def is_replica_reply(reply: object) -> bool:
+    """Whether an error ``reply`` says the node is a replica: the transports then drop the
+    connection, so the next one reads the node's identity afresh (after a demotion and a
+    promotion it is another) and, for a Sentinel node, asks the Sentinels where the master
+    is now."""
+    return str(reply).startswith(_REPLICA_REPLIES)
 
 
 def quarantine_of(reply: object) -> int:
@@ -235,9 +257,12 @@ def warm_tls(addresses: Sequence[NodeAddress]) -> None:
     """Build the TLS contexts of ``addresses`` now, before any deadline runs. A failure is
     left for the connection that needs the context to report."""
     for address in addresses:
-        if address.tls:
-            with contextlib.suppress(NodeError):
-                tls_context(address)
+        # A Sentinel node's Sentinels too: they are asked within the node timeout.
+        sentinels = address.sentinel.sentinels if address.sentinel is not None else ()
+        for item in (address, *sentinels):
+            if item.tls:
+                with contextlib.suppress(NodeError):
+                    tls_context(item)
 
 
 # -- what a new connection sends first --------------------------------------------------------
@@ -299,6 +324,12 @@ class Handshake:
         self.replid = ""
         self.held: list[bytes] | None = None if hello is None else []
         self.loads_owed = 0  # SCRIPT LOAD replies still owed
+        # The node answered as a replica (its hello, or a refusal): for a Sentinel node, the
+        # Sentinel that named it is asked last next time (see wire/sentinel.py's forget).
+        self.met_replica = False
+        # For a Sentinel node: the failovers its process had heard of when this connection
+        # was opened (wire/sentinel.py's Watch); one heard since makes the transport drop it.
+        self.switches = 0
 
     def setup_commands(self) -> list[tuple[bytes, int]]:
         """The commands a new connection starts with, each with the kind of its reply.
@@ -337,7 +368,8 @@ class Handshake:
         out now (the commands held until the identity was known), often none.
 
         Raises:
-            NodeError: the login (AUTH or SELECT) was refused: the connection is useless.
+            NodeError: the login (AUTH or SELECT) was refused, or a Sentinel node's
+                connection reached a replica: the connection is useless.
         """
         if isinstance(reply, NodeError):  # the connection failed: nothing to learn
             return b""
@@ -352,6 +384,17 @@ class Handshake:
                 self.hello.on_server(self.address.label, self.run_id)
         elif kind == REPLICATION:
             self.replid = replid_of(reply)
+            if self.address.sentinel is not None and isinstance(reply, bytes):
+                role = role_of(reply)
+                if role != "master":
+                    self.met_replica = True
+                    # A Sentinel that has not seen the failover yet, or a demoted master:
+                    # this connection is useless (the transport drops it, and forgets the
+                    # Sentinels' answer); what it held never went out.
+                    raise NodeError(
+                        f"the Sentinels' master of service {self.address.sentinel.service!r} "
+                        f"is a {role or 'non-master'} now; asking the Sentinels again"
+                    )
         elif kind == PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held

@@ -26,7 +26,10 @@ The ``--json`` output is a stable schema::
                 "vote": "votes"|"quarantined"|"down", "vote_detail": str,
                 "votes_at": float|null (epoch seconds),
                 "problems": [str], "warnings": [str],
-                "misconfigured": bool (answered with a refusal: never heals by waiting)}],
+                "misconfigured": bool (answered with a refusal: never heals by waiting),
+                "service": str|null (a node reached through Sentinel: the service name),
+                "resolved": str|null (its master's "host:port" as the Sentinels told it;
+                null when none answered)}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
                 "kind": "lock"|"semaphore"|"read", "slot": int|null}],
@@ -138,6 +141,12 @@ class Command(BaseCommand):
                 + "; ".join(f"{node.node}: {node.problems[0]}" for node in report.misconfigured)
             )
 
+    def _print_sentinel(self, node: Any) -> None:
+        """For a node reached through Sentinel: its service and the master they told."""
+        if node.service is not None:
+            master = node.resolved or "not told (no Sentinel answered)"
+            self.stdout.write(f"    sentinel service {node.service}: master {master}")
+
     def _print(self, report: Any, listing: Any) -> None:
         self.stdout.write("Nodes:")
         for node in report.nodes:
@@ -145,6 +154,7 @@ class Command(BaseCommand):
                 what = "MISCONFIGURED" if node.misconfigured else "DOWN"
                 line = f"  {node.node}  {what}  {'; '.join(node.problems)}"
                 self.stdout.write(self.style.ERROR(line))
+                self._print_sentinel(node)
                 continue
             state = "votes"
             if node.vote == "quarantined":
@@ -167,6 +177,7 @@ class Command(BaseCommand):
             )
             style = self.style.SUCCESS if node.votes else self.style.ERROR
             self.stdout.write(style(line))
+            self._print_sentinel(node)
             if node.vote == "quarantined":
                 self.stdout.write(self.style.ERROR(f"    {node.vote_detail}"))
             for problem in node.problems:
