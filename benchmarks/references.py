@@ -56,16 +56,19 @@ def owner_parts() -> tuple[str, str]:
 
 
 def identity(address: NodeAddress) -> tuple[str, str]:
-    """The identity (``run_id/master_replid``) and persistence arguments our connections
+    """The identity (``run_id/<promotion history>``) and persistence arguments our connections
     learn in their hello (``wire/setup.py``)."""
     with client_for(address, 1.0) as client:
         for script in (ACQUIRE, RELEASE):
             client.script_load(script.source)
         run_id = str(client.info("server")["run_id"])
-        replid = str(client.info("replication")["master_replid"])
+        replication = client.info("replication")
+        replid2 = replication["master_replid2"]  # redis-py reads an all-digit id as an int
+        replid2 = f"{replid2:040d}" if isinstance(replid2, int) else replid2
+        history = f"{replid2}:{replication['second_repl_offset']}"
         config = client.config_get("append*")
     flat = [str(part).encode() for item in config.items() for part in item]
-    return f"{run_id}/{replid}", persistence_hint(flat)
+    return f"{run_id}/{history}", persistence_hint(flat)
 
 
 def _bulk(text: str) -> bytes:

@@ -55,7 +55,7 @@ from benchmarks.minimal_redlock import COMPARE_AND_DELETE, SHA
 from django_redlock.localnodes import LocalNode, server_version
 from django_redlock.wire import scripts
 from django_redlock.wire.resp import encode_command
-from django_redlock.wire.setup import identity_of, replid_of
+from django_redlock.wire.setup import history_of, identity_of
 
 BATCH = 500
 TTL_MS = 600_000  # long: nothing expires during a case, even under valgrind
@@ -293,8 +293,8 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
     info = node.call("INFO", "server")
     assert isinstance(info, bytes)
     run_id = info.split(b"run_id:")[1].split(b"\r\n")[0].decode()
-    replid = replid_of(node.call("INFO", "replication"))
-    identity = identity_of(run_id, replid, node.call("CONFIG", "GET", "append*"))
+    history = history_of(node.call("INFO", "replication"))
+    identity = identity_of(run_id, history, node.call("CONFIG", "GET", "append*"))
 
     def acquire(key: str, token: str, waiter: str = "", hand_round: int = 0) -> bytes:
         ticket = 1_000_000 + len(key)

@@ -68,10 +68,13 @@ def node_client(node: LocalNode) -> redis.Redis:
 
 def node_identity(client: redis.Redis) -> str:
     """The identity a connection to this node reads in its hello and appends to identified
-    commands (``wire/setup.py``, ``scripts/node_identity.lua``): ``<run_id>/<master_replid>``."""
+    commands (``wire/setup.py``, ``scripts/node_identity.lua``):
+    ``<run_id>/<master_replid2>:<second_repl_offset>``."""
     run_id = client.info("server")["run_id"]
-    replid = client.info("replication")["master_replid"]
-    return f"{run_id}/{replid}"
+    replication = client.info("replication")
+    replid2 = replication["master_replid2"]  # redis-py reads an all-digit id as an int
+    replid2 = f"{replid2:040d}" if isinstance(replid2, int) else replid2
+    return f"{run_id}/{replid2}:{replication['second_repl_offset']}"
 
 
 def owner_arg(pid: int = 0, acquired_ms: int = 1000) -> str:

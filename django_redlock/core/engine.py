@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import secrets
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from types import ModuleType
@@ -124,6 +126,21 @@ class Quarantine:
         with self._lock:
             self.heard.add(node)
             self.ms = max(self.ms, ms)
+
+
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Every engine of this process, for :func:`_after_fork_in_child`."""
+
+
+def _after_fork_in_child() -> None:
+    # A child inherits its parent's engines with every node already recorded, but not the
+    # recorder's thread: its own first grants must be recorded again, or the records would
+    # only be refreshed while the parent lives (a prefork server's parent may exit).
+    for engine in list(_ENGINES):
+        engine._unrecorded = set(range(len(engine.addresses)))
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Servers:
@@ -349,6 +366,7 @@ class Engine:
         every lease's renewal by the extender thread (sync or asyncio lease)."""
         self._voters = VoteRecorder(self.addresses, timeout=max(self.node_timeout, 1.0))
         self._unrecorded = set(range(len(self.addresses)))
+        _ENGINES.add(self)  # a forked child records its own votes (see _after_fork_in_child)
         """The nodes this process has not seen grant yet: the first grant of each is recorded
         on the other nodes (``core/witness.py``), so that ``redlock_declare_fresh`` never takes
         a node that voted, crashed and came back empty for a brand-new one."""

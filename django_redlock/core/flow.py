@@ -578,6 +578,10 @@ class Acquire:
         subscribe to the releases, or wait for one. Every wait ends in :meth:`waited`."""
         if step.give_up:
             return GiveUp(step.error)
+        if self.outage:
+            # The nodes refused connections: the one node timeout before the last round is a
+            # plain sleep (subscribing would try again at once, and there is nobody to hear).
+            return Sleep(step.delay)
         wake_key = self.kind.wake_key
         if not self.listens or not self.waiter or wake_key is None:
             return Sleep(step.delay)
@@ -772,6 +776,8 @@ _REFUSALS = (
     "temporary failure in name resolution",
     "nodename nor servname provided",
     "no address associated with hostname",
+    "name does not resolve",  # musl's getaddrinfo
+    "name not resolved",
     "connect call failed",  # asyncio's words for a refused TCP connect
 )
 """What a node's error says when its connection was refused outright (lower case): nothing

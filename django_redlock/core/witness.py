@@ -160,13 +160,13 @@ class VoteRecorder:
         """``address`` granted a vote from its process ``run_id`` (:data:`CLIENT_SEEN` when the
         caller does not know it). Called by the engine on each node's first grant in this
         process."""
-        if self._seen.get(address) == run_id or not run_id:
+        if not run_id or (self._seen.get(address) == run_id and self._pid == os.getpid()):
             return
         with self._lock:
             self._seen[address] = run_id
             self._told += 1
             self._idle.clear()
-            if self._pid != os.getpid():
+            if self._pid != os.getpid():  # its first record in this process (or a forked one)
                 self._pid = os.getpid()
                 self._wake = threading.Event()  # this process's own (a fork copies the old)
                 # The thread holds the recorder weakly: a manager dropped lets its recorder

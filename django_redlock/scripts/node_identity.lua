@@ -2,13 +2,17 @@
 -- node may vote: which server process runs the script, and which replication history the
 -- data it serves comes from.
 --
--- The identity is '<run_id>/<master_replid>' (INFO server, INFO replication). The run_id
--- names the process (never persisted: a restart has a new one). The replication id names the
--- history of the dataset: a replica promoted to master (REPLICAOF NO ONE, a Sentinel or a
--- managed service's failover) takes a new one, and so does a master that becomes a replica
--- and syncs from another (it takes its master's). So a node that found itself fit to vote
--- under one identity is judged again (node_rule.lua) after any of them, even when the same
--- process carries on: a failover keeps the process, not its master's last writes.
+-- The identity is '<run_id>/<master_replid2>:<second_repl_offset>' (INFO server, INFO
+-- replication). The run_id names the process (never persisted: a restart has a new one). The
+-- other two name its promotions: a master that was never a replica in this process's life
+-- has '0000...:-1'; a promotion (REPLICAOF NO ONE, a Sentinel's or a managed service's
+-- failover) sets them to the replication id it served as a replica and the offset it was
+-- promoted at, different at every promotion (a demoted master that syncs from another and is
+-- promoted again included). So a node found fit to vote under one identity is judged again
+-- (node_rule.lua) after any promotion, even when the same process carries on: a failover
+-- keeps the process, not its master's last writes. Not master_replid itself: a master takes
+-- a new one when its first replica attaches, which loses nothing (the connections opened
+-- before would no longer match the marker, and pay INFO on every acquire).
 --
 -- Returns the identity, then the INFO server and INFO replication texts; nil when the lock
 -- user may not run INFO (an ACL without +info).
@@ -19,5 +23,6 @@ local function node_identity()
         return nil
     end
     return (string.match(server, 'run_id:(%x+)') or '') .. '/'
-        .. (string.match(replication, 'master_replid:(%x+)') or ''), server, replication
+        .. (string.match(replication, 'master_replid2:(%x+)') or '') .. ':'
+        .. (string.match(replication, 'second_repl_offset:(%-?%d+)') or ''), server, replication
 end

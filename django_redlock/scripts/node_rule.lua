@@ -18,8 +18,8 @@
 -- promoted master (recorded in the marker, field p, under the new replication id), which is
 -- never earlier.
 --
--- The rule, on the node's own process and replication history (node_identity.lua: run_id,
--- never persisted, and master_replid, new at every promotion; so a marker restored from a
+-- The rule, on the node's own process and promotions (node_identity.lua: run_id, never
+-- persisted, and its promotion history, new at every promotion; so a marker restored from a
 -- snapshot or replicated from another master proves nothing about this node):
 --   * a replica never votes (its master is the node; a replica that accepts writes, with
 --     replica-read-only no, would otherwise grant what its master never sees);
@@ -37,11 +37,15 @@
 -- path compares one string instead of calling INFO (see acquire.lua): the identity the
 -- client's connection read when it connected (wire/setup.py). Clients drop a connection that
 -- meets a replica (the REPLICA refusal below, or READONLY), so that a connection which lived
--- through a demotion and a promotion reads the new identity. What is left, stated so: a
--- connection that sent nothing while its node was a replica, to a master whose marker names
--- it (its new master never ran a script while it was master), within one lease: the old
--- identity would still match. Sentinel closes every client connection when it reconfigures a
--- node (CLIENT KILL TYPE normal), so a Sentinel-managed node never keeps one.
+-- through a demotion and a promotion reads the new identity, and a promoted node clears the
+-- identity its marker names when it first sees its promotion (below), so a node that syncs
+-- from it later never finds its own old identity there. What is left, stated so: a
+-- connection opened before its node was demoted, that met no READONLY or replica refusal
+-- while the node was a replica (it sent nothing then, or the replica accepted writes:
+-- replica-read-only no), to a node whose new master no client reached while it was master,
+-- within one lease: the old identity would still match. Sentinel closes every client
+-- connection when it reconfigures a node (CLIENT KILL TYPE normal), so a Sentinel-managed
+-- node never keeps one; never set replica-read-only no on a lock node's replicas.
 --
 -- The quarantine is the largest one any client ever sent to this node (field q, kept across
 -- restarts as far as the node keeps data, and recorded whether the node votes or refuses) or
@@ -81,20 +85,24 @@ local function node_rule(marker, quarantine, fsync, commit)
     local uptime = tonumber(string.match(server, 'uptime_in_seconds:(%d+)'))
     local up = math.max(0, uptime - 1) * 1000
     -- How long this process has served its dataset as a master, in ms: its uptime, or, for a
-    -- promoted replica, the time since its promotion was first seen (field p: '<replid>
-    -- <uptime_in_seconds then>').
+    -- promoted replica, the time since its promotion was first seen (field p: '<promotion>
+    -- <uptime_in_seconds then>', the promotion as node_identity.lua names it).
     local promoted = (tonumber(string.match(replication, 'second_repl_offset:(%-?%d+)')) or -1) >= 0
     local since = up
     if promoted then
-        local replid = string.sub(me, string.find(me, '/', 1, true) + 1)
-        local seen, at = string.match(stored[3] or '', '^(%x+) (%d+)$')
-        if seen == replid then
+        local promotion = string.sub(me, string.find(me, '/', 1, true) + 1)
+        local seen, at = string.match(stored[3] or '', '^(%S+) (%d+)$')
+        if seen == promotion then
             since = math.max(0, uptime - tonumber(at) - 1) * 1000
         else
             since = 0
             -- Recorded whoever asks (a status check too): the wait starts at the first sight.
-            -- pcall: a status user without write rights still gets its answer.
-            redis.pcall('HSET', marker, 'p', replid .. ' ' .. string.format('%d', uptime))
+            -- The identity of the process found fit before (its old master's, replicated) is
+            -- cleared at once: a node that syncs from this one later (its old master, demoted
+            -- and promoted again) must not find its own old identity here and vote on the
+            -- hot path. pcall: a status user without write rights still gets its answer.
+            redis.pcall('HSET', marker, 'p', promotion .. ' ' .. string.format('%d', uptime),
+                'run', '')
         end
     end
     local why

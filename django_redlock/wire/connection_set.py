@@ -62,9 +62,14 @@ __all__ = ["ConnectionSet", "ThreadConnections"]
 
 # A connection set unused this long (seconds) looks for closed sockets before sending.
 _IDLE = 0.005
-# The courier's longest poll (seconds): the owner's next operation waits at most this long
-# for the set (deliver_rest).
-_COURIER_SLICE = 0.005
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 _POLLOUT = select.POLLOUT
 _READABLE = POLL_IN | POLL_ERR
 _POLLIN = select.POLLIN
@@ -123,6 +128,9 @@ class ConnectionSet:
         self.lent = False
         self._courier = threading.Lock()
         self._wanted = False  # the owner wants the set back: the courier stops at once
+        # A pipe whose read end the courier polls beside the sockets: the owner rings it to
+        # take the set back at once (made on the first lending; None until then).
+        self._bell: tuple[int, int] | None = None
         self.delivery = 1.0
         self.unsent = False
         # Seconds this round spent asking Sentinels where a node's master is (real time,
@@ -197,6 +205,9 @@ class ConnectionSet:
         self._courier = threading.Lock()
         self.lent = False
         self.unsent = False
+        if self._bell is not None:  # the parent's pipe: this process makes its own
+            _close_fds(*self._bell)
+            self._bell = None
 
     def _drop(self, index: int, reason: str) -> None:
         conn = self.connections[index]
@@ -725,18 +736,33 @@ class ConnectionSet:
         lost) or reach it at any later time. Real time bounds the courier, not the injected
         clock: it is about sockets, not about a lease's validity.
         """
-        if not any(conn is not None and conn.out for conn in self.connections):
+        pending = [conn for conn in self.connections if conn is not None and conn.out]
+        if not pending:
             self.unsent = False
             return
+        if all(conn.courier_mark == conn.flushed for conn in pending):
+            # A courier already had these connections for a whole delivery time and none has
+            # written a byte since: a node that stays stuck is not lent for again (a thread
+            # per round for nothing); this thread's rounds go on polling it, and the stall
+            # rule judges it.
+            return
+        if self._bell is None:
+            read_end, write_end = os.pipe()
+            os.set_blocking(read_end, False)
+            os.set_blocking(write_end, False)
+            self._bell = (read_end, write_end)
+            weakref.finalize(self, _close_fds, read_end, write_end)
         self._courier.acquire()
         self.lent = True
         self._wanted = False
+        self.poller.register(self._bell[0], _POLLIN)
         deadline = time.monotonic() + self.delivery
         try:
             threading.Thread(
                 target=self._deliver, args=(deadline,), name="django_redlock-courier", daemon=True
             ).start()
         except BaseException:  # no thread (interpreter shutting down): keep the set
+            self.poller.unregister(self._bell[0])
             self.lent = False
             self._courier.release()
             raise
@@ -748,27 +774,45 @@ class ConnectionSet:
         sends a reset, not a close, and a reset may drop what the node had not read yet."""
         try:
             watched = [conn for conn in self.connections if conn is not None and conn.out]
+            before = [conn.flushed for conn in watched]
+            timed_out = False
             while not self._wanted and any(
                 (conn.out or conn.slots) and self.connections[conn.index] is conn
                 for conn in watched
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    timed_out = True
                     break
-                # In slices, so that the owner's next operation waits one at most.
-                self._poll_once(min(remaining, _COURIER_SLICE))
+                self._poll_once(remaining)  # the owner's bell ends it at once (_take_back)
                 if self.settling:
                     self._send_held()
             if not any(conn is not None and conn.out for conn in self.connections):
                 self.unsent = False
+            if timed_out:
+                for conn, flushed in zip(watched, before, strict=True):
+                    if conn.out and conn.flushed == flushed:
+                        # A whole delivery time without a byte written: see deliver_rest
+                        # (stuck: not lent for again until it makes progress).
+                        conn.courier_mark = flushed
         finally:  # whatever happens, the set goes back to its owner
+            bell = self._bell
+            assert bell is not None
+            with contextlib.suppress(KeyError, ValueError):
+                self.poller.unregister(bell[0])
+            with contextlib.suppress(OSError):
+                while os.read(bell[0], 64):
+                    pass
             self.lent = False
             self._courier.release()
 
     def _take_back(self) -> None:
-        """Take the set back from the courier: it stops within one poll slice (what it left
-        unsent goes out with this operation, on the same connections, in order)."""
+        """Take the set back from the courier: it stops at once, woken by the bell (what it
+        left unsent goes out with this operation, on the same connections, in order)."""
         self._wanted = True
+        if self._bell is not None:
+            with contextlib.suppress(OSError):  # full: it has been rung already
+                os.write(self._bell[1], b"!")
         with self._courier:
             pass
 

@@ -72,6 +72,12 @@ class NodeSocket(Handshake):
         self.tls = address.tls
         self.clock = clock
         self.out = bytearray()
+        # Progress so far (bytes written from `out`, plus one for a connect and one for a TLS
+        # handshake completed), and its value when a courier last gave up on this connection
+        # with bytes still unsent (ConnectionSet.deliver_rest): no courier is lent again for a
+        # connection that has made no progress since (a node that stays stuck).
+        self.flushed = 0
+        self.courier_mark = -1
         self.slots: deque[Slot] = deque()
         self.reader = make_reader()
         self.tls_handshaking = False
@@ -226,6 +232,7 @@ class NodeSocket(Handshake):
                 if self.connecting:
                     return
             self.connecting = False
+            self.flushed += 1
             if self.tls:
                 self._start_tls()
             self._settle()
@@ -244,6 +251,7 @@ class NodeSocket(Handshake):
             except OSError as exc:
                 raise NodeError(describe(exc)) from None
             self.tls_handshaking = False
+            self.flushed += 1
         while self.out:
             try:
                 sent = self.sock.send(self.out)
@@ -252,6 +260,7 @@ class NodeSocket(Handshake):
             except OSError as exc:
                 raise NodeError(describe(exc)) from None
             del self.out[:sent]
+            self.flushed += sent
 
     def _connected(self) -> bool:
         try:

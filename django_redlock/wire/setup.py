@@ -38,12 +38,12 @@ __all__ = [
     "aresolve",
     "describe",
     "hello_quarantine",
+    "history_of",
     "identity_of",
     "is_replica_reply",
     "login_commands",
     "persistence_hint",
     "quarantine_of",
-    "replid_of",
     "resolve",
     "role_of",
     "run_id_of",
@@ -112,12 +112,22 @@ def run_id_of(info: object) -> str:
     return text[start + 7 : start + 47] if start >= 0 else ""
 
 
-def replid_of(info: object) -> str:
-    """The replication id (``master_replid``) from an ``INFO replication`` reply ("" when
-    absent): new at every promotion of a replica, so it tells a failover apart."""
+def history_of(info: object) -> str:
+    """A node's promotion history from an ``INFO replication`` reply, as
+    ``scripts/node_identity.lua`` spells it: ``<master_replid2>:<second_repl_offset>``
+    (``0000...:-1`` for a master never promoted in its process's life; new at every
+    promotion). Empty fields when absent."""
     text = info.decode(errors="replace") if isinstance(info, bytes) else ""
-    start = text.find("master_replid:")
-    return text[start + 14 : start + 54] if start >= 0 else ""
+    return f"{_field(text, 'master_replid2:')}:{_field(text, 'second_repl_offset:')}"
+
+
+def _field(text: str, name: str) -> str:
+    start = text.find(name)
+    if start < 0:
+        return ""
+    start += len(name)
+    end = text.find("\r", start)
+    return text[start : end if end >= 0 else len(text)].strip()
 
 
 def role_of(info: object) -> str:
@@ -146,11 +156,12 @@ def quarantine_of(reply: object) -> int:
     return int(reply) if isinstance(reply, bytes) and reply.isdigit() else 0
 
 
-def identity_of(run_id: str, replid: str, config: object) -> bytes:
+def identity_of(run_id: str, history: str, config: object) -> bytes:
     """The two arguments that complete an ``identify=True`` command on a connection to the
-    process ``run_id`` serving the replication history ``replid``, whose ``CONFIG GET
-    append*`` reply was ``config`` (``scripts/node_identity.lua`` makes the same identity)."""
-    return _bulk(f"{run_id}/{replid}") + _bulk(persistence_hint(config))
+    process ``run_id`` with the promotion ``history`` (:func:`history_of`), whose ``CONFIG
+    GET append*`` reply was ``config`` (``scripts/node_identity.lua`` makes the same
+    identity)."""
+    return _bulk(f"{run_id}/{history}") + _bulk(persistence_hint(config))
 
 
 def persistence_hint(config: object) -> str:
@@ -172,6 +183,9 @@ def describe(exc: OSError) -> str:
     """A short, lower-case reason for a socket error (no host names, no secrets)."""
     if isinstance(exc, ssl.SSLError):
         return f"TLS error: {exc.reason or exc}"
+    if isinstance(exc, socket.gaierror):
+        # getaddrinfo's own code (negative), not an errno: os.strerror would say "unknown".
+        return str(exc.strerror or "name not resolved").lower()
     if exc.errno is not None:
         return os.strerror(exc.errno).lower()
     return str(exc) or type(exc).__name__
@@ -321,7 +335,7 @@ class Handshake:
         # the commands held until they are known (None: not holding).
         self.identity = UNIDENTIFIED
         self.run_id = ""
-        self.replid = ""
+        self.history = ""
         self.held: list[bytes] | None = None if hello is None else []
         self.loads_owed = 0  # SCRIPT LOAD replies still owed
         # The node answered as a replica (its hello, or a refusal): for a Sentinel node, the
@@ -383,7 +397,7 @@ class Handshake:
             if self.hello is not None and self.hello.on_server is not None and self.run_id:
                 self.hello.on_server(self.address.label, self.run_id)
         elif kind == REPLICATION:
-            self.replid = replid_of(reply)
+            self.history = history_of(reply)
             if self.address.sentinel is not None and isinstance(reply, bytes):
                 role = role_of(reply)
                 if role != "master":
@@ -399,7 +413,7 @@ class Handshake:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held
             # meanwhile go out now, in order, after the replies that preceded them.
-            self.identity = identity_of(self.run_id, self.replid, reply)
+            self.identity = identity_of(self.run_id, self.history, reply)
             held, self.held = self.held or [], None
             return b"".join(command + self.identity for command in held)
         elif kind == QUARANTINE and self.hello is not None:

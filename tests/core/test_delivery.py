@@ -185,3 +185,39 @@ def test_the_asyncio_manager_never_waits_for_a_connect_and_still_reaches_the_nod
 
     token = asyncio.run(take())
     assert key_on(nodes[2], "redlock:third") == token.encode()
+
+
+def test_a_node_that_stays_stuck_costs_no_courier_per_round(setup, monkeypatch):
+    """A connection that makes no progress for a whole node timeout while lent (here: its TLS
+    handshake never answered) is not lent again: later rounds start no courier each (a thread
+    per operation for as long as the node stays stuck); it is lent again once it moves."""
+    nodes, front = setup
+    started: list[threading.Thread] = []
+    real = threading.Thread
+
+    class Counting(real):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            if self.name == "django_redlock-courier":
+                started.append(self)
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", Counting)
+    manager = LockManager(urls(nodes, front), ttl=60.0, node_timeout=0.05)
+    manager.acquire("stuck", blocking=False).release()
+    assert started  # the first rounds lend the set
+    for courier in started:
+        courier.join(PROMPT)  # the last one gives up after its node timeout, nothing sent
+    lent = len(started)
+    for index in range(20):
+        manager.acquire(f"stuck:{index}", blocking=False).release()
+    assert len(started) == lent  # the stuck node is lent for no more
+    front.gate.set()  # it moves: the rounds that follow poll it, and its bytes go out
+    taken: list[str] = []
+
+    def moved() -> bool:
+        lease = manager.acquire(f"moved:{len(taken)}", blocking=False)
+        taken.append(lease.key)
+        return key_on(nodes[2], taken[-1]) is not None  # skipped while it owed too many
+
+    wait_for(moved, "node 2 getting what was queued for it")
+    manager.close()

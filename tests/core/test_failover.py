@@ -249,3 +249,36 @@ def test_operators_see_roles_replicas_and_a_promotion(make_pair):
     assert promoted.vote_detail.startswith("QUARANTINED a replica promoted to master")
     assert "redlock_declare_fresh" not in promoted.vote_detail
     assert promoted.votes_at is not None
+
+
+def test_a_connection_from_before_a_demotion_does_not_vote_once_the_new_master_was_reached(
+    make_pair,
+):
+    """The old master's connection, opened before the failover and idle since, carries its
+    old identity. Its node syncs from the new master and is promoted again: the marker it got
+    back must not name that identity, or the acquire would vote on the hot path. The new
+    master clears it when a script first sees its promotion (node_rule.lua)."""
+    pair = make_pair("a")
+    a, b = pair.master, pair.replica
+    before = manager(a, max_ttl=30.0)
+    before.acquire("warm-up", blocking=False).release()  # its connection to a: identity a/1
+    wait_for(lambda: synced(b), "the replica's sync")
+    pair.cut_the_link()
+    first = manager(a, max_ttl=30.0).acquire("acct:5", blocking=False)
+    b.resume()
+    promote(b)
+    with pytest.raises(LockNotAcquired):  # a client reaches the new master: it refuses
+        manager(b, max_ttl=30.0).acquire("acct:5", blocking=False)
+    with node_client(b) as client:
+        client.delete("redlock:acct:5")  # as if b never had it (see the test above)
+        assert client.hget("\x00django_redlock:node", "run") == b""
+    with node_client(a) as client:  # a follows b, then is promoted again
+        client.execute_command("REPLICAOF", "127.0.0.1", str(b.port))
+    wait_for(lambda: synced(a), "a's sync from b")
+    with node_client(a) as client:
+        client.execute_command("REPLICAOF", "NO", "ONE")
+    with pytest.raises(LockNotAcquired) as refused:
+        before.acquire("acct:5", blocking=False)  # on the connection from before
+    assert first.validity > 0
+    (text,) = refused.value.node_errors.values()
+    assert text.startswith("QUARANTINED a replica promoted to master"), text

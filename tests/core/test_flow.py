@@ -459,3 +459,43 @@ def test_the_first_try_wins_exactly_when_the_flow_would(monkeypatch, votes, elap
     else:
         assert left == 0.0
     assert first.votes == attempt.votes
+
+
+def test_nodes_refusing_connections_end_a_blocking_acquire_after_one_more_round():
+    # Issue 40: a total outage (connections refused outright) cannot make a quorum; the flow
+    # sleeps one node timeout (never subscribes: there is nobody to hear), tries once more,
+    # then gives up saying so, instead of retrying every retry_delay until its deadline.
+    refused = [NotSent("connection refused")] * 3
+    attempt = acquire()
+    attempt.token = "t" * 40
+    first = attempt.judge(refused, 0, 100.0, 100.001)
+    assert isinstance(first, flow.Failed)
+    assert not first.give_up
+    assert first.delay == NODES.node_timeout
+    pause = attempt.after(first)
+    assert isinstance(pause, flow.Sleep)
+    assert pause.delay == NODES.node_timeout
+    second = attempt.judge(refused, 0, 100.06, 100.061)
+    assert isinstance(second, flow.Failed)
+    assert second.give_up
+    assert "the nodes refuse connections" in str(second.error)
+    # Near its deadline, the pause never runs past it.
+    late = acquire(deadline=100.02)
+    late.token = "t" * 40
+    step = late.judge(refused, 0, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    assert step.delay <= 100.02 - 100.001
+    # One node of three refusing changes nothing: a quorum is still possible.
+    one = acquire()
+    one.token = "t" * 40
+    step = one.judge([NotSent("connection refused"), 5_000, 5_000], 0, 100.0, 100.001)
+    assert isinstance(step, flow.Failed)
+    assert not step.give_up
+    assert one.outage == 0
+    # Nor does a caller who asked to wait (no deadline): it keeps trying.
+    patient = acquire(deadline=None)
+    patient.token = "t" * 40
+    for _ in range(3):
+        step = patient.judge(refused, 0, 100.0, 100.001)
+        assert isinstance(step, flow.Failed)
+        assert not step.give_up

@@ -72,3 +72,17 @@ def test_a_caller_who_asked_to_wait_waits_for_the_nodes_to_come_back(cluster3):
     starter.join()
     assert came_back.is_set()  # it was refused first, and waited instead of giving up
     lease.release()
+
+
+def test_a_name_that_does_not_resolve_is_a_plain_refusal():
+    import socket
+
+    from django_redlock.core.flow import plainly_refusing
+    from django_redlock.wire.errors import NotSent
+    from django_redlock.wire.setup import describe
+
+    # getaddrinfo's codes are negative, not errno values: os.strerror would say "unknown".
+    text = describe(socket.gaierror(socket.EAI_NONAME, "Name or service not known"))
+    assert text == "name or service not known"
+    assert plainly_refusing([NotSent(f"cannot resolve db.invalid: {text}")] * 2) == 2
+    assert plainly_refusing([NotSent("no answer within 50 ms")]) == 0  # a timeout is not

@@ -6,6 +6,7 @@ back empty (``core/witness.py``). Real nodes; the recorder's thread, never the a
 from __future__ import annotations
 
 import gc
+import os
 import time
 
 from django_redlock import LockManager
@@ -41,3 +42,28 @@ def test_a_clients_first_grant_of_each_node_is_recorded_on_the_others(cluster3):
     gc.collect()
     thread.join(PROMPT)
     assert not thread.is_alive(), "the recorder's thread outlived its manager"
+
+
+def test_a_forked_child_records_its_own_votes(cluster3):
+    """A prefork server's parent may take a lock before it forks, then exit: its children
+    must record (and refresh) their own votes, not rely on the parent's thread."""
+    manager = LockManager(cluster3.urls, node_timeout=0.5)
+    manager.acquire("parent", blocking=False).release()
+    manager.engine._voters.wait_idle(PROMPT)
+    for node in cluster3:
+        with node_client(node) as client:
+            client.delete(VOTERS_KEY)
+    pid = os.fork()
+    if pid == 0:  # the child: its own grants, its own recorder thread
+        code = 1
+        try:
+            manager.acquire("child", blocking=False).release()
+            code = 0 if manager.engine._voters.wait_idle(PROMPT) else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    fields = [field_of(parse_node(url)) for url in cluster3.urls]
+    with node_client(cluster3[0]) as client:
+        assert client.hget(VOTERS_KEY, fields[1]) is not None
+        assert client.hget(VOTERS_KEY, fields[2]) is not None

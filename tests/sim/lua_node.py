@@ -141,7 +141,7 @@ class Server:
     its clock; set by ``SimNode`` before each script."""
 
     run_id: bytes = b"0" * 40
-    replid: bytes = b"1" * 40  # master_replid: new at every promotion
+    replid: bytes = b"1" * 40  # master_replid2 once promoted (the replid it served before)
     promoted: bool = False  # a replica promoted in this process's life (second_repl_offset)
     started_ms: int = 0
     aof_enabled: bool = False
@@ -149,7 +149,9 @@ class Server:
     @property
     def identity(self) -> bytes:
         """What ``scripts/node_identity.lua`` and a connection's hello make of this process."""
-        return self.run_id + b"/" + self.replid
+        if self.promoted:
+            return self.run_id + b"/" + self.replid + b":1"
+        return self.run_id + b"/" + b"0" * 40 + b":-1"
 
 
 class LuaEngine:
@@ -361,8 +363,12 @@ class LuaEngine:
         if section == b"replication":
             return (
                 b"# Replication\r\nrole:master\r\nconnected_slaves:0\r\n"
-                b"master_replid:%s\r\nsecond_repl_offset:%d\r\n"
-                % (server.replid, 1 if server.promoted else -1)
+                b"master_replid:%s\r\nmaster_replid2:%s\r\nsecond_repl_offset:%d\r\n"
+                % (
+                    b"f" * 40,
+                    server.replid if server.promoted else b"0" * 40,
+                    1 if server.promoted else -1,
+                )
             )
         up = self._now_ms() // 1000 - server.started_ms // 1000
         return b"# Server\r\nredis_version:7.2.4\r\nrun_id:%s\r\nuptime_in_seconds:%d\r\n" % (
