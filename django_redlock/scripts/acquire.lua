@@ -24,8 +24,8 @@
 -- ARGV[7]  how long a place in line lasts without a new try, in milliseconds
 -- ARGV[8]  the round of a waiter that takes hand-off grants (1, 2, ...; "" or 0: none): its
 --          token is then its hand-off token for every round (hand_register.lua)
--- ARGV[9]  the identity of the server process this connection reached, '<run_id>/<master_replid>'
---          (node_identity.lua; "" when not known yet)
+-- ARGV[9]  the identity of the server process this connection reached (node_identity.lua:
+--          '<run_id>/<master_replid2>:<second_repl_offset>'; "" when not known yet)
 -- ARGV[10] the node's persistence as this connection read it (node_rule.lua: 'always', ...)
 --
 -- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has

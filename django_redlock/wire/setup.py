@@ -73,8 +73,8 @@ arguments that a command sent with ``identify=True`` ends with (see ``scripts/ac
 class Hello:
     """What a new connection asks the node right after its login, pipelined (no round trip).
 
-    Its server process and replication history (``INFO server``: run_id; ``INFO
-    replication``: master_replid; together ``scripts/node_identity.lua``'s identity) and
+    Its server process and promotion history (``INFO server``: run_id; ``INFO
+    replication``: :func:`history_of`; together ``scripts/node_identity.lua``'s identity) and
     persistence (``CONFIG GET append*``) make the connection's identity, which ends every
     command posted with ``identify=True``; the node's longest quarantine (``HGET <marker>
     q``) goes to ``on_quarantine(node label, ms)`` (0 when the node has none).
