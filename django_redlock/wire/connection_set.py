@@ -318,6 +318,10 @@ class ConnectionSet:
             if conn.connecting:  # may have moved on to the node's next address
                 self._rearm(index, conn)
                 return
+            if conn.out:
+                # A TLS handshake that ended here (it waited for the node's answer, polled
+                # for input only) with bytes still to write: poll for output again.
+                self._rearm(index, conn)
         else:
             # NodeSocket.receive for a plain connected socket, inlined (one call less per
             # read): read until the socket is empty.
