@@ -136,8 +136,13 @@ def _after_fork_in_child() -> None:
     # A child inherits its parent's engines with every node already recorded, but not the
     # recorder's thread: its own first grants must be recorded again, or the records would
     # only be refreshed while the parent lives (a prefork server's parent may exit).
+    # Their locks may have been copied held by a thread of the parent's (a fork while it
+    # reported a hello, or took the recorder's snapshot): made anew, as a fork requires.
     for engine in list(_ENGINES):
         engine._unrecorded = set(range(len(engine.addresses)))
+        engine._voters.after_fork_in_child()
+        engine.servers._lock = threading.Lock()
+        engine.quarantine._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

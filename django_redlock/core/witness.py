@@ -183,6 +183,18 @@ class VoteRecorder:
             # wake-up always brings news (no second write of what it just wrote).
             self._wake.set()
 
+    def after_fork_in_child(self) -> None:
+        """Start afresh in a forked child: the parent's thread does not exist here, and its
+        locks and events may have been copied held (a fork while that thread took its
+        snapshot would deadlock the child's first record)."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._seen = {}
+        self._pid = 0
+        self.thread = None
+
     def wait_idle(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until every record this recorder was told of has
         been written (or tried); False if it has not by then."""
