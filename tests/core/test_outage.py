@@ -6,7 +6,6 @@ nodes, stopped; attempts are counted, never seconds."""
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
@@ -44,34 +43,6 @@ def test_one_node_of_three_down_changes_nothing(cluster3):
     cluster3[0].kill()
     manager = LockManager(cluster3.urls, node_timeout=0.2)
     manager.acquire("one-down", timeout=5.0).release()
-
-
-def test_a_caller_who_asked_to_wait_waits_for_the_nodes_to_come_back(cluster3):
-    for node in cluster3:
-        node.kill()
-    manager = LockManager(cluster3.urls, node_timeout=0.05, retry_delay=0.05)
-    came_back = threading.Event()
-
-    def restart() -> None:
-        came_back.wait()
-        for node in cluster3:
-            node.start(fresh=True)
-
-    starter = threading.Thread(target=restart)
-    starter.start()
-    # The first refused rounds are the cue to bring the nodes back (no sleep): the acquire
-    # keeps trying with timeout=None, and gets the lock once they answer.
-    original = manager.engine.reporter.attempt_failed
-
-    def failed(error: object) -> None:
-        came_back.set()
-        original(error)  # type: ignore[arg-type]
-
-    manager.engine.reporter.attempt_failed = failed  # type: ignore[method-assign]
-    lease = manager.acquire("waits", timeout=None)
-    starter.join()
-    assert came_back.is_set()  # it was refused first, and waited instead of giving up
-    lease.release()
 
 
 def test_a_name_that_does_not_resolve_is_a_plain_refusal():
