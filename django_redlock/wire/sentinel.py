@@ -26,6 +26,7 @@ import threading
 import time
 import weakref
 from dataclasses import replace
+from typing import Any
 
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress, SentinelService
@@ -170,18 +171,27 @@ def _ask(sentinel: NodeAddress, service: str, deadline: float) -> tuple[str, int
         replies: list[object] = []
         while len(replies) <= len(commands):
             sock.settimeout(left())
-            data = sock.recv(4096)
-            if not data:
-                raise NodeError("connection closed by the Sentinel")
-            reader.feed(data)
-            try:
-                while (reply := reader.gets()) is not False:
-                    replies.append(reply)
-            except PROTOCOL_ERRORS:
-                raise NodeError("answered bytes that are not RESP") from None
+            _take_in(reader, sock.recv(4096), replies)
         return _take(len(commands), service, replies)
     finally:
         sock.close()
+
+
+def _take_in(reader: Any, data: bytes, replies: list[object]) -> None:
+    """Feed what a Sentinel sent to ``reader`` and append each complete reply (both ways of
+    asking read this way).
+
+    Raises:
+        NodeError: the Sentinel closed the connection, or sent bytes that are not RESP.
+    """
+    if not data:
+        raise NodeError("connection closed by the Sentinel")
+    reader.feed(data)
+    try:
+        while (reply := reader.gets()) is not False:
+            replies.append(reply)
+    except PROTOCOL_ERRORS:
+        raise NodeError("answered bytes that are not RESP") from None
 
 
 def master_of(address: NodeAddress, timeout: float) -> NodeAddress:
@@ -234,15 +244,7 @@ async def _aask(sentinel: NodeAddress, service: str) -> tuple[str, int]:
         reader = make_reader()
         replies: list[object] = []
         while len(replies) <= len(commands):
-            data = await stream.read(4096)
-            if not data:
-                raise NodeError("connection closed by the Sentinel")
-            reader.feed(data)
-            try:
-                while (reply := reader.gets()) is not False:
-                    replies.append(reply)
-            except PROTOCOL_ERRORS:
-                raise NodeError("answered bytes that are not RESP") from None
+            _take_in(reader, await stream.read(4096), replies)
         return _take(len(commands), service, replies)
     finally:
         writer.close()

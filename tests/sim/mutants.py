@@ -35,16 +35,21 @@ def _no_drift() -> Iterator[dict[bytes, bytes]]:
         flow.validity = saved
 
 
-def _no_quarantine() -> Iterator[dict[bytes, bytes]]:
-    """A restarted node votes at once (node_rule.lua's uptime test always passes, in every
-    script that grants; a promoted replica too)."""
-    rule = "elseif since >= q then"
+def _in_every_granting_script(rule: str, new: str) -> dict[bytes, bytes]:
+    """``rule`` (a line of node_rule.lua) replaced by ``new`` in every script that grants
+    (not the status script, which grants nothing)."""
     overrides: dict[bytes, bytes] = {}
     for script in LIBRARY_SCRIPTS.values():
         if rule in script.source.decode() and script is not scripts.NODE_STATE:
-            overrides.update(_replace(script, rule, "elseif true then"))
+            overrides.update(_replace(script, rule, new))
     assert scripts.ACQUIRE.sha in overrides
-    yield overrides
+    return overrides
+
+
+def _no_quarantine() -> Iterator[dict[bytes, bytes]]:
+    """A restarted node votes at once (node_rule.lua's uptime test always passes, in every
+    script that grants; a promoted replica too)."""
+    yield _in_every_granting_script("elseif since >= q then", "elseif true then")
 
 
 def _no_failover_rule() -> Iterator[dict[bytes, bytes]]:
@@ -55,12 +60,7 @@ def _no_failover_rule() -> Iterator[dict[bytes, bytes]]:
         "local promoted = (tonumber(string.match(replication, "
         "'second_repl_offset:(%-?%d+)')) or -1) >= 0"
     )
-    overrides: dict[bytes, bytes] = {}
-    for script in LIBRARY_SCRIPTS.values():
-        if rule in script.source.decode() and script is not scripts.NODE_STATE:
-            overrides.update(_replace(script, rule, "local promoted = false"))
-    assert scripts.ACQUIRE.sha in overrides
-    yield overrides
+    yield _in_every_granting_script(rule, "local promoted = false")
 
 
 def _release_any() -> Iterator[dict[bytes, bytes]]:
