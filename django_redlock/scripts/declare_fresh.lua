@@ -23,4 +23,9 @@ if string.match(replication, 'role:(%a+)') ~= 'master' then
     return redis.error_reply('REPLICA this node is a replica: it never votes; nothing declared')
 end
 redis.call('HSET', KEYS[1], 'run', me, 'why', 'declared')
+-- As node_rule.lua's record_self: this node's own process is fit, so a durable restart of it
+-- keeps voting; written to this node's AOF only, never to its replicas.
+redis.set_repl(redis.REPL_AOF)
+redis.call('HSET', KEYS[1], 'self', me)
+redis.set_repl(redis.REPL_ALL)
 return {'declared', me}

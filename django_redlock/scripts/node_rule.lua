@@ -30,7 +30,21 @@
 --     when it started has expired);
 --   * a master that was never promoted and that a client proved durable (appendonly yes +
 --     appendfsync always, read with CONFIG GET; checked here with INFO persistence) votes: it
---     forgot nothing;
+--     forgot nothing its previous process had. That proves enough only when that previous
+--     process was itself fit to vote on this very node: so the marker's field `self`, written
+--     with redis.set_repl(redis.REPL_AOF) (into this node's AOF, never to its replicas), must
+--     name the same fit identity as `run`. A replica promoted and restarted before it served
+--     its quarantine (its dataset lacks what its old master granted; `run` was cleared, or is
+--     its old master's, replicated without `self`), or a process that was refused and then
+--     restarted, is quarantined again, the wait counted from the restart (found by the
+--     simulator: seed 510184006, profile failovers). A node with no marker at all (brand new)
+--     has nothing to forget. What is left, stated so: a full sync copies the master's memory,
+--     `self` included, so a replica that synced after its master was found fit, promoted,
+--     then crashed and restarted from its own durable AOF before any client reached it as a
+--     master (which clears `run`), all within one lease, passes for its master's durable
+--     restart (tests/core/test_failover.py keeps it as a strict xfail). Nothing the new
+--     process can read tells the two apart: INFO gives a restarted master a new replication
+--     id either way;
 --   * a process that an operator declared fresh (declare_fresh.lua, naming its identity) votes;
 --   * otherwise it refuses, and says when it will vote.
 -- A node found fit is recorded in the marker hash (run = its identity), so the acquire hot
@@ -64,8 +78,17 @@
 -- Returns: nil when the node votes (and why: 'known', 'uptime', 'promoted', 'durable'), or an
 -- error text that starts with QUARANTINED; then the ms until it votes (or -1 when it cannot
 -- tell: a replica, or INFO refused).
+-- Record in the marker (field self) that this node's own process `me` was found fit, in its
+-- AOF and memory only: a replica never receives it, so a dataset replicated or promoted from
+-- another node never carries it (the durable rule below).
+local function record_self(marker, me)
+    redis.set_repl(redis.REPL_AOF)
+    redis.call('HSET', marker, 'self', me)
+    redis.set_repl(redis.REPL_ALL)
+end
+
 local function node_rule(marker, quarantine, fsync, commit)
-    local stored = redis.call('HMGET', marker, 'run', 'q', 'p')
+    local stored = redis.call('HMGET', marker, 'run', 'q', 'p', 'self')
     local q = math.max(quarantine, tonumber(stored[2] or '0') or 0)
     local me, server, replication = node_identity()
     if me == nil then
@@ -110,7 +133,7 @@ local function node_rule(marker, quarantine, fsync, commit)
         why = 'known'
     elseif since >= q then
         why = promoted and 'promoted' or 'uptime'
-    elseif not promoted and fsync == 'always'
+    elseif not promoted and fsync == 'always' and stored[4] == stored[1]
         and string.find(redis.call('INFO', 'persistence'), 'aof_enabled:1', 1, true) then
         why = 'durable'
     else
@@ -120,6 +143,15 @@ local function node_rule(marker, quarantine, fsync, commit)
             -- its data; a shorter quarantine sent later must not end the wait before that
             -- lease runs out (found by the simulator: tests/sim, profile 'quarantines').
             redis.call('HSET', marker, 'q', string.format('%d', q))
+        end
+        if commit and stored[1] ~= '' and (fsync == 'always' or string.sub(fsync, 1, 6) == 'append')
+        then
+            -- The dataset no longer comes from a process fit to vote (nor from a brand-new
+            -- node): a durable restart of this one must not pass for one of a fit process
+            -- (the durable rule above). Only when the caller knows the node's persistence: a
+            -- refusal for want of it ('' before its connection read CONFIG GET, or CONFIG GET
+            -- refused) says nothing of the process.
+            redis.call('HSET', marker, 'run', '')
         end
         if promoted then
             return string.format(
@@ -141,6 +173,7 @@ local function node_rule(marker, quarantine, fsync, commit)
         redis.call('HSET', marker, 'run', me, 'q', string.format('%d', q))
         if why ~= 'known' then
             redis.call('HSET', marker, 'why', why)
+            record_self(marker, me)
         end
     end
     return nil, why

@@ -160,6 +160,63 @@ def test_a_promoted_replica_that_missed_a_lock_never_grants_it_within_the_lease(
     assert first.validity == 0  # never while the first lease could still run
 
 
+NEVER_SEEN = pytest.param(
+    False,
+    id="never-seen-promoted",
+    marks=pytest.mark.xfail(
+        strict=True,
+        reason="known limit (node_rule.lua): a replica that full-synced after its master was "
+        "found fit holds that master's `self` too; promoted, crashed and restarted durably "
+        "before any client reached it, it passes for its master's durable restart",
+    ),
+)
+
+
+@pytest.mark.parametrize("seen", [pytest.param(True, id="seen-promoted"), NEVER_SEEN])
+def test_a_promoted_replica_that_restarts_from_its_own_durable_aof_is_quarantined_again(
+    make_pair, seen
+):
+    """Its AOF (appendfsync always) keeps all it had, and it never had the lock its old master
+    granted last: a durable restart proves nothing here (the simulator found the double grant:
+    tests/sim, seed 510184006), once a client saw it promoted before it crashed."""
+    pair = make_pair("a", DURABLE_ARGS)
+    wait_for(lambda: up_longer_than_quarantine(pair.replica), "the replica's uptime")
+    pair.cut_the_link()
+    manager(pair.master).acquire("acct:3", blocking=False)
+    pair.fail_over()
+    if seen:
+        with pytest.raises(LockNotAcquired):
+            manager(pair.replica).acquire("acct:3", blocking=False)
+    # It crashes and comes back from its AOF as a master (the failover rewrote its config: no
+    # --replicaof), a new process that was never promoted, and durable.
+    pair.replica.extra_args = DURABLE_ARGS
+    pair.replica.restart()
+    assert replication(pair.replica)["role"] == "master"
+    assert int(replication(pair.replica)["second_repl_offset"]) == -1
+    with node_client(pair.replica) as client:
+        assert lock_token(client, "redlock:acct:3") is None
+
+    with pytest.raises(LockNotAcquired) as refused:
+        manager(pair.replica).acquire("acct:3", blocking=False)
+    (text,) = refused.value.node_errors.values()
+    assert text.startswith("QUARANTINED up"), text
+
+
+def test_a_durable_master_that_voted_votes_at_once_after_a_crash(make_pair):
+    """The other side of the rule above: a master found fit (here declared fresh), restarted
+    from its own AOF with fsync always, forgot nothing, and votes at once; its replica's
+    promotion elsewhere changes nothing of that."""
+    pair = make_pair("a", DURABLE_ARGS)
+    pair.master.stop()
+    pair.master.extra_args = DURABLE_ARGS
+    pair.master.start()  # declared fresh, as every master of these pairs
+    held = manager(pair.master).acquire("acct:4", blocking=False)
+    pair.master.restart()
+    with node_client(pair.master) as client:
+        assert lock_token(client, "redlock:acct:4") == held.token.encode()
+    manager(pair.master).acquire("acct:5", blocking=False).release()
+
+
 def test_two_of_three_nodes_failing_over_within_one_lease_give_nobody_a_second_quorum(
     make_pair,
 ):

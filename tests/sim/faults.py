@@ -5,9 +5,9 @@ reordering between connections (every message has its own delay; a connection st
 late messages (up to 4 node timeouts), lost messages; node pauses (short, or longer than a
 lease) and crashes with each persistence mode (AOF fsync always, AOF everysec losing up to
 its last second, an RDB snapshot from earlier, empty); failovers (a replica up for long, up
-to a second behind its master, promoted in its place: profile 'failovers'); client GC
-pauses (up to 2.5 ttl) and client crashes (it comes back later as a new process); clock drift
-within the bound (set when the clocks are made, ``world.py``).
+to a second behind its master, promoted in its place, some crashing soon after: profile
+'failovers'); client GC pauses (up to 2.5 ttl) and client crashes (it comes back later as a
+new process); clock drift within the bound (set when the clocks are made, ``world.py``).
 
 Outside the model, only when asked (the checker then reports violations as expected): node
 clock jumps beyond the drift bound, and an operator's ``declare_fresh`` right after a lossy
@@ -79,6 +79,9 @@ def plan(world: World) -> list[tuple[float, Callable[[], None]]]:
         # they were): the master dies, a replica up for long, some writes behind, takes its
         # place after the time a Sentinel or a managed service takes to promote it.
         failover_rng = random.Random(world.seed ^ 0xFA1107E5)
+        # Some promoted replicas crash soon after (a cascade: whatever killed the master), and
+        # restart from their own AOF (a generator of its own again, for the same reason).
+        cascade_rng = random.Random(world.seed ^ 0xCA5CADE)
         t = 0.0
         while True:
             t += failover_rng.expovariate(config.failovers)
@@ -88,6 +91,10 @@ def plan(world: World) -> list[tuple[float, Callable[[], None]]]:
             seconds = failover_rng.uniform(0.01, 0.5) * config.ttl
             lag = failover_rng.uniform(0.0, 1.0)
             out.append((t, partial(world.fail_over, node, seconds, lag)))
+            if cascade_rng.random() < 0.3:
+                crash = t + seconds + cascade_rng.uniform(0.05, 1.0) * config.ttl
+                down = cascade_rng.uniform(0.02, 0.3) * config.ttl
+                out.append((crash, partial(world.crash_node, node, down, None)))
     if config.clock_jumps:
         for _ in range(rng.randint(1, 3)):
             node = rng.choice(world.nodes)

@@ -50,6 +50,8 @@ redis.error_reply = function(message) return {err = message} end
 redis.status_reply = function(message) return {ok = message} end
 redis.log = function() end
 redis.LOG_WARNING = 3
+redis.REPL_NONE, redis.REPL_AOF, redis.REPL_REPLICA, redis.REPL_ALL = 0, 1, 2, 3
+redis.set_repl = function(mode) dispatch('\0SET_REPL', mode) end
 local load = function(source, name)
     local chunk, problem = loadstring(source, name)
     if chunk == nil then error(problem, 0) end
@@ -72,16 +74,34 @@ class Keyspace:
     """One node's data: key -> value (bytes: a string; ``Hash``; ``ZSet``) and key -> the ms
     (on the node's clock) after which it no longer exists."""
 
-    __slots__ = ("data", "expires")
+    __slots__ = ("data", "expires", "unreplicated")
 
     def __init__(self) -> None:
         self.data: dict[bytes, Any] = {}
         self.expires: dict[bytes, int] = {}
+        # (key, hash field) written under redis.set_repl without REPL_REPLICA: in this
+        # node's memory and AOF, never on its replicas (``replicated``).
+        self.unreplicated: set[tuple[bytes, bytes]] = set()
 
     def copy(self) -> Keyspace:
         other = Keyspace()
         other.data = {k: v if type(v) is bytes else type(v)(v) for k, v in self.data.items()}
         other.expires = dict(self.expires)
+        other.unreplicated = set(self.unreplicated)
+        return other
+
+    def replicated(self) -> Keyspace:
+        """What a replica holds of this keyspace: a copy without the hash fields written
+        only to this node's AOF."""
+        other = self.copy()
+        for key, field in other.unreplicated:
+            value = other.data.get(key)
+            if type(value) is Hash:
+                value.pop(field, None)
+                if not value:
+                    del other.data[key]
+                    other.expires.pop(key, None)
+        other.unreplicated = set()
         return other
 
     def purge(self, now_ms: int) -> None:
@@ -173,6 +193,7 @@ class LuaEngine:
         self.server = Server()
         self.now_us = 0
         self.published: list[tuple[bytes, bytes]] = []
+        self.to_replicas = True  # redis.set_repl: do this script's writes reach replicas?
         self._table = self.lua.table_from
         self.calls = 0
         self._commands: dict[bytes, Callable[[list[bytes]], Any]] = {
@@ -184,6 +205,7 @@ class LuaEngine:
             b"HMGET": self._hmget,
             b"HSET": self._hset,
             b"INFO": self._info,
+            b"\0SET_REPL": self._set_repl,
             b"PEXPIRE": self._pexpire,
             b"PTTL": self._pttl,
             b"PUBLISH": self._publish,
@@ -221,6 +243,7 @@ class LuaEngine:
             function = self.compiled[sha] = self.loader(source, b"@" + sha[:8])
         self.space, self.server, self.now_us = space, server, now_us
         self.published = []
+        self.to_replicas = True
         try:
             result = self.invoke(function, len(keys), *keys, *args)
         except lua51.LuaError as error:
@@ -337,10 +360,21 @@ class LuaEngine:
         if value is None:
             value = self.space.data[args[0]] = Hash()
         added = 0
+        unreplicated = self.space.unreplicated
         for index in range(1, len(args) - 1, 2):
             added += args[index] not in value
             value[args[index]] = args[index + 1]
+            if not self.to_replicas:
+                unreplicated.add((args[0], args[index]))
+            elif unreplicated:
+                unreplicated.discard((args[0], args[index]))
         return added
+
+    def _set_repl(self, args: list[bytes]) -> Any:
+        """``redis.set_repl(mode)``: whether the script's next writes reach the replicas (the
+        REPL_REPLICA bit; every mode here keeps them in the node's own AOF)."""
+        self.to_replicas = bool(int(args[0]) & 2)
+        return None
 
     def _hdel(self, args: list[bytes]) -> Any:
         value = self._hash(args[0])

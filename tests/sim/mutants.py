@@ -63,6 +63,16 @@ def _no_failover_rule() -> Iterator[dict[bytes, bytes]]:
     yield _in_every_granting_script(rule, "local promoted = false")
 
 
+def _durable_restart_trusted() -> Iterator[dict[bytes, bytes]]:
+    """A durable restart votes at once whatever its dataset came from: a promoted replica
+    that restarts (AOF always) before its quarantine ends votes with the locks it never
+    received missing (node_rule.lua no longer asks that the marker's ``self`` name the fit
+    process ``run`` names)."""
+    yield _in_every_granting_script(
+        "fsync == 'always' and stored[4] == stored[1]", "fsync == 'always'"
+    )
+
+
 def _release_any() -> Iterator[dict[bytes, bytes]]:
     """The release deletes the key whoever holds it (no owner compare)."""
     yield _replace(
@@ -200,6 +210,7 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
     "no-failover-rule": _no_failover_rule,
+    "durable-restart-trusted": _durable_restart_trusted,
     "release-any": _release_any,
     "no-clean-up": _no_clean_up,
     "gone-frees-all": _gone_frees_all,

@@ -33,6 +33,7 @@ PROFILE = {
     "no-drift": "drift",
     "no-quarantine": "restarts",
     "no-failover-rule": "failovers",
+    "durable-restart-trusted": "failovers",
     "slots-pooled": "slots",
     "fence-off": "fence",
     "many-partial": "mix",  # lock_many is drawn in the mix only
@@ -229,6 +230,27 @@ def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() ->
     assert forced < handed < c0.start
     assert c0.revoked is None  # a lease after it is a lease like any other
     assert c0.start < c3.end  # the two windows would overlap, were c3 not evicted
+
+
+def test_a_promoted_replica_that_restarts_durably_stays_quarantined() -> None:
+    # Found by CI's exploration (seed 510184006, failovers). n0's master dies 126 ms after
+    # c0's lease on lock1 began; the replica promoted in its place lacks that key and is seen
+    # quarantined; it crashes and restarts from an AOF with fsync always. The restart kept all
+    # it had, which was never all its old master granted: it must not vote by the durable
+    # rule (it did, and c1 held lock1 beside c0).
+    outcome = simulate(510184006, profile="failovers")
+    assert not outcome.violations, outcome.report()
+    world = outcome.world
+    lines = [(t, line) for t, by, line in world.trace if by == "n0"]
+    promoted = next(t for t, line in lines if line.startswith("replica promoted") and t > 2)
+    restarted = next(t for t, line in lines if line.startswith("restarted (always)") and t > 2)
+    assert promoted < restarted < 3.3  # within the lease c0 took at 2.13 s
+    records = world.checker.records
+    c0 = next(r for r in records if r.token.startswith("3639fba2"))
+    c1 = next(r for r in records if r.token.startswith("919874b1"))
+    assert c0.start < restarted < c0.end
+    # c1 held lock1 at 2.74 s, 0.38 s before c0's lease ran out; now only once c0 let go.
+    assert c1.start >= min(c0.end, c0.released or c0.end)
 
 
 def test_a_lease_whose_keys_were_set_after_a_force_release_ran_is_not_evicted() -> None:

@@ -1012,7 +1012,7 @@ class World:
         if node.state == "down":
             return
         older = [space for at, space in node.snapshots if at <= self.now - lag]
-        kept = older[-1].copy() if older else Keyspace()
+        kept = older[-1].replicated() if older else Keyspace()
         node.state = "down"
         node.incarnation += 1  # every connection to the old master is closed
         self.log(node.label, f"master died; its replica ({lag * 1000:.0f} ms behind) takes over")
