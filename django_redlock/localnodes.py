@@ -24,8 +24,10 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -99,6 +101,46 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
     except (OSError, AttributeError):
         pass
+
+
+_spawner: ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _forget_spawner() -> None:  # pragma: no cover - runs in a forked child
+    global _spawner
+    _spawner = None
+
+
+os.register_at_fork(after_in_child=_forget_spawner)
+
+
+def _start_server(args: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start a server process that dies with this one (:func:`_die_with_parent`).
+
+    The kernel's "parent" there is the thread that forked the child, not the process: a node
+    started from a short-lived thread (a test bringing nodes back while another thread waits
+    on them) got SIGTERM the moment that thread ended. So a thread other than the main one
+    starts its servers through one long-lived thread of this module.
+    """
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(args),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+
+    if threading.current_thread() is threading.main_thread():
+        return start()
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = ThreadPoolExecutor(1, thread_name_prefix="localnodes-start")
+        spawner = _spawner
+    return spawner.submit(start).result()
 
 
 def _answers_ping(url: str, timeout: float) -> bool:
@@ -206,13 +248,7 @@ class LocalNode:
             raise RuntimeError(f"{self.name} is already running")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
-        self.process = subprocess.Popen(
-            self._arguments(),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
+        self.process = _start_server(self._arguments())
         self.paused = False
         deadline = time.monotonic() + _READY_TIMEOUT
         while time.monotonic() < deadline:
@@ -405,13 +441,7 @@ class LocalSentinel:
         if self.running:
             raise RuntimeError(f"{self.name} is already running")
         self.config_path.write_text(self._config())
-        self.process = subprocess.Popen(
-            [self.binary, str(self.config_path), "--sentinel"],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
-        )
+        self.process = _start_server([self.binary, str(self.config_path), "--sentinel"])
         deadline = time.monotonic() + _READY_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

@@ -6,6 +6,7 @@ nodes, stopped; attempts are counted, never seconds."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -43,6 +44,43 @@ def test_one_node_of_three_down_changes_nothing(cluster3):
     cluster3[0].kill()
     manager = LockManager(cluster3.urls, node_timeout=0.2)
     manager.acquire("one-down", timeout=5.0).release()
+
+
+def test_a_caller_who_asked_to_wait_waits_for_the_nodes_to_come_back(cluster3):
+    for node in cluster3:
+        node.kill()
+    manager = LockManager(cluster3.urls, node_timeout=0.05, retry_delay=0.05)
+    came_back = threading.Event()
+    restarted: list[BaseException | None] = []
+
+    def restart() -> None:
+        came_back.wait()
+        try:
+            for node in cluster3:
+                node.start(fresh=True)
+        except BaseException as error:  # reported below, not lost with the thread
+            restarted.append(error)
+            raise
+        restarted.append(None)
+
+    starter = threading.Thread(target=restart, daemon=True)
+    starter.start()
+    # The first refused rounds are the cue to bring the nodes back (no sleep): the acquire
+    # keeps trying with timeout=None, and gets the lock once they answer.
+    original = manager.engine.reporter.attempt_failed
+    errors: list[BaseException] = []
+
+    def failed(error: BaseException) -> None:
+        came_back.set()
+        errors.append(error)
+        original(error)  # type: ignore[arg-type]
+
+    manager.engine.reporter.attempt_failed = failed  # type: ignore[method-assign]
+    lease = manager.acquire("waits", timeout=None)
+    starter.join()
+    assert restarted == [None]
+    assert came_back.is_set()  # it was refused first, and waited instead of giving up
+    lease.release()
 
 
 def test_a_name_that_does_not_resolve_is_a_plain_refusal():
