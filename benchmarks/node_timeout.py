@@ -69,7 +69,7 @@ def _worker(urls: list[str], node_timeout: float, until: float, out: _Out) -> No
         worker.start()
     for worker in workers:
         worker.join()
-    out.put((latencies, *counts))
+    out.put((latencies, counts[0], counts[1], counts[2]))
 
 
 def run(urls: list[str], node_timeout: float, seconds: float) -> dict[str, float]:
