@@ -276,9 +276,10 @@ def test_a_process_not_yet_known_is_quarantined_unless_up_long_enough(node):
     node.delete(scripts.NODE_KEY)  # as after a restart without persistence
     with pytest.raises(Exception, match=r"QUARANTINED up \d+ s, not proven durable"):
         acquire(node, "k", "a" * 40, quarantine_ms=FOREVER, persistence="appendonly no")
-    # A refusal records no vote, only the quarantine asked for (node_rule.lua: a longer one
-    # must outlive a later, shorter request): a client sending less is told so.
-    assert node.hget(scripts.NODE_KEY, "run") is None
+    # A refusal records no vote (the marker names no process: ''), only the quarantine asked
+    # for (node_rule.lua: a longer one must outlive a later, shorter request): a client
+    # sending less is told so.
+    assert node.hget(scripts.NODE_KEY, "run") == b""
     assert node.hget(scripts.NODE_KEY, "q") == str(FOREVER).encode()
     with pytest.raises(Exception, match=rf"QUARANTINE_LONGER {FOREVER} ms"):
         acquire(node, "k", "a" * 40, quarantine_ms=0)

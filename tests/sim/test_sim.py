@@ -233,24 +233,25 @@ def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() ->
 
 
 def test_a_promoted_replica_that_restarts_durably_stays_quarantined() -> None:
-    # Found by CI's exploration (seed 510184006, failovers). n0's master dies 126 ms after
-    # c0's lease on lock1 began; the replica promoted in its place lacks that key and is seen
-    # quarantined; it crashes and restarts from an AOF with fsync always. The restart kept all
-    # it had, which was never all its old master granted: it must not vote by the durable
-    # rule (it did, and c1 held lock1 beside c0).
+    # Found by CI's exploration (seed 510184006, failovers). n0's master dies 126 ms behind
+    # its replica, which is promoted at 2.375 s and seen quarantined; it crashes at 2.53 s and
+    # restarts from an AOF with fsync always. The restart kept all it had, which was never all
+    # its old master granted: it must stay quarantined (on the durable rule it voted at once,
+    # and c1 held lock1 beside c0).
     outcome = simulate(510184006, profile="failovers")
     assert not outcome.violations, outcome.report()
-    world = outcome.world
-    lines = [(t, line) for t, by, line in world.trace if by == "n0"]
-    promoted = next(t for t, line in lines if line.startswith("replica promoted") and t > 2)
-    restarted = next(t for t, line in lines if line.startswith("restarted (always)") and t > 2)
-    assert promoted < restarted < 3.3  # within the lease c0 took at 2.13 s
-    records = world.checker.records
-    c0 = next(r for r in records if r.token.startswith("3639fba2"))
-    c1 = next(r for r in records if r.token.startswith("919874b1"))
-    assert c0.start < restarted < c0.end
-    # c1 held lock1 at 2.74 s, 0.38 s before c0's lease ran out; now only once c0 let go.
-    assert c1.start >= min(c0.end, c0.released or c0.end)
+    trace = outcome.world.trace
+    n0 = [(t, line) for t, by, line in trace if by == "n0"]
+    promoted = next(t for t, line in n0 if line.startswith("replica promoted") and t > 2)
+    restarted = next(t for t, line in n0 if line.startswith("restarted (always)") and t > 2)
+    assert promoted < restarted < promoted + 0.5
+    # Clients' rounds list the nodes' answers in order, n0 first.
+    refused = [
+        t
+        for t, by, line in trace
+        if by.startswith("c") and restarted < t < restarted + 0.5 and "[QUARANTINED," in line
+    ]
+    assert refused
 
 
 def test_a_lease_whose_keys_were_set_after_a_force_release_ran_is_not_evicted() -> None:
