@@ -130,6 +130,29 @@ def test_a_client_without_acks_is_refused_where_grants_are_acknowledged(make_pai
     assert "REPLICA_ACKS" in repr(refused.value.node_errors)
 
 
+def test_grants_that_no_wait_follows_are_refused_where_grants_are_acknowledged(make_pair):
+    """A semaphore, a read-write lock, a multi-lock and a lease hand-off are never followed by
+    WAIT: on a node that carries the claim (which a promoted replica trusts to vote at once)
+    each is refused, whatever the client's settings, and writes nothing."""
+    pair = make_pair("g")
+    acked(pair.master).acquire("acct:1", blocking=False).release()
+    before = {}
+    with node_client(pair.master) as client:
+        before = {key: client.dump(key) for key in client.keys("redlock:*")}
+    for manager in (plain(pair.master), acked(pair.master)):
+        attempts = (
+            lambda m=manager: m.semaphore("sem", 2).acquire(blocking=False),
+            lambda m=manager: m.rwlock("rw").write(blocking=False),
+            lambda m=manager: m.lock_many(["m:1", "m:2"], blocking=False),
+        )
+        for attempt in attempts:
+            with pytest.raises(LockNotAcquired) as refused:
+                attempt()
+            assert "REPLICA_ACKS" in repr(refused.value.node_errors)
+    with node_client(pair.master) as client:
+        assert {key: client.dump(key) for key in client.keys("redlock:*")} == before
+
+
 def test_a_paused_replica_fails_the_acquire_within_the_node_timeout_and_frees_the_key(make_pair):
     pair = make_pair("p")
     acked(pair.master).acquire("warm", blocking=False).release()
