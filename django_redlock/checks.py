@@ -19,6 +19,7 @@ core's own argument checks (the limits below are the ``LockManager``'s).
 | E012 | MAX_TTL is neither None nor a valid TTL at least as long as TTL |
 | E013 | METRICS_LABEL is neither "prefix" nor "name" |
 | E014 | a Sentinel node is malformed (no SERVICE, no Sentinel, a bad Sentinel URL, unknown keys) |
+| E015 | a node's REPLICA_ACKS (or `?replica_acks=` in its URL) is not a number >= 1 |
 | W001 | an even number of nodes |
 | W002 | a single node (fine for development) |
 | W003 | a node password inside a URL (shown on DEBUG error pages) |

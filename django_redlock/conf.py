@@ -291,7 +291,14 @@ The independent Redis/Valkey masters, 3 or 5 of them. Each is one of:
   as in a `rediss://` query, for the master and for `rediss://` Sentinels whose URL gives
   none), `SENTINEL_PASSWORD` and `SENTINEL_USERNAME` (the Sentinels' login). A Sentinel URL is
   `redis://host:port` or `rediss://host:port`, nothing more (check E014). `LockManager(nodes=...)`
-  takes the same dict."""
+  takes the same dict.
+
+Any dict above may also say `"REPLICA_ACKS": N` (a URL: `?replica_acks=N`, which
+`LockManager(nodes=[...])` takes too), for a node that is a master with replicas: a grant or
+renewal there counts only once `WAIT` confirms that at least N replicas, and every replica
+online, have it, so a replica promoted in a failover votes at once instead of sitting out the
+quarantine. N >= 1 (check E015); every client of the node must set it. See
+[deploying](../howto/deploying.md#replicas-and-failovers)."""
 _DEFAULT_TIMEOUT_DOC = f"""\
 How long a blocking acquire waits when not told: `get_manager().acquire()` and `.lock()`,
 `lock_for`, and `@locked_command(on_busy="wait")`. Finite by default, so a lock that never comes
@@ -309,7 +316,7 @@ quarantine**: a node that lost its data votes again only this long after it came
 SETTINGS: tuple[Setting, ...] = (
     Setting("NODES", "list[str | dict]", [], _check_node_list, (
                 "django_redlock.E003", "django_redlock.E004", "django_redlock.E005",
-                "django_redlock.E014",
+                "django_redlock.E014", "django_redlock.E015",
                 "django_redlock.W001", "django_redlock.W002", "django_redlock.W003",
             ),
             required=True,

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 from urllib.parse import urlsplit
 
-from django_redlock.wire.nodes import NodeAddress, parse_node, parse_sentinel
+from django_redlock.wire.nodes import NodeAddress, parse_node, parse_sentinel, replica_acks_of
 
 __all__ = ["CACHE_BACKENDS", "Reading", "check_nodes"]
 
@@ -73,6 +73,13 @@ def check_nodes(value: object, name: str, reading: Reading) -> tuple[NodeAddress
 def _node(spec: object, reading: Reading) -> NodeAddress | None:
     """One node spec to an address; None (with the problem reported) when it is unusable."""
     bad = "django_redlock.E004"
+    acks = 0
+    if isinstance(spec, Mapping) and "REPLICA_ACKS" in spec:
+        try:
+            acks = replica_acks_of(spec["REPLICA_ACKS"], "a node's REPLICA_ACKS")
+        except ValueError as exc:
+            _bad_acks(exc, reading)
+            return None
     try:
         if isinstance(spec, str):
             address = parse_node(spec)
@@ -91,7 +98,9 @@ def _node(spec: object, reading: Reading) -> NodeAddress | None:
             )
         if "SENTINELS" in spec or "SERVICE" in spec:
             return _sentinel_node(spec, reading)
-        unknown = sorted(set(map(str, spec)) - {"URL", "PASSWORD", "USERNAME", "CACHE"})
+        unknown = sorted(
+            set(map(str, spec)) - {"URL", "PASSWORD", "USERNAME", "CACHE", "REPLICA_ACKS"}
+        )
         if unknown or ("URL" in spec) == ("CACHE" in spec):
             reading.report(
                 bad,
@@ -102,22 +111,36 @@ def _node(spec: object, reading: Reading) -> NodeAddress | None:
             )
             return None
         if "CACHE" in spec:
-            return _cache_node(spec["CACHE"], reading)
+            cached = _cache_node(spec["CACHE"], reading)
+            return cached if cached is None or not acks else replace(cached, replica_acks=acks)
         if not isinstance(spec["URL"], str):
             raise TypeError("REDLOCK node URL must be a string")
         address = parse_node(spec["URL"])
         return _with_login(
-            address,
+            replace(address, replica_acks=acks) if acks else address,
             spec.get("USERNAME", address.username),
             spec.get("PASSWORD", address.password),
         )
     except (TypeError, ValueError) as exc:
+        if "REPLICA_ACKS" in str(exc):  # ?replica_acks= in a URL
+            _bad_acks(exc, reading)
+            return None
         # The parser names the LockManager argument ("nodes: ..."): here it is the setting.
         text = str(exc).removeprefix("nodes: ")
         reading.report(
             bad, f"REDLOCK['NODES']: {text}", "Write a redis://, rediss:// or unix:// URL."
         )
         return None
+
+
+def _bad_acks(exc: Exception, reading: Reading) -> None:
+    """A malformed REPLICA_ACKS (a node's key, or ``?replica_acks=`` in its URL): E015."""
+    reading.report(
+        "django_redlock.E015",
+        f"REDLOCK['NODES']: {str(exc).removeprefix('nodes: ')}",
+        "Give REPLICA_ACKS the number of replicas that must acknowledge each grant (1 or "
+        "more; every replica online must too), or leave it out.",
+    )
 
 
 def _sentinel_node(spec: Mapping[Any, Any], reading: Reading) -> NodeAddress | None:

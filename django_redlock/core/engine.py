@@ -329,6 +329,7 @@ class Engine:
             self.node_timeout,
             self.drift_factor,
             self.retry_delay,
+            any(address.replica_acks for address in self.addresses),
         )
         self.reporter = Reporter(self.nodes, observer)
         self.owners = OwnerRecords(socket.gethostname())

@@ -109,6 +109,9 @@ class Nodes:
     node_timeout: float
     drift_factor: float
     retry_delay: float
+    acked: bool = False
+    """Whether a node has REPLICA_ACKS (wire/acks.py): then no hand-off grants are taken (a
+    grant a release makes is followed by no WAIT; the waiter's own try is)."""
 
     size: int = field(init=False)
     """How many nodes (``len(labels)``; a field, as it is read several times a round)."""
@@ -369,7 +372,7 @@ class FirstTry:
             waiter,
             ticket,
             lifetime_ms,
-            1 if waiter and takes_grants(waiter, shape) else 0,
+            1 if waiter and takes_grants(waiter, shape) and not nodes.acked else 0,
         )
         self.commands = [command] * nodes.size
 
@@ -440,7 +443,7 @@ class Acquire:
     def __post_init__(self) -> None:
         if self.shape is None:
             self.shape = Shape(self.key)
-        self.hand = takes_grants(self.waiter, self.shape)
+        self.hand = takes_grants(self.waiter, self.shape) and not self.nodes.acked
 
     @classmethod
     def after_first(

@@ -27,6 +27,9 @@
 -- ARGV[9]  the identity of the server process this connection reached (node_identity.lua:
 --          '<run_id>/<master_replid2>:<second_repl_offset>'; "" when not known yet)
 -- ARGV[10] the node's persistence as this connection read it (node_rule.lua: 'always', ...)
+-- ARGV[11] only from a client with the node setting REPLICA_ACKS (appended by the transport,
+--          wire/acks.py): its REPLICA_ACKS; ARGV[12] the replica count its WAIT asks for.
+--          See replica_acks.lua. Absent (nil) for every other client.
 --
 -- Fair hand-off: a blocking acquire queues on every node under one ticket, so the line has
 -- the same order everywhere, and a free lock goes to the head of the line (a try that jumps
@@ -61,13 +64,15 @@
 -- registration read once serves both the check and register_hand (hand_register.lua says
 -- why that is safe): 14 before that cut (issue 25).
 local key = KEYS[1]
-local marker = redis.call('HMGET', '\0django_redlock:node', 'run', 'q')
+local marker = redis.call('HMGET', '\0django_redlock:node', 'run', 'q', 'a')
 local hand_checked = false
 -- The waiter's hand-off registration as read in this script (HGET: a string, or false when
 -- none); nil until read. register_hand (hand_register.lua) reuses it: see there.
 local hand_seen = nil
 local taken = nil -- the fast path's EXISTS count, when it ran (the slow path reuses it)
-if marker[1] == ARGV[9] and marker[2] == ARGV[4] then
+-- Not for a client that waits for replicas, nor on a node whose grants must be acknowledged
+-- (marker field a): replica_acks.lua below decides those.
+if marker[1] == ARGV[9] and marker[2] == ARGV[4] and not marker[3] and ARGV[11] == nil then
     local round = ARGV[8]
     if round == '1' and ARGV[5] ~= '' then
         -- hand_register.lua's prelude for a waiter's first round: refused when a later round
@@ -115,6 +120,7 @@ end
 -- @include node_identity.lua
 -- @include node_rule.lua
 -- @include quarantine_longer.lua
+-- @include replica_acks.lua
 -- The marker names the process already found fit to vote, and the connection this command
 -- came on named the process it talks to (its identity, read by the client when it connected):
 -- equal strings, so no INFO call. A connection cannot outlive its server process, so a marker
@@ -132,6 +138,10 @@ if marker[1] ~= ARGV[9] then
 elseif (tonumber(marker[2]) or 0) < quarantine then
     -- Remember the longest quarantine any client uses (see node_rule.lua).
     redis.call('HSET', '\0django_redlock:node', 'q', ARGV[4])
+end
+local unacknowledged = replica_acks('\0django_redlock:node', marker[3], ARGV[11], ARGV[12])
+if unacknowledged ~= nil then
+    return redis.error_reply(unacknowledged)
 end
 
 local waiter = ARGV[5]

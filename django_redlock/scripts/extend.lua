@@ -6,6 +6,12 @@
 -- ARGV[2]  the new lease length in milliseconds (positive integer), counted from now
 -- ARGV[3]  the owner (lock_key.lua), stored when the key is re-created and used to keep its
 --          owner key alive as long as the key; never the token
+-- ARGV[4]  only from a client with the node setting REPLICA_ACKS (appended by the transport,
+--          wire/acks.py): its REPLICA_ACKS; ARGV[5] the replica count its WAIT asks for. The
+--          renewal is then refused, before anything is written, when that count is not the
+--          one replica_acks.lua asks for (a renewal an unwaited replica lacks would leave a
+--          promoted replica with the older expiry). Absent for every other client: a renewal
+--          costs nothing more then.
 --
 -- Returns 1 when the key held this token and its expiry was reset; 2 when the key was absent
 -- and is now re-created for this token; -1 when another holder has taken its place here
@@ -30,7 +36,15 @@
 -- it re-created. A key held by anyone else is never touched.
 -- @include lock_key.lua
 -- @include lock_write.lua
+-- @include replica_acks.lua
 local key, token, ttl = KEYS[1], ARGV[1], ARGV[2]
+if ARGV[4] ~= nil then
+    local claimed = redis.call('HGET', '\0django_redlock:node', 'a')
+    local unacknowledged = replica_acks('\0django_redlock:node', claimed, ARGV[4], ARGV[5])
+    if unacknowledged ~= nil then
+        return redis.error_reply(unacknowledged)
+    end
+end
 local held = lock_token(key)
 if held == token then
     redis.call('PEXPIRE', key, ttl)

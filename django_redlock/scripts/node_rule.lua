@@ -26,6 +26,8 @@
 --   * a master that was promoted in this process's life (INFO replication: second_repl_offset
 --     is not -1; a restart, even from an RDB file or an AOF, leaves it at -1) votes once the
 --     quarantine has passed since its promotion was first seen;
+--   * a promoted master whose marker carries the replica-acknowledgement claim (field a,
+--     below) votes at once;
 --   * any other master that has been up longer than the quarantine votes (whatever it forgot
 --     when it started has expired);
 --   * a master that was never promoted and that a client proved durable (appendonly yes +
@@ -61,6 +63,44 @@
 -- connection when it reconfigures a node (CLIENT KILL TYPE normal), so a Sentinel-managed
 -- node never keeps one; never set replica-read-only no on a lock node's replicas.
 --
+-- Replica acknowledgement (issue 39; the node setting REPLICA_ACKS; replica_acks.lua and
+-- wire/acks.py): when may a promoted replica vote at once? When it holds every lease its old
+-- master granted that a client counted. The rule and why it holds:
+--   * A client with REPLICA_ACKS k pipelines `WAIT <need> <ms>` right after each grant or
+--     renewal (one round trip) and counts the node's vote only when WAIT reports >= need
+--     replicas, need = max(k, the claim a, the replicas online when the script ran), checked
+--     by the script (replica_acks.lua), which records the claim `a` before it grants. A WAIT
+--     that times out, is refused (a provider that forbids it: redisson #3474) or counts
+--     fewer, and a connection lost before its reply, are a no: the node is not counted, its
+--     key is released like any key of a failed attempt. <ms> stays inside the node timeout,
+--     so a stalled replica costs one node timeout, never a hang (redisson #4798).
+--   * The claim is sticky: a client without REPLICA_ACKS is refused on a node that carries
+--     it. So from the moment the claim is in a master's data, every grant and renewal that
+--     counted there was acknowledged by every replica online at it, and by at least k.
+--   * A promoted replica P holds its old master M's data up to some replication offset X.
+--     Suppose P's copy of the marker has the claim. A counted grant g after X would have been
+--     acknowledged by >= need >= 1 replicas, each then at an offset past g, so past X. Then
+--     (a) P did not acknowledge g (a replica whose link was down is not online, is not
+--     waited for, and may still be promoted: redisson #5256), and (b) P is behind every
+--     replica that did. So P holds every counted grant when it was promoted as the most
+--     advanced replica left and one that acknowledged the last counted grant is still there (Sentinel promotes the
+--     most advanced among replicas of the same replica-priority; so do managed services).
+--     The operator's part, stated in the docs: give a lock node's replicas the same
+--     replica-priority, never promote by hand a replica that lags, and set k to at least 1
+--     (k = the number of replicas makes (b) impossible: every replica must acknowledge).
+--     That is why "every replica online acknowledged" alone is not enough, and why the floor
+--     k >= 1 matters (with no replica online, nothing would be waited for).
+--   * Grants counted before the claim reached M's data are in P's copy too (P holds M's
+--     history up to X, and the claim came before X). What is left, stated so: a lease taken
+--     by a client without REPLICA_ACKS before the first acknowledged grant and renewed by it
+--     afterwards (renewals of such a client are not refused: that would cost every renewal a
+--     marker read); switch a node to REPLICA_ACKS when no client without it holds a lease,
+--     or wait one lease after the switch before relying on it. A replica of a replica is not
+--     counted by WAIT: never let one be promoted (replica-priority 0).
+-- Turning acknowledgement off is an operator's step: stop the clients that use it, then
+-- HDEL the field a and WAIT for every replica on the same connection (a replica that kept the
+-- claim would otherwise trust it for grants made without acknowledgement).
+--
 -- The quarantine is the largest one any client ever sent to this node (field q, kept across
 -- restarts as far as the node keeps data, and recorded whether the node votes or refuses) or
 -- the caller's, whichever is larger: a client with a small max_ttl never shortens the wait for
@@ -75,7 +115,8 @@
 --             everysec', 'CONFIG GET refused', '' when not read yet)
 -- commit      record a verdict of "votes" in the marker (acquire) or only report it (status)
 --
--- Returns: nil when the node votes (and why: 'known', 'uptime', 'promoted', 'durable'), or an
+-- Returns: nil when the node votes (and why: 'known', 'uptime', 'promoted', 'acknowledged',
+-- 'durable'), or an
 -- error text that starts with QUARANTINED; then the ms until it votes (or -1 when it cannot
 -- tell: a replica, or INFO refused).
 -- Record in the marker (field self) that this node's own process `me` was found fit, in its
@@ -88,7 +129,7 @@ local function record_self(marker, me)
 end
 
 local function node_rule(marker, quarantine, fsync, commit)
-    local stored = redis.call('HMGET', marker, 'run', 'q', 'p', 'self')
+    local stored = redis.call('HMGET', marker, 'run', 'q', 'p', 'self', 'a')
     local q = math.max(quarantine, tonumber(stored[2] or '0') or 0)
     local me, server, replication = node_identity()
     if me == nil then
@@ -133,6 +174,9 @@ local function node_rule(marker, quarantine, fsync, commit)
         why = 'known'
     elseif since >= q then
         why = promoted and 'promoted' or 'uptime'
+    elseif promoted and (tonumber(stored[5] or '0') or 0) > 0 then
+        -- Every grant its old master counted was acknowledged (see above): none is missing.
+        why = 'acknowledged'
     elseif not promoted and fsync == 'always' and stored[4] == stored[1]
         and string.find(redis.call('INFO', 'persistence'), 'aof_enabled:1', 1, true) then
         why = 'durable'

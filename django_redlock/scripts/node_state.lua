@@ -5,7 +5,7 @@
 -- ARGV[1]  the caller's quarantine in milliseconds
 -- ARGV[2]  the node's persistence as the caller read it (node_rule.lua: 'always', ...)
 --
--- Returns {verdict, detail, ms, q}: verdict 'votes' (detail: why: 'known', 'uptime',
+-- Returns {verdict, detail, ms, q}: verdict 'votes' (detail: why: 'known', 'uptime', 'acknowledged',
 -- 'durable') or 'quarantined' (detail: the refusal text; ms: until it votes, -1 when it
 -- cannot tell); q: the longest quarantine this node has seen, in ms ('0' when none).
 -- @include node_identity.lua

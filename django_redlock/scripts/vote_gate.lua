@@ -11,10 +11,22 @@
 -- run         the identity the connection read (node_identity.lua; '' when not known yet)
 -- fsync       the node's persistence as the connection read it (node_rule.lua)
 --
--- Returns nil when the node votes, else the QUARANTINED error text (for redis.error_reply).
+-- On a node whose grants count only once its replicas acknowledged them (marker field a, the
+-- claim of replica_acks.lua), these scripts refuse: none of them is followed by WAIT, and a
+-- promoted replica trusts the claim to vote at once (node_rule.lua, "Replica
+-- acknowledgement"), so one grant of theirs that it missed would be a second holder.
+--
+-- Returns nil when the node votes, else the QUARANTINED (or REPLICA_ACKS) error text (for
+-- redis.error_reply).
 local function vote_gate(marker, quarantine, run, fsync)
     local q = tonumber(quarantine)
-    local stored = redis.call('HMGET', marker, 'run', 'q')
+    local stored = redis.call('HMGET', marker, 'run', 'q', 'a')
+    if stored[3] then
+        return 'REPLICA_ACKS this node counts a grant only once its replicas acknowledged it; '
+            .. 'semaphores, read-write locks, multi-locks and hand-offs are not acknowledged: '
+            .. 'take plain locks on it, or list it without REPLICA_ACKS after clearing the claim '
+            .. '(the deploying page, "Replica acknowledgement")'
+    end
     local longer = quarantine_longer(stored[2], q)
     if longer ~= nil then
         return longer

@@ -28,8 +28,10 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from typing import Any
 
+from django_redlock.wire.acks import AckJoin, acked_round, wait_ms
 from django_redlock.wire.errors import PENDING, NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import PRELOAD
@@ -236,7 +238,11 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         self.ready = self.broken is None
         queued, self.queued = self.queued, []
         for command, slot, identify in queued:
-            self.send(command, slot, identify)
+            join: Any = slot[0]
+            if type(join) is AckJoin:  # a grant for a node with REPLICA_ACKS
+                self._send_join(command, join, slot[2], identify)
+            else:
+                self.send(command, slot, identify)
 
     def _set_up(self, commands: Iterable[tuple[bytes, int]]) -> None:
         """Send set-up ``commands``, each with the kind of its reply (see Handshake.learn)."""
@@ -352,6 +358,40 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         if not command:
             return  # held until the hello is answered
         transport.write(command)
+
+    def send_acked(
+        self,
+        command: Command,
+        answer: _LoopRound,
+        index: int,
+        now: float,
+        identify: bool,
+        timeout_ms: int,
+    ) -> None:
+        """Send grant or renewal ``command`` for node ``index`` of ``answer``, followed by
+        its WAIT (this node has REPLICA_ACKS): two replies, one answer (wire/acks.py)."""
+        assert self.acks is not None
+        fallback = command[1]
+        assert fallback is not None  # a grant's or a renewal's (acked_round)
+        join = AckJoin(answer, index, self.acks, timeout_ms, fallback.acked_yes, _record)
+        if self.broken is not None:
+            _record(answer, index, NodeError(self.broken))
+            return
+        if self.transport is None or not self.ready:
+            # Still opening: written once it is open (a failure records into the join).
+            slot: Any = (join, index, fallback, now)
+            self.queued.append((command[0], slot, identify))
+            return
+        self._send_join(command[0], join, fallback, identify)
+
+    def _send_join(
+        self, command: bytes, join: AckJoin, fallback: Fallback | None, identify: bool
+    ) -> None:
+        assert self.transport is not None
+        now = time.monotonic()
+        slots: list[Any] = [(join.script, 0, fallback, now), (join, join.index, None, now)]
+        self.pending.extend(slots)
+        self.transport.write(self.acked(command, identify, join.timeout_ms))
 
     def age(self, now: float) -> float:
         """Seconds since the oldest reply still owed was asked (0 when none is owed)."""
@@ -634,6 +674,8 @@ class LoopConnections:
     ) -> None:
         self.addresses = tuple(addresses)
         warm_tls(self.addresses)  # now, not inside the first command's deadline
+        # Whether a node has REPLICA_ACKS: only then are grants and renewals sent otherwise.
+        self.acked = any(address.replica_acks for address in self.addresses)
         self.hello = hello
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         # How long a connection opened for a posted command may take (seconds): the node
@@ -781,6 +823,9 @@ class LoopConnections:
         answer.decided = None
         answer.deadline = asyncio.get_running_loop().time() + timeout
         results = answer.results
+        expect = self._expect
+        if self.acked and acked_round(commands):
+            expect = partial(self._expect_acked, timeout_ms=wait_ms(timeout))
         for index, command in enumerate(commands):
             if command is None:
                 results[index] = None
@@ -788,8 +833,26 @@ class LoopConnections:
                 conn = connections[index]
                 assert conn is not None  # checked above
                 answer.pending += 1
-                self._expect(conn, index, command, answer, identify, now)
+                expect(conn, index, command, answer, identify, now)
         return answer
+
+    def _expect_acked(
+        self,
+        conn: _AsyncConnection,
+        index: int,
+        command: Command,
+        answer: _LoopRound,
+        identify: bool,
+        now: float,
+        *,
+        timeout_ms: int,
+    ) -> None:
+        """:meth:`_expect` for a grant or renewal: followed by its WAIT on a node with
+        REPLICA_ACKS (wire/acks.py); as it is on any other node."""
+        if conn.acks is None:
+            self._expect(conn, index, command, answer, identify, now)
+        else:
+            conn.send_acked(command, answer, index, now, identify, timeout_ms)
 
     def _drop_switched(self) -> None:
         """Fail each connection to a Sentinel node opened before a failover of its service
@@ -846,6 +909,9 @@ class LoopConnections:
                 self.opened(index, timeout)
         cap = stall.max_outstanding
         now = time.monotonic()
+        expect = self._expect
+        if self.acked and acked_round(commands):
+            expect = partial(self._expect_acked, timeout_ms=wait_ms(timeout))
         for index, command in enumerate(commands):
             if command is None:
                 answer.results[index] = None
@@ -862,7 +928,7 @@ class LoopConnections:
                     answer.refuse(index, NodeError(reason))
                     continue
             answer.pending += 1
-            self._expect(conn, index, command, answer, identify, now)
+            expect(conn, index, command, answer, identify, now)
         answer.deadline = asyncio.get_running_loop().time() + timeout
         return answer
 

@@ -38,6 +38,7 @@ import weakref
 from collections.abc import Callable, Sequence
 
 from django_redlock.wire import process
+from django_redlock.wire.acks import acked_round, wait_ms
 from django_redlock.wire.errors import NodeError, NotSent
 from django_redlock.wire.node_socket import (
     HUNG_UP,
@@ -106,6 +107,8 @@ class ConnectionSet:
         stall_age: float | None = None,
     ) -> None:
         self.addresses = tuple(addresses)
+        # Whether a node has REPLICA_ACKS: only then are grants and renewals sent otherwise.
+        self.acked = any(address.replica_acks for address in self.addresses)
         warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.preload = tuple(preload)
         self.hello = hello
@@ -509,6 +512,18 @@ class ConnectionSet:
         if self.watches:
             self._drop_switched()
         self.last_post = now
+        if self.acked and acked_round(commands):
+            # Grants or renewals, and a node with REPLICA_ACKS: each such node's command goes
+            # with its WAIT (wire/acks.py), on the general path. Never on a manager without
+            # such a node (the usual path below is left as it is).
+            timeout_ms = wait_ms(self.delivery)
+            for index, command in enumerate(commands):
+                if command is None:
+                    results = answer.results
+                    results[index] = None
+                else:
+                    self._send_one(answer, index, command, now, identify, queue_behind, timeout_ms)
+            return answer
         connections = self.connections
         results = answer.results
         stall = self.stall
@@ -573,10 +588,12 @@ class ConnectionSet:
         now: float,
         identify: bool,
         queue_behind: bool,
+        acked_ms: int = 0,
     ) -> None:
         """Send ``command`` for ``answer`` to node ``index`` whatever state its connection is
         in (none yet, connecting, TLS, its hello unanswered, bytes buffered, owing many
-        replies): :meth:`send_round` for all but the usual node."""
+        replies): :meth:`send_round` for all but the usual node. ``acked_ms``: a grant or
+        renewal, followed on a node with REPLICA_ACKS by a WAIT of that many ms."""
         conn = self.connections[index]
         stall = self.stall
         if conn is None or (
@@ -598,7 +615,10 @@ class ConnectionSet:
         body, fallback = command
         slot = (answer, index, fallback, now)
         try:
-            conn.send(body, slot, identify)
+            if acked_ms and conn.acks is not None:
+                conn.send_acked(command, answer, index, now, identify, acked_ms)
+            else:
+                conn.send(body, slot, identify)
         except NodeError as exc:
             # Records the error for this slot (and any other still owed) on this node.
             self._drop(index, str(exc))

@@ -20,11 +20,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django_redlock.wire.acks import AckJoin
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, make_reader
 from django_redlock.wire.rounds import Round
-from django_redlock.wire.scripts import Fallback, Script
+from django_redlock.wire.scripts import Command, Fallback, Script
 from django_redlock.wire.sentinel import master_of
 from django_redlock.wire.setup import Handshake, Hello, describe, resolve, tls_context
 
@@ -200,6 +201,30 @@ class NodeSocket(Handshake):
             raise NodeError(describe(exc)) from None
         if sent < len(command):
             self.out += command[sent:]
+
+    def send_acked(
+        self,
+        command: Command,
+        answer: Round,
+        index: int,
+        now: float,
+        identify: bool,
+        timeout_ms: int,
+    ) -> None:
+        """Send grant or renewal ``command`` for node ``index`` of ``answer``, followed by
+        its WAIT (this node has REPLICA_ACKS): two replies, one answer (wire/acks.py).
+
+        Raises:
+            NodeError: the connection failed.
+        """
+        assert self.acks is not None
+        fallback = command[1]
+        assert fallback is not None  # a grant's or a renewal's (acked_round)
+        join = AckJoin(answer, index, self.acks, timeout_ms, fallback.acked_yes, Round.record)
+        self.slots.append((join.script, 0, command[1], now))
+        self.slots.append((join, index, None, now))
+        self.out += self.acked(command[0], identify, timeout_ms)
+        self.flush()
 
     def send_held(self) -> None:
         """Send now, without the identity, the commands held until the hello is answered

@@ -25,6 +25,7 @@ __all__ = [
     "parse_node",
     "parse_nodes",
     "parse_sentinel",
+    "replica_acks_of",
 ]
 
 # Spellings of this machine's loopback interface, for duplicate detection.
@@ -76,6 +77,10 @@ class NodeAddress:
             (then ``host``, ``port`` and ``path`` are ``None``: the Sentinels say where it
             is, see :mod:`django_redlock.wire.sentinel`); the login, database and TLS
             settings above are the master's.
+        replica_acks: the node setting REPLICA_ACKS (``?replica_acks=N`` in a URL): a grant
+            or renewal there counts only once N replicas, and every replica online,
+            acknowledged it (:mod:`django_redlock.wire.acks`); 0, the default: not waited
+            for. Not part of the node's identity.
     """
 
     host: str | None = None
@@ -88,6 +93,7 @@ class NodeAddress:
     ssl_options: tuple[tuple[str, Any], ...] = field(default=(), repr=False)
     credential_provider: Any = field(default=None, repr=False, compare=False)
     sentinel: SentinelService | None = None
+    replica_acks: int = 0
 
     @property
     def label(self) -> str:
@@ -174,6 +180,7 @@ class SentinelService:
 
 SENTINEL_KEYS = frozenset(
     {
+        "REPLICA_ACKS",
         "SENTINELS",
         "SERVICE",
         "DB",
@@ -292,6 +299,7 @@ def parse_sentinel(spec: Mapping[str, Any]) -> NodeAddress:
             )
         sentinels.append(address)
     return NodeAddress(
+        replica_acks=replica_acks_of(spec.get("REPLICA_ACKS", 0), f"Sentinel node {service!r}"),
         db=db,
         username=_optional_text(spec, "USERNAME"),
         password=_optional_text(spec, "PASSWORD"),
@@ -301,8 +309,42 @@ def parse_sentinel(spec: Mapping[str, Any]) -> NodeAddress:
     )
 
 
+def replica_acks_of(value: object, where: str) -> int:
+    """A REPLICA_ACKS value: a whole number of replicas >= 1 (or a string of digits, from a
+    URL's query); 0 or None: off.
+
+    Why no "all": a replica whose link is down is not among those a master counts, and may
+    still be promoted (redisson #5256); a number the operator states is waited for even then
+    (see scripts/node_rule.lua).
+
+    Raises:
+        ValueError: anything else, naming the setting and ``where``.
+    """
+    if value is None or value == 0:
+        return 0
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(
+            f"nodes: {where}: REPLICA_ACKS must be a whole number of replicas >= 1 (how many "
+            f"replicas must acknowledge each grant, at least; every replica online does too), "
+            f"not {value!r}"
+        )
+    return value
+
+
 def _from_url(url: str) -> NodeAddress:
     parts = urlsplit(url)
+    # REPLICA_ACKS in the query (?replica_acks=1) is ours, not a connection setting.
+    query = [item for item in parts.query.split("&") if item]
+    acks = [item for item in query if item.split("=", 1)[0].lower() == "replica_acks"]
+    if acks:
+        url = parts._replace(query="&".join(item for item in query if item not in acks)).geturl()
+        if len(acks) > 1:
+            raise ValueError(f"nodes: node URL {_redact_url(url)!r} names replica_acks twice")
+        address = _from_url(url)
+        where = f"node URL {address.label}"
+        return replace(address, replica_acks=replica_acks_of(acks[0].partition("=")[2], where))
     scheme = parts.scheme.lower()
     if scheme not in ("redis", "rediss", "unix"):
         raise ValueError(

@@ -125,6 +125,9 @@ class Fallback:
     """
 
     __slots__ = ("build", "eager", "identify", "when_over")
+    # The replies of a grant or a renewal: a node with REPLICA_ACKS counts them only once WAIT
+    # confirms its replicas have them (wire/acks.py). Empty for every other command.
+    acked_yes: tuple[object, ...] = ()
 
     def __init__(
         self,
@@ -147,6 +150,7 @@ class _AcquireFallback(Fallback):
     when_over = False  # a class constant where Fallback has a slot
     eager = False
     identify = False
+    acked_yes = (b"OK",)  # GRANTED
 
 
 class _ReleaseFallback(Fallback):
@@ -332,7 +336,15 @@ def extend_command(key: str, token: str, ttl_ms: int, owner: str) -> Command:
     late re-creation would be a key nobody counted)."""
     keys = (key, key + "\x00r")
     args = (token, ttl_ms, owner)
-    return (EXTEND.evalsha(keys, args), Fallback(partial(EXTEND.eval, keys, args), False))
+    return (EXTEND.evalsha(keys, args), _ExtendFallback(partial(EXTEND.eval, keys, args), False))
+
+
+class _ExtendFallback(Fallback):
+    """A renewal's fallback: as Fallback's, and a renewal is acknowledged where the node has
+    REPLICA_ACKS (wire/acks.py): 1 renewed, 2 re-created."""
+
+    __slots__ = ()
+    acked_yes = (1, 2)
 
 
 # A waiter's clean-ups (core/flow.py: Acquire._hand_clean_up): preloaded, so they go as a

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from django_redlock.wire.acks import AckState, replicas_online
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.resp import ReplyError, encode_command
@@ -334,6 +335,8 @@ class Handshake:
         # The run_id and persistence arguments for `identify=True` commands (see Hello), and
         # the commands held until they are known (None: not holding).
         self.identity = UNIDENTIFIED
+        # A node with REPLICA_ACKS: what its grants and renewals are followed by (wire/acks.py).
+        self.acks = AckState(address.replica_acks) if address.replica_acks else None
         self.run_id = ""
         self.history = ""
         self.held: list[bytes] | None = None if hello is None else []
@@ -398,6 +401,8 @@ class Handshake:
                 self.hello.on_server(self.address.label, self.run_id)
         elif kind == REPLICATION:
             self.history = history_of(reply)
+            if self.acks is not None:
+                self.acks.saw_online(replicas_online(reply))
             if self.address.sentinel is not None and isinstance(reply, bytes):
                 role = role_of(reply)
                 if role != "master":
@@ -419,6 +424,19 @@ class Handshake:
         elif kind == QUARANTINE and self.hello is not None:
             self.hello.on_quarantine(self.address.label, quarantine_of(reply))
         return b""
+
+    def acked(self, command: bytes, identify: bool, timeout_ms: int) -> bytes:
+        """The bytes to write for a grant or renewal ``command`` to a node with REPLICA_ACKS:
+        the command completed with the identity (when ``identify``) and this client's
+        REPLICA_ACKS, then its WAIT (wire/acks.py). Never held: before the hello is answered
+        it goes at once, in order behind what was held, with the identity left blank (the
+        node then checks its own process)."""
+        assert self.acks is not None
+        held = self.held
+        if held is None:
+            return self.acks.command(command, self.identity if identify else b"", timeout_ms)
+        before = self.outgoing(b"", False)
+        return before + self.acks.command(command, UNIDENTIFIED if identify else b"", timeout_ms)
 
     def outgoing(self, command: bytes, identify: bool) -> bytes:
         """The bytes to write for ``command`` now (empty: held until the identity is known).
