@@ -728,7 +728,8 @@ class Acquire:
         on every exit that is not a grant. A waiter taking grants leaves with its token, on
         every node: grants (and keys its tries took as the head of the line) may be there
         whether or not a reply said so, and would otherwise hold the lock until they expire
-        (``scripts/leave.lua``)."""
+        (``scripts/leave.lua``); where one of its tries went unanswered, the leave also marks
+        it gone, refusing that try if it runs later (:attr:`unanswered`)."""
         if not self.waiter:
             return None
         token = self.token if self.hand else ""

@@ -148,7 +148,6 @@ end
 
 local waiter = ARGV[5]
 local line, lapse, readers = key .. '\0q', key .. '\0e', key .. '\0r'
--- @include hand_gone.lua
 -- @include hand_register.lua
 
 -- The first waiter in line whose place has not lapsed (lapsed ones are dropped on the way).

@@ -1,6 +1,7 @@
--- Included by leave.lua, release.lua and acquire.lua (through hand_register.lua): the mark
--- of a waiter whose acquire is over on this node, which refuses its late tries (issue 40,
--- item 10: the phantom holder).
+-- Included by leave.lua and release.lua, which write it; acquire.lua and hand_register.lua
+-- read it (they name it inline: no function of this file runs in a try): the mark of a
+-- waiter whose acquire is over on this node, which refuses its late tries (issue 40, item 10:
+-- the phantom holder).
 --
 -- Why: a waiter's try that a node runs after its leave or release (the try sat on a
 -- connection replaced while the node stalled, and the leave came on the newer one) would
@@ -34,14 +35,11 @@
 -- no set to prune; it costs a node one small key per finished waiter for GONE_MS.
 -- Reading it costs a try nothing more in the common cases (an EXISTS argument in acquire.lua's
 -- fast path; one EXISTS when the waiter has no registration here otherwise).
--- A node out of memory (maxmemory, noeviction) refuses the mark's SET: it is skipped there
--- (pcall), so a release or a leave still frees what it must.
+-- A node out of memory (maxmemory, noeviction) refuses a script's first write that needs
+-- memory: the mark comes after a write that needs none (a DEL or HDEL, even of nothing: a
+-- script that wrote may go on writing), and in a pcall besides, so a release or a leave on a
+-- full node still does what it must.
+-- Each writer runs it inline (a function of its own would be made on every run of the script,
+-- single tries' releases included: benchmarks/script_cost.py):
+--   pcall(redis.call, 'SET', <lock key> .. '\0x' .. <H>, '1', 'PX', GONE_MS)
 local GONE_MS = 60000
-
-local function gone_key(key, token)
-    return key .. '\0x' .. token
-end
-
-local function mark_gone(key, token)
-    pcall(redis.call, 'SET', gone_key(key, token), '1', 'PX', GONE_MS)
-end

@@ -31,7 +31,7 @@ end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[1] .. '\0h', ARGV[1])
 if ARGV[3] == '1' and token ~= '' then
-    mark_gone(KEYS[1], token)
+    pcall(redis.call, 'SET', KEYS[1] .. '\0x' .. token, '1', 'PX', GONE_MS)
 end
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
 if (removed == 1 or freed) and redis.call('EXISTS', KEYS[1]) == 0 then

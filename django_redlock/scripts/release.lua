@@ -71,7 +71,8 @@ if type(value) == 'string' then
                 if found == 1 then
                     redis.call('HDEL', hand, ARGV[2])
                 end
-                mark_gone(key, ARGV[1]) -- after the DEL: see hand_gone.lua
+                -- Its gone mark, after the DEL (hand_gone.lua).
+                pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
                 return 1
             end
             -- Below 4, no readers key (without a line, found is at most 3: 2 and 3 are also
@@ -114,7 +115,7 @@ if not released then
                 grant_next(key, line, lapse, false, ARGV[3])
             end
         end
-        mark_gone(key, ARGV[1])
+        pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
     end
     return 0
 end
@@ -134,7 +135,8 @@ if ARGV[2] ~= '' then
         redis.call('HDEL', key .. '\0h', ARGV[2])
         grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
     end)
-    mark_gone(key, ARGV[1]) -- the waiter's tries yet to run here are late (hand_gone.lua)
+    -- The waiter's tries yet to run here are late: its gone mark (hand_gone.lua).
+    pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
     if not ok then
         if lock_token(key) == ARGV[1] then
             redis.call('DEL', key)

@@ -526,6 +526,30 @@ def test_a_leave_that_heard_every_try_leaves_no_mark_and_a_mark_refuses_its_toke
     assert node.zscore(KEY + scripts.LINE, "lsn.y") == 2
 
 
+@pytest.mark.parametrize("registered", [False, True], ids=["try-not-run", "queued"])
+@pytest.mark.parametrize("script", ["leave", "release"])
+def test_a_node_out_of_memory_still_lets_a_waiter_leave_or_release(node, script, registered):
+    # The mark needs memory, and a full node (maxmemory, noeviction) refuses a script's first
+    # write that does. So it comes after the writes that need none (the HDELs, even of
+    # nothing: a script that wrote may go on writing), and in a pcall besides: the waiter's
+    # leave or release is never answered with an error, and its place and registration go.
+    holder, mine = "a" * 40, "w" * 40
+    _hold(node, holder)
+    if registered:
+        assert _register(node, "lsn.w", mine, 2, ticket=1) > 0
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        if script == "leave":
+            assert _leave(node, "lsn.w", mine, gone=True) == int(registered)
+        else:
+            assert _release_as_waiter(node, mine, "lsn.w") == 0  # the holder's, not W's
+    finally:
+        node.config_set("maxmemory", "0")
+    assert _no_trace_of(node, "lsn.w")
+    assert lock_token(node, KEY) == holder.encode()
+
+
 def _send_raw(sock, command: bytes) -> None:
     sock.sendall(command)
 

@@ -213,7 +213,7 @@ def _gone_ignored() -> Iterator[dict[bytes, bytes]]:
         scripts.ACQUIRE, "local gone = key .. '\\0x' .. ARGV[1]", "local gone = key .. '\\0-'"
     )
     source = overrides[scripts.ACQUIRE.sha].decode()
-    rule = "redis.call('EXISTS', gone_key(KEYS[1], ARGV[1])) == 1"
+    rule = "redis.call('EXISTS', KEYS[1] .. '\\0x' .. ARGV[1]) == 1"
     if rule not in source:
         raise AssertionError(f"mutant out of date: {rule!r} is no longer in the script")
     overrides[scripts.ACQUIRE.sha] = source.replace(rule, "false", 1).encode()
