@@ -30,7 +30,7 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,12 +183,21 @@ def owns_round(size: int, shape: Shape, token: str) -> list[Command]:
     return [shape.owns(token)] * size
 
 
-def leave_round(size: int, shape: Shape, waiter: str, token: str = "") -> list[Command] | None:
+def leave_round(
+    size: int, shape: Shape, waiter: str, token: str = "", gone: Collection[int] = ()
+) -> list[Command] | None:
     """Leave the wait line on every node (``scripts/leave.lua`` for a lock); None for a
-    shape that never queues. ``token``: a waiter's hand-off token, freed where it is held
-    (see :meth:`Acquire.left_line`)."""
+    shape that never queues. ``token``: a waiter's hand-off token, freed where it is held;
+    ``gone``: the indexes of the nodes where a try of the waiter may not have run yet, which
+    keep a mark that refuses it (see :meth:`Acquire.left_line`)."""
     command = shape.leave(waiter, token)
-    return None if command is None else [command] * size
+    if command is None:
+        return None
+    if not gone:
+        return [command] * size
+    marking = shape.leave(waiter, token, gone=True)
+    assert marking is not None
+    return [marking if index in gone else command for index in range(size)]
 
 
 def holder_round(size: int, key: str) -> list[Command]:
@@ -432,6 +441,11 @@ class Acquire:
     held_since: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     """Node index -> the earliest instant its key of this waiter's token may date from (a
     grant or a try that answered granted), for nodes that may hold it now."""
+    unanswered: set[int] = field(default_factory=set, init=False, repr=False)
+    """Node indexes where a try of this waiter taking grants may not have run yet (its reply
+    was not heard: not waited for, timed out, or an I/O error). Its leave marks it gone there
+    (``scripts/hand_gone.lua``): a try a node runs after the leave would queue a phantom at
+    the head of the line, granted the lock for its whole ttl by the next release."""
     answered: dict[int, float] = field(default_factory=dict, init=False, repr=False)
     """Node index -> the last round whose reply from that node was heard (plus a half when
     that reply said it holds the token and a yield followed: its grants count no more)."""
@@ -650,7 +664,9 @@ class Acquire:
                 continue  # never left: what was known stays
             if not heard(reply):
                 # Not waited for, failed or timed out: what the try did is not known here;
-                # its clean-up (see _hand_clean_up) never deletes a grant.
+                # its clean-up (see _hand_clean_up) never deletes a grant. It may still run
+                # after this waiter's leave (see unanswered).
+                self.unanswered.add(index)
                 continue
             self.answered[index] = round_
             if reply == GRANTED:
@@ -704,7 +720,10 @@ class Acquire:
 
     def interrupted(self) -> list[Command | None]:
         """The releases to send when the round in flight is interrupted (cancelled, a signal):
-        some SETs may have landed, or may still land on a slow node."""
+        some SETs may have landed, or may still land on a slow node (and a try of a waiter
+        taking grants may run after its leave: see :attr:`unanswered`)."""
+        if self.hand:
+            self.unanswered.update(range(self.nodes.size))
         return self.kind.clean_up(self.token, None, self.nodes.size)
 
     def left_line(self) -> list[Command] | None:
@@ -712,13 +731,14 @@ class Acquire:
         on every exit that is not a grant. A waiter taking grants leaves with its token, on
         every node: grants (and keys its tries took as the head of the line) may be there
         whether or not a reply said so, and would otherwise hold the lock until they expire
-        (``scripts/leave.lua``)."""
+        (``scripts/leave.lua``); where one of its tries went unanswered, the leave also marks
+        it gone, refusing that try if it runs later (:attr:`unanswered`)."""
         if not self.waiter:
             return None
         token = self.token if self.hand else ""
         if token:
             self.held_since.clear()
-        return leave_round(self.nodes.size, self.kind, self.waiter, token)
+        return leave_round(self.nodes.size, self.kind, self.waiter, token, self.unanswered)
 
     def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
         """After a round won: the releases of grants outside the lease (see

@@ -195,11 +195,13 @@ class Shape:
         """Does a node still hold the lease for ``token``; reply 1 or 0."""
         return owns_command(self.key, token)
 
-    def leave(self, waiter: str, token: str = "") -> Command | None:
+    def leave(self, waiter: str, token: str = "", gone: bool = False) -> Command | None:
         """Drop ``waiter``'s place in the line (None: this shape never queues); with
         ``token``, a waiter's hand-off token, also free the lock where it holds it
-        (``scripts/leave.lua``)."""
-        return leave_command(self.key, waiter, token)
+        (``scripts/leave.lua``); with ``gone``, a waiter taking grants whose try there may
+        not have run yet, leave the mark that refuses that try (``scripts/hand_gone.lua``;
+        only a lock's waiters take grants: the other shapes ignore it)."""
+        return leave_command(self.key, waiter, token, gone)
 
 
 Mutex = Shape
@@ -357,7 +359,7 @@ class Slots(Shape):
             raise RuntimeError("no slot was granted to this semaphore lease")
         return self.slot
 
-    def leave(self, waiter: str, token: str = "") -> Command | None:
+    def leave(self, waiter: str, token: str = "", gone: bool = False) -> Command | None:
         return primitives.semaphore_leave_command(self.key, self.limit, waiter)
 
 
@@ -408,7 +410,7 @@ class ReadWrite(Shape):
     def owns(self, token: str) -> Command:
         return primitives.rw_owns_command(self.key, self.rw, token)
 
-    def leave(self, waiter: str, token: str = "") -> Command | None:
+    def leave(self, waiter: str, token: str = "", gone: bool = False) -> Command | None:
         return primitives.rw_leave_command(self.key, self.rw, waiter)
 
 
@@ -453,5 +455,5 @@ class Many(Shape):
     def owns(self, token: str) -> Command:
         return primitives.owns_many_command(self.keys, token)
 
-    def leave(self, waiter: str, token: str = "") -> Command | None:
+    def leave(self, waiter: str, token: str = "", gone: bool = False) -> Command | None:
         return None

@@ -10,7 +10,9 @@
 --            KEYS[1] .. '\0e': when each waiter's place in line lapses, ms on the node's clock;
 --            the readers of the read-write lock of the same name, KEYS[1] .. '\0r'
 --            (readers.lua): a lock is its read-write lock's write lease, so live readers hold
---            it back.
+--            it back;
+--            the gone mark of a waiter that takes hand-off grants, KEYS[1] .. '\0x' .. its
+--            token (hand_gone.lua): its acquire is over here, so its tries are late, refused.
 --          Why not passed as KEYS: each argument costs the node about as much as a redis.call
 --          of the script (benchmarks/script_cost.py), and the common acquire needs only two of
 --          the four names.
@@ -85,7 +87,17 @@ if marker[1] == ARGV[9] and marker[2] == ARGV[4] and not marker[3] and ARGV[11] 
         round = ''
     end
     if round == '' or round == '0' then
-        taken = redis.call('EXISTS', key, key .. '\0r', key .. '\0q')
+        if hand_checked and not hand_seen then
+            -- The waiter's gone mark (hand_gone.lua) in the same call, counted 4 times (an
+            -- argument costs far less than a call): 4 or more, and this try is late.
+            local gone = key .. '\0x' .. ARGV[1]
+            taken = redis.call('EXISTS', key, key .. '\0r', key .. '\0q', gone, gone, gone, gone)
+            if taken >= 4 then
+                return 0
+            end
+        else
+            taken = redis.call('EXISTS', key, key .. '\0r', key .. '\0q')
+        end
     end
     if taken == 0 then
         -- set_lock and keep_owner of lock_write.lua, inline (same writes, same order).

@@ -20,6 +20,9 @@
 -- refused before it writes anything: it would take a key that its clean-up, which then
 -- finds the later round recorded, leaves in place (hand_undo.lua). An entry marked 'g' is a
 -- waiter granted the lock here (hand_grant.lua): its tries that meet the grant keep the mark.
+-- A try of a waiter whose acquire is over here (the gone mark of its token, hand_gone.lua) is
+-- refused the same way: it would queue a phantom at the head of the line. acquire.lua's fast
+-- path reads the mark for round 1 (hand_checked).
 local registered = false
 local function register_hand()
     if registered or ARGV[8] == '' or ARGV[8] == '0' then
@@ -51,6 +54,11 @@ local hand_round = tonumber(ARGV[8]) or 0
 if waiter ~= '' and hand_round >= 1 and not hand_checked then
     hand_seen = redis.call('HGET', KEYS[1] .. '\0h', waiter)
     if hand_seen and (tonumber(string.match(hand_seen, '^g?(%d+) ')) or 0) > hand_round then
+        return 0
+    end
+    -- The waiter's acquire is over here (its leave or release left the mark, and deleted any
+    -- registration): a late try, refused before it writes anything (hand_gone.lua).
+    if not hand_seen and redis.call('EXISTS', KEYS[1] .. '\0x' .. ARGV[1]) == 1 then
         return 0
     end
     if hand_round >= 2 then

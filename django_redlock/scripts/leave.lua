@@ -5,6 +5,9 @@
 -- KEYS[3]  the lapse times of the places in line (hash)
 -- ARGV[1]  the waiter id
 -- ARGV[2]  the waiter's hand-off token ("" or absent: none; hand_register.lua)
+-- ARGV[3]  "1": a try of this waiter sent here may not have run yet (its reply was not
+--          heard): leave the gone mark of its token ARGV[2], which refuses that try when it
+--          runs late (hand_gone.lua). "" or absent: none (every try here was answered).
 --
 -- Returns 1 when the waiter was in line here, 0 otherwise. When the lock is free here, the
 -- waiter now at the head is granted it (hand_grant.lua) or woken: it may have tried while
@@ -18,6 +21,7 @@
 -- @include lock_write.lua
 -- @include node_identity.lua
 -- @include hand_grant.lua
+-- @include hand_gone.lua
 local freed = false
 local token = ARGV[2] or ''
 if token ~= '' and lock_token(KEYS[1]) == token then
@@ -26,6 +30,9 @@ if token ~= '' and lock_token(KEYS[1]) == token then
 end
 redis.call('HDEL', KEYS[3], ARGV[1])
 redis.call('HDEL', KEYS[1] .. '\0h', ARGV[1])
+if ARGV[3] == '1' and token ~= '' then
+    pcall(redis.call, 'SET', KEYS[1] .. '\0x' .. token, '1', 'PX', GONE_MS)
+end
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
 if (removed == 1 or freed) and redis.call('EXISTS', KEYS[1]) == 0 then
     grant_next(KEYS[1], KEYS[2], KEYS[3])

@@ -22,6 +22,9 @@
 -- hand-off token (hand_grant.lua: the safety argument), else wakes only that waiter
 -- (wake_next.lua): it retries at once, the others keep waiting, so a release costs at most
 -- one retry and one wake-up, not one per waiter.
+-- A waiter's release (ARGV[2] not "") also leaves the waiter's gone mark here, in every case:
+-- a try of its acquire that this node has not run yet is then refused when it runs late,
+-- instead of queueing a phantom at the head of the line (hand_gone.lua: why, and how long).
 -- No `#!lua` shebang on purpose: DEL needs no memory, so a node that is full (maxmemory with
 -- noeviction) still lets a holder release; a shebang script without allow-oom would be refused.
 -- Cost (issue 25; benchmarks/script_cost.py): the common release runs first, in three
@@ -29,14 +32,18 @@
 -- nothing to clean up or hand over; a waiter's release runs it before the DEL, and also
 -- learns there whether a hand-off registration of its own may remain, and whether the
 -- readers key exists). Every other case falls through to the full rules below.
+-- A waiter's release with no line runs GET, EXISTS, DEL (and HDEL when a registration may
+-- remain), then the SET of its gone mark (issue 40, item 10).
 -- A waiter's release that grants the lock to the next waiter (W3's steady state: the holder
--- was granted the lock, so its place is gone) takes 14 redis.calls: GET, EXISTS, HDEL of its
--- registration; live_head's TIME, ZRANGE and HGET of the head's lapse time; hand_grant.lua's
--- HGET of the head's registration and of the marker, the SET that writes the grant over the
--- released key (no DEL first), the owner key's PTTL, one ZREM and one HDEL for the places
--- and lapse times of the head and of the releaser, HSET of the 'g' mark, PUBLISH (no look
--- at the readers: none). It took 18 before the cuts of issue 25, each argued where it is
--- made (here and in hand_grant.lua, wake_next.lua).
+-- was granted the lock, so its place is gone) takes 15 redis.calls: GET, EXISTS, HDEL of
+-- its registration; live_head's TIME, ZRANGE and HGET of the head's lapse time;
+-- hand_grant.lua's HGET of the head's registration and of the marker, the SET that writes the
+-- grant over the released key (no DEL first), the owner key's PTTL, one ZREM and one HDEL for
+-- the places and lapse times of the head and of the releaser, HSET of the 'g' mark, PUBLISH
+-- (no look at the readers: none); then the SET of its gone mark. It took 18 before the cuts
+-- of issue 25, each argued where it is made (here and in hand_grant.lua, wake_next.lua), 14
+-- after them, before the gone mark.
+-- @include hand_gone.lua
 local key = KEYS[1]
 local line = key .. '\0q'
 local released, lined, no_readers = false, false, false
@@ -64,6 +71,8 @@ if type(value) == 'string' then
                 if found == 1 then
                     redis.call('HDEL', hand, ARGV[2])
                 end
+                -- Its gone mark, after the DEL (hand_gone.lua).
+                pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
                 return 1
             end
             -- Below 4, no readers key (without a line, found is at most 3: 2 and 3 are also
@@ -95,12 +104,18 @@ if not released then
     -- Not held here by this lease (expired, or another attempt won this node): still drop
     -- the holder's place in line. If that place headed the line of a free lock, the next
     -- waiter was refused behind it and no other release will come: wake it.
-    if ARGV[2] ~= '' and redis.call('ZREM', line, ARGV[2]) == 1 then
-        redis.call('HDEL', lapse, ARGV[2])
+    -- Its registration goes with its place, or alone (a try that registered without
+    -- queueing). A try of the waiter that has not run here yet is late: its gone mark
+    -- refuses it (hand_gone.lua), after these writes that need no memory.
+    if ARGV[2] ~= '' then
         redis.call('HDEL', key .. '\0h', ARGV[2])
-        if redis.call('EXISTS', key) == 0 then
-            grant_next(key, line, lapse, false, ARGV[3])
+        if redis.call('ZREM', line, ARGV[2]) == 1 then
+            redis.call('HDEL', lapse, ARGV[2])
+            if redis.call('EXISTS', key) == 0 then
+                grant_next(key, line, lapse, false, ARGV[3])
+            end
         end
+        pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
     end
     return 0
 end
@@ -120,6 +135,8 @@ if ARGV[2] ~= '' then
         redis.call('HDEL', key .. '\0h', ARGV[2])
         grant_next(key, line, lapse, lined, ARGV[3], no_readers, ARGV[2])
     end)
+    -- The waiter's tries yet to run here are late: its gone mark (hand_gone.lua).
+    pcall(redis.call, 'SET', key .. '\0x' .. ARGV[1], '1', 'PX', GONE_MS)
     if not ok then
         if lock_token(key) == ARGV[1] then
             redis.call('DEL', key)

@@ -22,6 +22,7 @@ __all__ = [
     "DECLARE_FRESH",
     "EXTEND",
     "FORCE_RELEASE",
+    "GONE",
     "GRANTED",
     "HOLDER",
     "HOT_SCRIPTS",
@@ -221,6 +222,9 @@ LEAVE = load_script("leave")
 LINE = "\x00q"
 LAPSE = "\x00e"
 READERS = "\x00r"
+GONE = "\x00x"
+"""After a lock key, then a waiter's hand-off token: the mark of a waiter whose acquire is over
+on that node, which refuses its late tries (``scripts/hand_gone.lua``)."""
 # One key, as the acquire's: the script names the line and lapse keys after it.
 _RELEASE_HEAD = RELEASE.head(1, 2)
 _RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends
@@ -292,11 +296,15 @@ def acquire_command(
     return (ACQUIRE.evalsha((key,), args, trailing=2), fallback)
 
 
-def leave_command(key: str, waiter: str, token: str = "") -> Command:
+def leave_command(key: str, waiter: str, token: str = "", gone: bool = False) -> Command:
     """Drop ``waiter``'s place in the line of lock ``key`` (``scripts/leave.lua``); with
-    ``token`` (a waiter's hand-off token), also free the lock where it holds it. Idempotent,
-    so its EVAL fallback is sent even after the operation is over."""
-    args = (waiter, token) if token else (waiter,)
+    ``token`` (a waiter's hand-off token), also free the lock where it holds it; with
+    ``gone``, leave the waiter's gone mark, which refuses a try of its that runs there late
+    (``scripts/hand_gone.lua``). Idempotent, so its EVAL fallback is sent even after the
+    operation is over."""
+    args: tuple[str, ...] = (waiter, token) if token or gone else (waiter,)
+    if gone:
+        args += ("1",)
     return LEAVE.command((key, key + LINE, key + LAPSE), args, fallback_when_over=True)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -455,27 +456,210 @@ def test_late_yields_cannot_make_two_holders(cluster3):
             client.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit: a try of a finished acquire that a stalled node runs late queues a "
-    "phantom at the head of the line (its ticket is the oldest), and a release then grants "
-    "it the lock for its ttl; nothing on the node tells the late try that its acquire is "
-    "over once its release or leave deleted the registration (see the review report)",
-)
+GONE = KEY + scripts.GONE  # + a hand-off token: its acquire is over there (hand_gone.lua)
+
+
+def _leave(client, waiter: str, token: str, gone: bool) -> Any:
+    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+    return client.eval(scripts.LEAVE.source, 3, *keys, waiter, token, *(["1"] if gone else []))
+
+
+def _release_as_waiter(client, token: str, waiter: str) -> int:
+    return int(client.eval(scripts.RELEASE.source, 1, KEY, token, waiter))
+
+
+def _no_trace_of(client, waiter: str) -> bool:
+    """Neither a place in line nor a hand-off registration of ``waiter`` on this node."""
+    return (
+        client.zscore(KEY + scripts.LINE, waiter) is None
+        and client.hget(KEY + scripts.LAPSE, waiter) is None
+        and client.hget(HAND, waiter) is None
+    )
+
+
 def test_a_late_try_of_a_finished_acquire_is_never_granted_the_lock(node):
     holder, mine, other = "a" * 40, "w" * 40, "y" * 40
     _hold(node, holder)
-    # W waits (round 2 registered it), then gives up: its leave drops its place and entry.
+    # W waits (round 2 registered it), then gives up. Its round 1 try here was not answered
+    # (it sits on a connection replaced while the node stalled): its leave marks it gone.
     assert _register(node, "lsn.w", mine, 2, ticket=1) > 0
     assert _register(node, "lsn.y", other, 2, ticket=2) > 0  # Y waits behind it
-    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
-    assert node.eval(scripts.LEAVE.source, 3, *keys, "lsn.w", mine) == 1
-    # W's round 1 try, on a connection replaced while the node stalled, runs now; its undo
-    # follows it (the lock is the holder's: the undo deletes nothing).
-    _register(node, "lsn.w", mine, 1, ticket=1)
+    assert _leave(node, "lsn.w", mine, gone=True) == 1
+    assert 55_000 < node.pttl(GONE + mine) <= 60_000
+    # W's round 1 try runs now: refused, and it writes nothing; its undo follows it.
+    assert _register(node, "lsn.w", mine, 1, ticket=1) == 0
+    assert _no_trace_of(node, "lsn.w")
     assert _undo(node, "lsn.w", mine, 1) == 0
     assert _release_on_client(node, holder) == 1
     assert lock_token(node, KEY) == other.encode()  # the live waiter, not W's phantom
+
+
+@pytest.mark.parametrize("round_", [1, 3])
+def test_a_late_try_after_the_lease_was_released_elsewhere_is_refused(node, round_):
+    # W won its lease on the other nodes; here its try has not run yet when its release
+    # comes (the release finds no key of its): the release marks it gone, so the try, when it
+    # runs, queues no phantom ahead of X's waiter Y (round 1: the fast path's check; round 3:
+    # hand_register.lua's).
+    holder, mine, other = "x" * 40, "w" * 40, "y" * 40
+    assert _release_as_waiter(node, mine, "lsn.w") == 0  # nothing of W's here yet
+    assert node.exists(GONE + mine) == 1
+    _hold(node, holder)
+    assert _register(node, "lsn.y", other, 2, ticket=2) > 0
+    assert _register(node, "lsn.w", mine, round_, ticket=1) == 0  # late: refused
+    assert _no_trace_of(node, "lsn.w")
+    assert _release_on_client(node, holder) == 1
+    assert lock_token(node, KEY) == other.encode()
+
+
+def test_a_leave_that_heard_every_try_leaves_no_mark_and_a_mark_refuses_its_token_only(node):
+    # A leave that heard every try (no mark asked) leaves nothing behind; a mark refuses only
+    # the tries of its own token: not another waiter's, nor a new acquire that happens to get
+    # the waiter id of a finished one (an id's nonce has 32 bits; a token is drawn per acquire).
+    holder, mine, other = "a" * 40, "w" * 40, "y" * 40
+    _hold(node, holder)
+    assert _register(node, "lsn.w", mine, 1, ticket=1) > 0
+    assert _leave(node, "lsn.w", mine, gone=False) == 1
+    assert node.exists(GONE + mine) == 0
+    assert _leave(node, "lsn.v", "v" * 40, gone=True) == 0  # another waiter, gone
+    assert _leave(node, "lsn.y", "z" * 40, gone=True) == 0  # a finished acquire with Y's id
+    assert _register(node, "lsn.y", other, 1, ticket=2) > 0  # queued: the holder's ms left
+    assert node.zscore(KEY + scripts.LINE, "lsn.y") == 2
+
+
+@pytest.mark.parametrize("registered", [False, True], ids=["try-not-run", "queued"])
+@pytest.mark.parametrize("script", ["leave", "release"])
+def test_a_node_out_of_memory_still_lets_a_waiter_leave_or_release(node, script, registered):
+    # The mark needs memory, and a full node (maxmemory, noeviction) refuses a script's first
+    # write that does. So it comes after the writes that need none (the HDELs, even of
+    # nothing: a script that wrote may go on writing), and in a pcall besides: the waiter's
+    # leave or release is never answered with an error, and its place and registration go.
+    holder, mine = "a" * 40, "w" * 40
+    _hold(node, holder)
+    if registered:
+        assert _register(node, "lsn.w", mine, 2, ticket=1) > 0
+    node.config_set("maxmemory-policy", "noeviction")
+    node.config_set("maxmemory", "1")  # every write that needs memory is refused
+    try:
+        if script == "leave":
+            assert _leave(node, "lsn.w", mine, gone=True) == int(registered)
+        else:
+            assert _release_as_waiter(node, mine, "lsn.w") == 0  # the holder's, not W's
+    finally:
+        node.config_set("maxmemory", "0")
+    assert _no_trace_of(node, "lsn.w")
+    assert lock_token(node, KEY) == holder.encode()
+
+
+def _send_raw(sock, command: bytes) -> None:
+    sock.sendall(command)
+
+
+def test_a_try_a_paused_node_runs_after_the_leave_queues_no_phantom(cluster3):
+    # The late try made real: node 0 is paused (SIGSTOP) while W's leave (on a newer
+    # connection) and then W's round 2 try with its undo (on the old one, its bytes held up on
+    # the way) reach it; it wakes and runs them in that order. Y waits behind W.
+    node = cluster3[0]
+    holder, mine, other = "a" * 40, "w" * 40, "y" * 40
+    with node_client(node) as client:
+        _hold(client, holder)
+        assert _register(client, "lsn.w", mine, 2, ticket=1) > 0
+        assert _register(client, "lsn.y", other, 2, ticket=2) > 0
+        run_id = node_identity(client)
+    keys = (KEY, KEY + scripts.LINE, KEY + scripts.LAPSE)
+    leave = scripts.LEAVE.eval(keys, ("lsn.w", mine, "1"))
+    try_ = scripts.ACQUIRE.eval(
+        (KEY,), (mine, 7_000, owner_arg(), 60_000, "lsn.w", 1, 5_000, 2, run_id, "")
+    )
+    undo = scripts.HAND_UNDO.eval(keys, (mine, "lsn.w", 2))
+    newer, older = _raw_connection(node), _raw_connection(node)
+    try:
+        with node.paused_while():
+            _send_raw(newer, leave)
+            _send_raw(older, try_ + undo)
+        replies = [_read_reply(newer), _read_reply(older), _read_reply(older)]
+    finally:
+        newer.close()
+        older.close()
+    assert replies == [b":1", b":0", b":0"]  # left; the late try refused; nothing to undo
+    with node_client(node) as client:
+        assert _no_trace_of(client, "lsn.w")
+        assert _release_on_client(client, holder) == 1
+        assert lock_token(client, KEY) == other.encode()
+
+
+def _raw_connection(node) -> socket.socket:
+    """A plain socket to ``node`` (unix or TCP), for bytes sent exactly when the test says."""
+    if node.port is None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(node.socket_path)
+        return sock
+    return socket.create_connection(("127.0.0.1", node.port), timeout=10)
+
+
+def _read_reply(sock) -> bytes:
+    """One simple RESP reply (an integer or a status), without its line end."""
+    data = b""
+    while not data.endswith(b"\r\n"):
+        chunk = sock.recv(1)
+        assert chunk, "the node closed the connection"
+        data += chunk
+    return data[:-2]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "asyncio"])
+def test_a_waiter_that_gives_up_marks_itself_gone_where_a_try_was_unanswered(
+    cluster3, monkeypatch, asynchronous
+):
+    # W waits while node 0 is paused (SIGSTOP): its tries there go unanswered (nodes 1 and 2
+    # refuse: the holder's). It gives up; its leave marks it gone on node 0, where its tries
+    # run late, when the node wakes (hand_gone.lua), and on any node whose reply to some try
+    # it did not wait for; nowhere else (a node that answered every try runs none late).
+    unanswered: list[set[int]] = []
+    real = flow.Acquire.left_line
+
+    def spy(self: flow.Acquire) -> Any:
+        unanswered.append(set(self.unanswered))
+        return real(self)
+
+    monkeypatch.setattr(flow.Acquire, "left_line", spy)
+    holder = LockManager(cluster3.urls)
+    lease = holder.acquire("handed", ttl=30.0)
+    marks: list[list[bytes]] = []
+
+    def marked() -> bool:
+        marks[:] = []
+        for node in cluster3:
+            with node_client(node) as client:
+                marks.append(client.keys(GONE.replace("\x00", "?") + "*"))
+        return bool(marks[0])
+
+    if asynchronous:
+
+        async def wait() -> None:
+            waiter = AsyncLockManager(cluster3.urls, retry_delay=0.05)
+            with cluster3[0].paused_while(), pytest.raises(LockContended):
+                await waiter.acquire("handed", timeout=0.3)
+            while not marked():  # node 0 runs what it was sent once it wakes
+                await asyncio.sleep(0.005)
+            await waiter.aclose()
+
+        asyncio.run(wait())
+    else:
+        waiter = LockManager(cluster3.urls, retry_delay=0.05)
+        with cluster3[0].paused_while(), pytest.raises(LockContended):
+            waiter.acquire("handed", timeout=0.3)
+        _wait_for(marked)  # node 0 runs what it was sent once it wakes
+        waiter.close()
+    assert len(unanswered) == 1
+    assert 0 in unanswered[0]
+    assert [index for index, found in enumerate(marks) if found] == sorted(unanswered[0])
+    assert all(len(found) <= 1 for found in marks)  # one waiter's mark
+    for node in cluster3:
+        with node_client(node) as client:
+            assert client.zcard(KEY + scripts.LINE) == 0  # no phantom in line
+    lease.release()
+    holder.close()
 
 
 def _info_calls(cluster) -> list[int]:

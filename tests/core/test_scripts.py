@@ -170,10 +170,15 @@ def test_hostile_names_are_data_not_code(cluster3):
         with manager.lock(name, ttl=5.0) as lease, node_client(cluster3[0]) as client:
             assert lock_token(client, lease.key) == lease.token.encode()
     with node_client(cluster3[0]) as client:
-        # No lock key is left; only the marker, the owner's record (which expires) and
-        # the record of the other nodes seen voting (core/witness.py).
+        # No lock key is left; only the marker, the owner's record (which expires), the
+        # record of the other nodes seen voting (core/witness.py) and each waiter's gone mark
+        # (which expires; scripts/hand_gone.lua), named after its lock key.
         left = [key for key in client.scan_iter() if not key.startswith(b"\x00o:")]
-        assert sorted(left) == sorted([scripts.NODE_KEY.encode(), VOTERS_KEY.encode()])
+        marks = [key for key in left if scripts.GONE.encode() in key]
+        assert len(marks) == 5
+        assert all(0 < client.pttl(key) <= 60_000 for key in marks)
+        rest = sorted(set(left) - set(marks))
+        assert rest == sorted([scripts.NODE_KEY.encode(), VOTERS_KEY.encode()])
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])

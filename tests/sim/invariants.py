@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 from django_redlock.core import flow
 from django_redlock.wire.primitives import RELEASE_MANY, RW_RELEASE, SEMAPHORE_RELEASE
-from django_redlock.wire.scripts import LEAVE, NODE_KEY, RELEASE
+from django_redlock.wire.scripts import GONE, LEAVE, NODE_KEY, RELEASE
 from tests.sim.lua_node import Hash, ZSet
 
 if TYPE_CHECKING:
@@ -52,6 +53,11 @@ if TYPE_CHECKING:
 
 _NODE_KEY = NODE_KEY.encode()
 _OWNER_KEY = b"\x00o:"  # owner records (scripts/lock_key.lua): "\\0o:<id>:django_redlock:node"
+# A finished waiter's gone mark (scripts/hand_gone.lua): "<lock key>\\0x<waiter id>", living
+# GONE_MS as that script says (leave.lua includes it); it holds nothing back (it only refuses
+# that waiter's late tries).
+_GONE = GONE.encode()
+_GONE_MS = int(re.findall(rb"^local GONE_MS = (\d+)$", LEAVE.source, re.MULTILINE)[0])
 # LEAVE: a waiter taking hand-off grants leaves with its token, which it frees (leave.lua).
 _RELEASES = (RELEASE.sha, SEMAPHORE_RELEASE.sha, RW_RELEASE.sha, RELEASE_MANY.sha, LEAVE.sha)
 
@@ -83,6 +89,9 @@ class Checker:
         self.crashed: set[int] = set()
         self.grants = 0
         self.failures = 0
+        # node index -> (its process's incarnation, the waiter ids whose leave or release ran
+        # there since): a hand-off grant to one of them is a phantom holder (hand_gone.lua)
+        self.gone: dict[int, tuple[int, set[bytes]]] = {}
         self.max_ttl_ms = math.ceil(world.config.longest_ttl * 1000)
         self.line_ms = math.ceil(max(1.0, 4 * world.config.retry_delay) * 1000)
 
@@ -258,7 +267,9 @@ class Checker:
                 continue  # expired, not yet purged
             lock = type(value) is bytes and not key.startswith(_OWNER_KEY)
             bound = self.max_ttl_ms if lock else max(self.max_ttl_ms, self.line_ms)
-            if key.startswith(_OWNER_KEY):
+            if _GONE in key:
+                bound = _GONE_MS
+            elif key.startswith(_OWNER_KEY):
                 # An owner's record (scripts/lock_key.lua) outlives its locks, by at most
                 # twice the longest of them; it holds nothing back.
                 bound = 2 * self.max_ttl_ms
@@ -407,6 +418,33 @@ class Checker:
                 f"{node.label}: {key!r} left free with {waiter!r} at the head of its line, "
                 "not woken"
             )
+
+    def ended_on_node(self, node: SimNode, waiter: bytes) -> None:
+        """``waiter``'s leave or release (its acquire is over) ran on ``node``."""
+        incarnation, waiters = self.gone.get(node.index, (node.incarnation, set()))
+        if incarnation != node.incarnation:
+            waiters = set()  # a restart may restore a place from before the leave: not judged
+        waiters.add(waiter)
+        self.gone[node.index] = (node.incarnation, waiters)
+
+    def granted_after_end(
+        self, node: SimNode, key: bytes, published: Sequence[tuple[bytes, bytes]]
+    ) -> None:
+        """A script ran on ``node`` and published ``published``: no hand-off grant
+        ("<waiter> <round>", hand_grant.lua) names a waiter whose acquire is over there. Its
+        place came back with a try the node ran late (scripts/hand_gone.lua), and nobody
+        would use the lock for the grant's whole ttl."""
+        incarnation, waiters = self.gone.get(node.index, (-1, set()))
+        if incarnation != node.incarnation:
+            return
+        for _, message in published:
+            waiter, space, _ = message.partition(b" ")
+            if space and waiter in waiters:
+                self.violate(
+                    f"{node.label}: {key!r} granted to {waiter!r}, whose leave or release "
+                    "already ran here: a phantom holder"
+                )
+                return
 
     # -- lock_many: all or none --------------------------------------------------------------
 

@@ -206,6 +206,20 @@ def _many_partial() -> Iterator[dict[bytes, bytes]]:
     )
 
 
+def _gone_ignored() -> Iterator[dict[bytes, bytes]]:
+    """``acquire.lua`` never reads a waiter's gone mark (``hand_gone.lua``): a try a node runs
+    after its waiter's leave or release queues a phantom at the head of the line."""
+    overrides = _replace(
+        scripts.ACQUIRE, "local gone = key .. '\\0x' .. ARGV[1]", "local gone = key .. '\\0-'"
+    )
+    source = overrides[scripts.ACQUIRE.sha].decode()
+    rule = "redis.call('EXISTS', KEYS[1] .. '\\0x' .. ARGV[1]) == 1"
+    if rule not in source:
+        raise AssertionError(f"mutant out of date: {rule!r} is no longer in the script")
+    overrides[scripts.ACQUIRE.sha] = source.replace(rule, "false", 1).encode()
+    yield overrides
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -222,6 +236,7 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "grant-held": _grant_held,
     "grant-counted-late": _grant_counted_late,
     "many-partial": _many_partial,
+    "gone-ignored": _gone_ignored,
 }
 
 

@@ -22,7 +22,8 @@ SIMULATED_SECONDS = 3600.0
 # Seeds each mutant is given, from seed 0. Each is caught well within them (histories run
 # until caught, at this commit: no-drift 10, no-quarantine 1, release-any 1, no-clean-up 1,
 # gone-frees-all 100, slots-pooled 2, fence-off 1, wake-skipped 3, line-jump 1,
-# handoff-kept 7, many-partial 2, grant-held 4, grant-counted-late 98).
+# handoff-kept 7, many-partial 2, grant-held 4, grant-counted-late 98; gone-ignored 1, added
+# later).
 MUTANT_BUDGET = 1000
 # Each mutant is hunted in the profile that exercises its rule (world.PROFILES): the drift
 # term with clocks at the edges of the bound; the quarantine with leases never renewed on

@@ -46,6 +46,10 @@ _WAKERS = frozenset(
     )
 )
 _HANDOFF = primitives.HANDOFF.sha
+# A lock waiter's acquire is over on a node once its leave or release ran there (the phantom
+# holder invariant: Checker.granted_after_end).
+_LEAVE = scripts.LEAVE.sha
+_RELEASE = scripts.RELEASE.sha
 _ACQUIRE_MANY = primitives.ACQUIRE_MANY.sha
 _NODE_KEY = scripts.NODE_KEY.encode()
 # What a new connection loads with SCRIPT LOAD before anything else (wire.setup).
@@ -323,6 +327,12 @@ class SimNode:
             checker.freed_on_node(self, keys[0], before, after, world.engine.published, order)
         elif sha == _ACQUIRE_MANY:
             checker.took_many(self, keys[1::4], before, _holding(space, keys[1::4], args[0]))
+        if world.engine.published:
+            checker.granted_after_end(self, keys[0] if keys else b"", world.engine.published)
+        if sha == _LEAVE:
+            checker.ended_on_node(self, args[0])
+        elif sha == _RELEASE and len(args) > 1 and args[1]:
+            checker.ended_on_node(self, args[1])
         for _, message in world.engine.published:
             world.publish(message.decode(), self.index)
         if world.now - self.last_snapshot >= 0.25:
