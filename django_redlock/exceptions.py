@@ -200,8 +200,9 @@ def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
     )
 
 
-_SAFE_COMMAND = "manage.py redlock_declare_fresh"
-_SAFE_BECAUSE = "it declares only nodes no other node ever saw vote"
+# As users type it (run as printed: "manage.py" alone is not a command in a shell).
+_SAFE_COMMAND = "python manage.py redlock_declare_fresh"
+_SAFE_BECAUSE = "it declares only nodes it can show are brand-new, and asks about the rest"
 
 NODE_HINT = f"if it is brand-new, {_SAFE_COMMAND} lets it vote now ({_SAFE_BECAUSE})"
 """What a page or status line that already names one quarantined node adds to its refusal."""

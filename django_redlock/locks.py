@@ -26,6 +26,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, models
 
 from django_redlock.conf import get_settings
+from django_redlock.core.options import MANAGER_DEFAULT, ManagerDefault
 from django_redlock.default_manager import get_async_manager, get_manager
 from django_redlock.redlock import BaseLease, Lease
 
@@ -88,13 +89,16 @@ class _Options(TypedDict):
 
 def _options(
     ttl: float | None,
-    timeout: float | None,
+    timeout: float | ManagerDefault | None,
     blocking: bool,
     auto_extend: bool,
     max_hold: float | None,
     origin: str,
 ) -> _Options:
-    if timeout is None and blocking:
+    # Not given: REDLOCK["DEFAULT_TIMEOUT"]. None, given: wait for as long as it takes (what
+    # the settings page and the outage error's "timeout=None waits for them" promise; it was
+    # read as "not given", and a caller who asked to wait gave up with the rest).
+    if isinstance(timeout, ManagerDefault):
         timeout = get_settings().timeout
     return {
         "ttl": ttl,
@@ -172,7 +176,7 @@ def lock_for(
     target: object,
     *,
     ttl: float | None = None,
-    timeout: float | None = None,
+    timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
     blocking: bool = True,
     auto_extend: bool = True,
     max_hold: float | None = None,
@@ -189,7 +193,8 @@ def lock_for(
     Args:
         target: a saved model instance or a lock name.
         ttl: lease length in seconds (default ``REDLOCK["TTL"]``).
-        timeout: seconds to wait for the lock (default ``REDLOCK["DEFAULT_TIMEOUT"]``).
+        timeout: seconds to wait for the lock (default ``REDLOCK["DEFAULT_TIMEOUT"]``);
+            None waits for as long as it takes (a quorum that is down included).
         blocking: False makes one attempt only.
         auto_extend: renew in the background while the block runs (default True).
         max_hold: with auto_extend, seconds after which renewal stops.
@@ -242,7 +247,7 @@ async def alock_for(
     target: object,
     *,
     ttl: float | None = None,
-    timeout: float | None = None,
+    timeout: float | ManagerDefault | None = MANAGER_DEFAULT,
     blocking: bool = True,
     auto_extend: bool = True,
     max_hold: float | None = None,

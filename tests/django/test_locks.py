@@ -211,3 +211,33 @@ def test_signals_name_the_kind_of_lease(redlock_nodes):
     finally:
         lock_acquired.disconnect(acquired)
     assert seen == [("api", "semaphore"), ("table", "write"), ("a + b", "many"), ("c", "lock")]
+
+
+def test_lock_for_gives_up_on_a_total_outage_unless_told_to_wait(settings, cluster3):
+    """Every node refuses connections: by default the block gives up after two rounds and
+    says so; ``timeout=None`` keeps trying (it was read as "not given", and gave up too)."""
+    from django_redlock import QuorumUnreachable
+
+    settings.REDLOCK = {"NODES": cluster3.urls, "NODE_TIMEOUT": 0.02, "RETRY_DELAY": 0.01}
+    for node in cluster3:
+        node.kill()
+    with pytest.raises(QuorumUnreachable) as refused, lock_for("outage:1"):
+        pass
+    assert refused.value.attempts == 2
+    assert "timeout=None waits for them" in str(refused.value)
+
+    reporter = get_manager().engine.reporter
+    original = reporter.attempt_failed
+    failures: list[object] = []
+
+    def failed(error):
+        failures.append(error)
+        if len(failures) == 5:  # well past the two rounds of giving up: the nodes come back
+            for node in cluster3:
+                node.start(fresh=True)
+        original(error)
+
+    reporter.attempt_failed = failed
+    with lock_for("outage:1", timeout=None) as lease:
+        assert lease.validity > 0
+    assert len(failures) >= 5
