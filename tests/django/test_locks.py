@@ -237,7 +237,7 @@ def test_lock_for_gives_up_on_a_total_outage_unless_told_to_wait(settings, clust
                 node.start(fresh=True)
         original(error)
 
-    reporter.attempt_failed = failed
+    reporter.attempt_failed = failed  # type: ignore[method-assign]
     with lock_for("outage:1", timeout=None) as lease:
         assert lease.validity > 0
     assert len(failures) >= 5
