@@ -146,3 +146,15 @@ def test_a_bad_node_url_is_named_as_the_setting_names_it(settings):
     settings.REDLOCK = {"NODES": ["http://127.0.0.1:1"]}
     (message,) = [m for m in check_settings() if m.id == "django_redlock.E004"]
     assert message.msg.startswith("REDLOCK['NODES']: unsupported URL scheme 'http'")
+
+
+def test_a_node_timeout_in_milliseconds_is_named_not_the_ttl(settings):
+    # A new user wrote NODE_TIMEOUT 50 (meaning ms): the check blamed the TTL (E006, "too
+    # short") and said nothing of the setting at fault.
+    settings.REDLOCK = {"NODES": THREE, "TTL": 30.0, "NODE_TIMEOUT": 50}
+    messages = check_settings()
+    assert [message.id for message in messages] == ["django_redlock.E008"]
+    (message,) = messages
+    assert "REDLOCK['NODE_TIMEOUT'] (50 s)" in message.msg
+    assert message.hint is not None
+    assert "for 50 ms write 0.05" in message.hint
