@@ -9,7 +9,7 @@ core's own argument checks (the limits below are the ``LockManager``'s).
 | E002 | REDLOCK has unknown keys (typos) |
 | E003 | NODES missing, empty or not a list |
 | E004 | a node is a bad URL, an unknown or non-Redis cache alias, or a malformed dict |
-| E005 | the same node is listed twice |
+| E005 | the same node is listed twice, or two databases of one server |
 | E006 | TTL is not seconds in (0, 86400], or no longer than NODE_TIMEOUT plus the drift |
 | E007 | DRIFT_FACTOR is outside [0, 0.5) |
 | E008 | NODE_TIMEOUT is not positive, or above a tenth of the TTL |

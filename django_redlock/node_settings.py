@@ -40,17 +40,30 @@ def check_nodes(value: object, name: str, reading: Reading) -> tuple[NodeAddress
         raise ValueError(f"{name} is empty: no lock can be taken")
     addresses: list[NodeAddress] = []
     seen: set[tuple[object, ...]] = set()
+    # The server of each address (its identity without the database): two databases of one
+    # server are one node, whatever the list says (issue 40, item 2: found before any
+    # connection; the acquire also refuses a quorum of one server, by run_id).
+    servers: dict[tuple[object, ...], NodeAddress] = {}
     for spec in value:
         address = _node(spec, reading)
         if address is None:
             continue
-        if address.identity in seen:
+        identity = address.identity
+        if identity in seen:
             reading.report(
                 "django_redlock.E005",
                 f"REDLOCK node {address.label} is listed twice",
                 "Redlock needs independent nodes.",
             )
-        seen.add(address.identity)
+        elif identity[:-1] in servers:
+            reading.report(
+                "django_redlock.E005",
+                f"REDLOCK nodes {servers[identity[:-1]].label} and {address.label} are two "
+                "databases of the same server: not independent nodes",
+                "Redlock needs independent servers: one database of each of 3 or 5.",
+            )
+        seen.add(identity)
+        servers.setdefault(identity[:-1], address)
         addresses.append(address)
     if len(value) == 1:
         reading.report(

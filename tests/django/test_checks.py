@@ -40,6 +40,10 @@ def test_a_good_setting_has_no_messages(settings):
         ({"NODES": [{"URL": URL, "CACHE": "x"}]}, "django_redlock.E004"),
         ({"NODES": [{"CACHE": "nope"}]}, "django_redlock.E004"),
         ({"NODES": [URL, URL, "redis://127.0.0.1:7002/0"]}, "django_redlock.E005"),
+        (
+            {"NODES": [URL, "redis://localhost:7001/1", "redis://127.0.0.1:7003/0"]},
+            "django_redlock.E005",
+        ),
         ({"NODES": THREE, "TTL": 0}, "django_redlock.E006"),
         ({"NODES": THREE, "TTL": "30"}, "django_redlock.E006"),
         ({"NODES": THREE, "DRIFT_FACTOR": 0.5}, "django_redlock.E007"),
