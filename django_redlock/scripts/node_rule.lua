@@ -46,7 +46,10 @@
 --     master (which clears `run`), all within one lease, passes for its master's durable
 --     restart (tests/core/test_failover.py keeps it as a strict xfail). Nothing the new
 --     process can read tells the two apart: INFO gives a restarted master a new replication
---     id either way;
+--     id either way. And a durable node that restarts with nothing at all passes for a
+--     brand-new one: a replica killed after its full sync and before the AOF rewrite that
+--     follows it finished (its AOF is then empty; seen on Redis 7), or AOF files an operator
+--     removed;
 --   * a process that an operator declared fresh (declare_fresh.lua, naming its identity) votes;
 --   * otherwise it refuses, and says when it will vote.
 -- A node found fit is recorded in the marker hash (run = its identity), so the acquire hot
