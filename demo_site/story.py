@@ -181,11 +181,20 @@ class Nemesis:
     def run(self, story: Phase, stop: threading.Event) -> None:
         rng = random.Random(self.seed)
         started = time.monotonic()
+
+        def paying_now() -> list[int]:
+            return [i for i in range(story.shared.buyers) if story.shared.state[i] == PAYING]
+
         while not stop.wait(rng.uniform(0.2, 0.5)):
             roll = rng.random()
+            paying = paying_now()
+            # The story's point is a buyer paused past its lease: until one was, wait for a
+            # buyer at the payment step (a run that happened never to catch one showed
+            # nothing: "0 seats sold twice" without the fence, seed 7216).
+            while not self.pauses and not paying and not stop.wait(0.02):
+                paying = paying_now()
             at = f"{time.monotonic() - started:5.1f}s"
-            paying = [i for i in range(story.shared.buyers) if story.shared.state[i] == PAYING]
-            if roll < 0.55 and paying:
+            if (roll < 0.55 or not self.pauses) and paying:
                 index = rng.choice(paying)
                 pid = story.processes[index].pid
                 assert pid is not None
