@@ -312,7 +312,7 @@ Any dict above may also say `"REPLICA_ACKS": N` (a URL: `?replica_acks=N`, which
 renewal there counts only once `WAIT` confirms that at least N replicas, and every replica
 online, have it, so a replica promoted in a failover votes at once instead of sitting out the
 quarantine. N >= 1 (check E015); every client of the node must set it. See
-[deploying](../howto/deploying.md#replicas-and-failovers)."""
+[deploying](../howto/deploying.md#replicas-sentinel-and-managed-redis)."""
 _DEFAULT_TIMEOUT_DOC = f"""\
 How long a blocking acquire waits when not told: `get_manager().acquire()` and `.lock()`,
 `lock_for`, and `@locked_command(on_busy="wait")`. Finite by default, so a lock that never comes
