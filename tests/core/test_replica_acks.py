@@ -231,4 +231,6 @@ def test_the_asyncio_manager_waits_for_acknowledgement_too(make_pair):
 
     token, errors = asyncio.run(main()).split(" ", 1)
     assert token_on(pair.replica, "redlock:acct:1") == token
-    assert "REPLICA_ACKS" in errors or "timed out" in errors
+    # The paused replica's WAIT ends at 4/5 of the node timeout; on a loaded machine the
+    # node's two replies may come after the node timeout itself: a no vote all the same.
+    assert "REPLICA_ACKS" in errors or "timed out" in errors or "no answer within" in errors
