@@ -122,20 +122,17 @@ class LockNotAcquired(RedlockError):
         )
         if self.quarantined is not None:
             refusing = [node for node, error in self.node_errors.items() if is_restarted(error)]
-            text += "; " + quarantine_hint(refusing, self.quarantined)
+            # The nodes are named once, in the details below (the hint counts them).
+            text += "; " + quarantine_hint(refusing, self.quarantined, named=False)
         if self.node_answers:
             # Every node, the ones that voted too: "0 of 2 votes" beside only the failed
             # nodes read as if the others were down.
             said = {**self.node_answers}
             # Entries that are no node's answer (the "validity" of a round that took too long).
             said.update((k, v) for k, v in self.node_errors.items() if k not in said)
-            details = "; ".join(f"{node}: {_shown(answer)}" for node, answer in said.items())
-            text += f" (nodes: {details})"
+            text += f" (nodes: {_grouped(said)})"
         elif self.node_errors:
-            details = "; ".join(
-                f"{node}: {_shown(error)}" for node, error in self.node_errors.items()
-            )
-            text += f" (node errors: {details})"
+            text += f" (node errors: {_grouped(self.node_errors)})"
         if any(error.startswith(_NO_ANSWER) for error in self.node_errors.values()):
             # The flow's text gives the wait in ms, not where it is set (issue 40, item 6).
             text += f"; {NODE_TIMEOUT_NAMES}"
@@ -143,6 +140,7 @@ class LockNotAcquired(RedlockError):
 
 
 _QUARANTINED = "QUARANTINED "
+_NOT_WAITED_FOR = "not waited for"  # core/flow.py's node_answers
 _RESTARTED = "QUARANTINED up "
 _NO_ANSWER = "no answer within "
 
@@ -164,13 +162,27 @@ def is_restarted(error: str) -> bool:
     return error.startswith(_RESTARTED)
 
 
-def _shown(error: str) -> str:
-    """A node's error as a message shows it: a quarantine refusal without its code word (the
-    sentence around it says "quarantined" once for all nodes)."""
-    return "quarantined, " + error[len(_QUARANTINED) :] if is_quarantined(error) else error
+def _shown(answer: str) -> str:
+    """A node's answer or error as a message shows it: a quarantine refusal without its code
+    word, and a reply not waited for with why (the round's outcome was known without it)."""
+    if is_quarantined(answer):
+        return "quarantined, " + answer[len(_QUARANTINED) :]
+    if answer == _NOT_WAITED_FOR:
+        return f"{answer} (the outcome was known without it)"
+    return answer
 
 
-def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
+def _grouped(said: Mapping[str, str]) -> str:
+    """Node label -> answer, as a message shows it: the nodes that said the same thing named
+    together, in the order they first appear ("a, b: quarantined, ...; c: granted"), so five
+    nodes refusing alike read as one refusal, not five."""
+    nodes_by_answer: dict[str, list[str]] = {}
+    for node, answer in said.items():
+        nodes_by_answer.setdefault(_shown(answer), []).append(node)
+    return "; ".join(f"{', '.join(nodes)}: {answer}" for answer, nodes in nodes_by_answer.items())
+
+
+def quarantine_hint(nodes: list[str], seconds: float | None, *, named: bool = True) -> str:
     """The one sentence every quarantine report ends with (the error, the log, the status):
     which nodes refuse, when a quorum votes again by itself, and the one command that is safe
     to run as printed.
@@ -180,13 +192,14 @@ def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
             (:func:`is_restarted`); empty when the refusals are failovers' or replicas', whose
             texts say what to do: then only the wait.
         seconds: until a quorum votes again by itself (None: unknown, or only these nodes).
+        named: name the nodes (False: count them, where the text names each node after).
 
     ``redlock_declare_fresh`` with no node named lets a node vote only when it can show that
     no other node ever saw it vote (a brand-new node); it refuses a node that may have
     forgotten locks and says how long that node still waits, so following this hint never
     makes such a node vote (docs/howto/operating.md, "Restarts").
     """
-    named = ", ".join(nodes)
+    listed = ", ".join(nodes)
     wait = (
         f"a quorum votes again in {math.ceil(seconds)} s by itself"
         if seconds is not None
@@ -194,8 +207,13 @@ def quarantine_hint(nodes: list[str], seconds: float | None) -> str:
     )
     if not nodes:
         return f"nodes refuse to vote; {wait}"
+    if named:
+        which = f"quarantined after a restart, not proven to have kept their locks: {listed}"
+    else:
+        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
+        which = f"{count} quarantined after a restart, not proven to have kept their locks"
     return (
-        f"quarantined after a restart, not proven to have kept their locks: {named}; {wait}; "
+        f"{which}; {wait}; "
         f"if they are brand-new, {_SAFE_COMMAND} lets them vote now ({_SAFE_BECAUSE})"
     )
 

@@ -854,7 +854,7 @@ def node_answers(
             if left is None:
                 answers[label] = "granted"
             elif left > 0:
-                answers[label] = f"held by another holder, {left} ms left"
+                answers[label] = f"held by another holder, {left / 1000:g} s left"
             elif left == 0:
                 answers[label] = "refused: others are ahead in line"
             else:

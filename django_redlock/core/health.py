@@ -9,6 +9,7 @@ report.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -197,6 +198,30 @@ class _Down:
     refused: bool = False
 
 
+_CONNECT_FAILED = re.compile(r"^Error (-?\d+) connecting to .+?\. (.+?)\.?$")
+
+
+def unreachable(exc: redis.RedisError, timeout: float) -> str:
+    """Why a node could not be read, in the words the acquire errors use (the line that shows
+    it already names the node, so redis-py's address and errno are left out).
+
+    ``timeout``: the seconds each command had. Returns e.g. "connection refused (nothing
+    listens at this address)" or "no answer within 250 ms (stopped, paused or unreachable)".
+    """
+    text = str(exc)
+    if isinstance(exc, redis.TimeoutError):
+        return f"no answer within {timeout * 1000:g} ms (stopped, paused or unreachable)"
+    found = _CONNECT_FAILED.match(text)
+    if found is None:
+        return text or type(exc).__name__
+    reason = found[2].lower()
+    if found[1] == "111":  # ECONNREFUSED: a TCP port or a socket file nobody listens on
+        return f"{reason} (nothing listens at this address)"
+    if found[1] == "2":  # ENOENT: a unix socket path with no file
+        return f"{reason} (no server's socket at this path)"
+    return reason
+
+
 def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | _Down:
     """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
     could not be read."""
@@ -216,7 +241,7 @@ def _look(address: NodeAddress, manager: LockNodes, timeout: float) -> _Seen | _
         # A Sentinel node's master may have moved: the next look asks the Sentinels again
         # (a long-lived process that shows the page but takes no lock would keep it forever).
         forget(address)
-        return _Down(str(exc) or type(exc).__name__)
+        return _Down(unreachable(exc, timeout))
     except redis.RedisError as exc:
         # It answered, with a refusal (AUTH, SELECT: "DB index is out of range", an ACL).
         return _Down(str(exc) or type(exc).__name__, refused=True)
@@ -286,7 +311,7 @@ def _judge(
                 vote, detail, left = _node_rule(client, quarantine_ms, seen.persistence)
         except redis.RedisError as exc:
             return NodeStatus(
-                node=label, reachable=False, problems=[str(exc) or "no answer"], **where
+                node=label, reachable=False, problems=[unreachable(exc, timeout)], **where
             )
     server = "valkey" if "valkey_version" in info else "redis"
     return NodeStatus(
@@ -419,7 +444,7 @@ def _declare(address: NodeAddress, timeout: float) -> Declaration:
             uptime = int(info.get("uptime_in_seconds", 0) or 0)
             _run_script(client, DECLARE_FRESH, (NODE_KEY,), (run_id,))
     except redis.RedisError as exc:
-        return Declaration(label, False, detail=f"not declared: {str(exc) or type(exc).__name__}")
+        return Declaration(label, False, detail=f"not declared: {unreachable(exc, timeout)}")
     return Declaration(
         label,
         True,

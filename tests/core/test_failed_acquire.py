@@ -236,10 +236,11 @@ def test_the_error_counts_and_names_every_node_with_what_it_answered(cluster3):
     assert f"{error.votes} of 2 votes needed from 3 nodes" in text
     answers = list(error.node_answers.values())
     assert answers[0].startswith("held by another holder, ")
-    assert answers[0].endswith(" ms left")
+    assert answers[0].endswith(" s left")
     # Node 1 is up and votes, unless the outcome was known before its answer came.
     assert answers[1] in ("granted", "not waited for")
     assert answers[2] not in ("granted", "not waited for")  # a stopped node: its error
     assert list(error.node_errors.values()) == [answers[2]]
     for label, said in error.node_answers.items():
-        assert f"{label}: {said}" in text
+        assert text.count(label) == 1  # each node named once, with what it said
+        assert said in text

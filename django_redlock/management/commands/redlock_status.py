@@ -215,15 +215,26 @@ class Command(BaseCommand):
                 )
             )
         for lock in listing.locks:
-            owner = lock.owner
-            where = (
-                f"{owner.get('host', '?')} pid {owner.get('pid', '?')} {owner.get('origin') or ''}"
-            )
-            left = f"{lock.ttl_min:.1f} s" if lock.ttl_min is not None else "?"
-            partial = "  (partial: leftover keys)" if lock.partial else ""
-            self.stdout.write(
-                f"  {lock.label}  {lock.nodes}/{lock.total} nodes  {left} left  {where}{partial}"
-            )
+            self.stdout.write("  " + "  ".join(_lock_columns(lock)))
+
+
+def _lock_columns(lock: Any) -> list[str]:
+    """One listed lock's columns: name, nodes holding it, time left, holder (with where it
+    was taken when the owner record says), and whether it is a leftover. A column with
+    nothing to say is left out, so no line ends in a blank."""
+    owner = lock.owner
+    holder = f"held by {owner.get('host', '?')} pid {owner.get('pid', '?')}"
+    if owner.get("origin"):
+        holder += f" in {owner['origin']}"
+    columns = [
+        lock.label,
+        f"{lock.nodes}/{lock.total} nodes",
+        f"{lock.ttl_min:.1f} s left" if lock.ttl_min is not None else "time left unknown",
+        holder,
+    ]
+    if lock.partial:
+        columns.append("(partial: leftover keys)")
+    return columns
 
 
 def _clock(epoch: float) -> str:
