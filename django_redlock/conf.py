@@ -280,7 +280,8 @@ def _check_node_list(value: object, name: str, reading: _Reading) -> tuple[NodeA
             f'{name} = ["redis://..."], with the brackets'
         )
     if not isinstance(value, list | tuple):
-        raise TypeError(f"{name} must be a list of node URLs, got a {type(value).__name__}")
+        got = "None" if value is None else f"a {type(value).__name__}"
+        raise TypeError(f"{name} must be a list of node URLs, got {got}")
     return check_nodes(value, name, reading)
 
 
@@ -512,7 +513,7 @@ if not TYPE_CHECKING:
         if module is None:
             raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         warnings.warn(
-            f"django_redlock.conf.{name} moved: import it from {module}.{name}",
+            f"django_redlock.conf.{name} moved: from {module} import {name}",
             DeprecationWarning,
             stacklevel=2,
         )

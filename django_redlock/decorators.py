@@ -70,7 +70,7 @@ def default_on_unavailable(request: HttpRequest, error: LockNotAcquired) -> Http
     for how long, what to do); without it, only that the service is unavailable (the log
     has the rest: see :func:`locked_view`)."""
     if error.quarantined is not None:
-        reason = "the lock nodes are quarantined after a restart"
+        reason = "the lock nodes are quarantined since they started"
     else:
         reason = "the lock service cannot be reached"
     body = f"Service Unavailable: {reason}.\n"

@@ -116,9 +116,10 @@ class LockNotAcquired(RedlockError):
 
     def _message(self) -> str:
         text = (
-            f"lock {self.name!r} not acquired: {self.votes} of {self.quorum} votes needed"
-            + (f" from {len(self.node_answers)} nodes" if self.node_answers else "")
-            + f" after {self.attempts} attempt{'s' if self.attempts != 1 else ''}"
+            f"lock {self.name!r} not acquired: {self.votes} of {_count(self.quorum, 'vote')} "
+            "needed"
+            + (f" from {_count(len(self.node_answers), 'node')}" if self.node_answers else "")
+            + f" after {_count(self.attempts, 'attempt')}"
         )
         if self.quarantined is not None:
             refusing = [node for node, error in self.node_errors.items() if is_restarted(error)]
@@ -160,6 +161,11 @@ def is_restarted(error: str) -> bool:
     """Whether a node's error text is a restart-quarantine refusal: the one a declaration can
     lift for a brand-new node (a promoted replica votes again by itself; a replica never)."""
     return error.startswith(_RESTARTED)
+
+
+def _count(number: int, noun: str) -> str:
+    """``number`` and ``noun``, plural unless one: "1 node", "3 nodes"."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def _shown(answer: str) -> str:
@@ -207,19 +213,24 @@ def quarantine_hint(nodes: list[str], seconds: float | None, *, named: bool = Tr
     )
     if not nodes:
         return f"nodes refuse to vote; {wait}"
-    if named:
-        which = f"quarantined after a restart, not proven to have kept their locks: {listed}"
-    else:
-        count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
-        which = f"{count} quarantined after a restart, not proven to have kept their locks"
+    one = len(nodes) == 1
+    # "Since it started": a node cannot tell its first start from a restart that lost data,
+    # and a message that says "restart" of a node just created misleads.
+    they, their, them = ("it", "its", "it") if one else ("they", "their", "them")
+    which = f"quarantined since {they} started, not proven to have kept {their} locks"
+    which = f"{which}: {listed}" if named else f"{len(nodes)} node{'' if one else 's'} {which}"
     return (
-        f"{which}; {wait}; "
-        f"if they are brand-new, {_SAFE_COMMAND} lets them vote now ({_SAFE_BECAUSE})"
+        f"{which}; {wait}; if {they} {'is' if one else 'are'} brand-new, {_SAFE_COMMAND_WHERE} "
+        f"lets {them} vote now ({_SAFE_BECAUSE})"
     )
 
 
-# As users type it (run as printed: "manage.py" alone is not a command in a shell).
+# As users type it (run as printed: "manage.py" alone is not a command in a shell). An error
+# may reach a user of the core alone, who has no manage.py (and whose manager's
+# declare_fresh() checks nothing): it says where the command is; the status command and the
+# admin page are Django's own.
 _SAFE_COMMAND = "python manage.py redlock_declare_fresh"
+_SAFE_COMMAND_WHERE = f"{_SAFE_COMMAND} (in a Django project)"
 _SAFE_BECAUSE = "it declares only nodes it can show are brand-new, and asks about the rest"
 
 NODE_HINT = f"if it is brand-new, {_SAFE_COMMAND} lets it vote now ({_SAFE_BECAUSE})"

@@ -20,17 +20,30 @@ ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def readme_server_arguments() -> list[str]:
-    """The arguments of the README's ``redis-server`` line, without the port."""
+def readme_server_words() -> list[str]:
+    """The arguments of the README's ``redis-server`` line."""
     section = README.split("## Add it to your project", 1)[1].split("\n## ", 1)[0]
     (line,) = [line for line in section.splitlines() if line.startswith("redis-server ")]
-    words = shlex.split(line.split("#", 1)[0])[1:]
-    at = words.index("--port")
-    return words[:at] + words[at + 2 :]
+    return shlex.split(line.split("#", 1)[0])[1:]
+
+
+def readme_server_arguments() -> list[str]:
+    """The arguments of the README's ``redis-server`` line, without the port and the folder
+    (a test's node has its own of each)."""
+    words = readme_server_words()
+    for option in ("--port", "--dir"):
+        at = words.index(option)
+        words = words[:at] + words[at + 2 :]
+    return words
 
 
 def test_the_readme_names_the_durable_arguments():
     assert readme_server_arguments() == ["--appendonly", "yes", "--appendfsync", "always"]
+
+
+def test_the_readme_keeps_the_nodes_files_out_of_the_folder_it_is_started_in():
+    words = readme_server_words()
+    assert words[words.index("--dir") + 1] == "/tmp"
 
 
 def test_a_node_started_as_the_readme_prints_votes_on_its_first_request(tmp_path):

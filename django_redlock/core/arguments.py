@@ -132,8 +132,8 @@ def check_ttl(
         # setting, so the message says both (issue 40, item 9).
         where = " (REDLOCK['MAX_TTL'] in Django)" if spell is _as_is else ""
         raise ValueError(
-            f"{argument}={value!r} is above {name}={max_ttl:g}: raise {name}{where} (the "
-            "restart quarantine) to take longer leases"
+            f"{argument}={value!r} is above {name}={max_ttl:g}, the restart quarantine: "
+            f"raise {name}{where} to take longer leases"
         )
     if node_timeout is not None:
         floor = node_timeout + seconds * drift_factor + DRIFT_SECONDS

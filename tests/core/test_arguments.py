@@ -140,7 +140,9 @@ def test_passwords_never_appear_in_errors_or_reprs():
 def test_the_ttl_check_names_the_other_arguments_as_told():
     with pytest.raises(ValueError, match=r"^TTL=0\.04 is too short: with NODE_TIMEOUT=0\.05 "):
         check_ttl(0.04, "TTL", node_timeout=0.05, spell=str.upper)
-    with pytest.raises(ValueError, match=r"^TTL=90 is above MAX_TTL=60: raise MAX_TTL "):
+    with pytest.raises(
+        ValueError, match=r"^TTL=90 is above MAX_TTL=60, the restart quarantine: raise MAX_TTL to "
+    ):
         check_ttl(90, "TTL", max_ttl=60.0, spell=str.upper)
     assert check_ttl(MAX_TTL) == MAX_TTL
     # Told nothing (an acquire's ttl), it names the Django setting beside the argument.

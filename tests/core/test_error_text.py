@@ -35,8 +35,20 @@ def test_a_quarantine_names_each_node_once_and_says_each_refusal_once():
     assert all(text.count(node) == 1 for node in NODES)
     assert text.count("(appendonly no): votes again in 60 s") == 1  # three alike, said once
     assert text.count("redlock_declare_fresh") == 1
-    assert "3 nodes quarantined after a restart, not proven to have kept their locks" in text
+    assert "3 nodes quarantined since they started, not proven to have kept their locks" in text
     assert f"{', '.join(NODES[:3])}: quarantined, up 0 s, not proven durable" in text
+
+
+def test_one_node_is_one_node():
+    errors = {NODES[0]: REFUSAL}
+    error = QuorumUnreachable("b", 0, 1, errors, quarantined=60.0, node_answers=errors)
+    text = str(error)
+    assert "0 of 1 vote needed from 1 node after 1 attempt;" in text
+    assert "1 node quarantined since it started, not proven to have kept its locks;" in text
+    assert "if it is brand-new, python manage.py redlock_declare_fresh (in a Django project) " in (
+        text
+    )
+    assert "lets it vote now" in text
 
 
 def test_a_node_not_waited_for_says_why_it_is_not_in_the_count():
@@ -120,3 +132,14 @@ def test_a_timeout_says_how_long_was_waited():
 def test_a_refusal_keeps_the_servers_own_words():
     refusal = redis.ResponseError("DB index is out of range")
     assert unreachable(refusal, 0.25) == "DB index is out of range"
+
+
+def test_the_errors_page_shows_every_error_class_in_its_tree():
+    from pathlib import Path
+
+    from django_redlock import exceptions
+
+    page = (Path(__file__).parents[2] / "docs" / "reference" / "errors.md").read_text()
+    tree = page.split("```", 2)[1]
+    for name in exceptions.__all__:
+        assert f"── {name} " in tree or f"{name}  " in tree.splitlines()[1], name

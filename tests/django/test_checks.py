@@ -81,6 +81,16 @@ def test_a_malformed_caches_entry_is_an_error_not_a_crash(settings, entry):
     assert "django_redlock.E004" in ids(settings, {"NODES": [{"CACHE": "x"}]}, {"x": entry})
 
 
+@pytest.mark.parametrize(
+    ("nodes", "said"), [(None, "got None"), (42, "got a int"), ("redis://h/0", "got a str")]
+)
+def test_e003_says_what_it_got(settings, nodes, said):
+    settings.REDLOCK = {"NODES": nodes}
+    (message,) = check_settings()
+    assert message.id == "django_redlock.E003"
+    assert said in message.msg
+
+
 def test_a_missing_setting_is_an_error(settings):
     del settings.REDLOCK
     assert [message.id for message in check_settings()] == ["django_redlock.E003"]

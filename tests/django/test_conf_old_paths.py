@@ -22,7 +22,7 @@ MOVED = [
 
 
 def new_path(name: str) -> str:
-    return re.escape(f"import it from django_redlock.default_manager.{name}")
+    return re.escape(f"from django_redlock.default_manager import {name}")
 
 
 @pytest.mark.parametrize("name", MOVED)

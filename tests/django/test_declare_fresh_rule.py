@@ -68,7 +68,8 @@ def test_the_quarantine_hint_names_the_nodes_and_the_safe_command(plain3):
     labels = [parse_node(url).label for url in plain3.urls]
     assert all(label in text for label in labels)
     # As printed, a command a shell runs (not "manage.py ...", which is not on PATH).
-    assert "; if they are brand-new, python manage.py redlock_declare_fresh lets them" in text
+    command = "python manage.py redlock_declare_fresh (in a Django project)"
+    assert f"; if they are brand-new, {command} lets them" in text
     assert "it declares only nodes it can show are brand-new, and asks about the rest" in text
     # Said once for all nodes, not once per node.
     assert text.count("redlock_declare_fresh") == 1

@@ -37,7 +37,7 @@ def test_the_error_says_quarantined_for_how_long_and_what_to_do(brand_new):
     assert 30 < error.quarantined <= 60
     assert error.retry_after == error.quarantined
     text = str(error)
-    assert "quarantined after a restart" in text
+    assert "quarantined since they started" in text
     assert "a quorum votes again in" in text
     assert "manage.py redlock_declare_fresh" in text
 
@@ -52,8 +52,8 @@ def test_a_view_answers_503_with_the_quarantine_in_retry_after_and_the_log(
     assert response.status_code == 503
     assert 30 < int(response["Retry-After"]) <= 60
     body = response.content.decode()
-    assert body == "Service Unavailable: the lock nodes are quarantined after a restart.\n"
-    assert any("quarantined after a restart" in r.getMessage() for r in caplog.records)
+    assert body == "Service Unavailable: the lock nodes are quarantined since they started.\n"
+    assert any("quarantined since they started" in r.getMessage() for r in caplog.records)
     settings.DEBUG = True
     body = Client().post("/pay/1/").content.decode()
     assert "a quorum votes again in" in body

@@ -208,11 +208,13 @@ class Command(BaseCommand):
             self.stdout.write(f"Active locks: {len(listing.locks)}")
         if listing.unreachable:
             # Otherwise a node that did not answer the listing looks like a node without locks.
+            left_out = (
+                "the node counts below leave it out"
+                if listing.locks
+                else "a lock held only there would not show here"
+            )
             self.stdout.write(
-                self.style.WARNING(
-                    f"  not read from {', '.join(listing.unreachable)}: "
-                    "the node counts below leave it out"
-                )
+                self.style.WARNING(f"  not read from {', '.join(listing.unreachable)}: {left_out}")
             )
         for lock in listing.locks:
             self.stdout.write("  " + "  ".join(_lock_columns(lock)))
