@@ -566,7 +566,8 @@ def _node_counts(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # As users start it (./run bench), not as Python names the module (__main__.py).
+    parser = argparse.ArgumentParser(prog="./run bench", description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=4000, help="W1 pairs per contender")
     parser.add_argument("--rounds", type=int, default=8, help="W1 interleaved rounds per run")
     parser.add_argument("--runs", type=int, default=3, help="W1/W2/W3 runs (figures: medians)")

