@@ -473,11 +473,14 @@ def parse_node(node: object) -> NodeAddress:
 
 
 def parse_nodes(nodes: object) -> tuple[NodeAddress, ...]:
-    """All nodes, validated: at least one, no node twice.
+    """All nodes, validated: at least one, no node twice, no server twice.
 
     Raises:
         TypeError: ``nodes`` is a single string or not a sequence, or holds a bad item.
-        ValueError: empty, a malformed URL, or the same node listed twice.
+        ValueError: empty, a malformed URL, the same node listed twice, or two databases
+            of one server (one server is one node, whatever the list says: Django's check
+            E005 refuses the same list; an alias only the server's run_id can tell, such as a
+            DNS name beside its address, is found at first contact).
     """
     if isinstance(nodes, str | bytes):
         raise TypeError("nodes must be a list of node URLs or clients, not a single string")
@@ -491,10 +494,20 @@ def parse_nodes(nodes: object) -> tuple[NodeAddress, ...]:
         raise ValueError("nodes must name at least one Redis/Valkey node")
     addresses = tuple(parse_node(item) for item in items)
     seen: dict[tuple[object, ...], NodeAddress] = {}
+    servers: dict[tuple[object, ...], NodeAddress] = {}
     for address in addresses:
-        if address.identity in seen:
+        identity = address.identity
+        if identity in seen:
             raise ValueError(
                 f"nodes: {address.label} is listed twice; Redlock needs independent nodes"
             )
-        seen[address.identity] = address
+        server = identity[:-1]  # the identity without the database
+        if server in servers:
+            raise ValueError(
+                f"nodes: {servers[server].label} and {address.label} are two databases of one "
+                "server, not independent nodes; Redlock needs one database of each of 3 or 5 "
+                "independent servers"
+            )
+        seen[identity] = address
+        servers[server] = address
     return addresses
