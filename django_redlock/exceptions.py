@@ -75,9 +75,12 @@ class LockNotAcquired(RedlockError):
             their locks (QUARANTINED), the seconds until enough of them vote again for a
             quorum; else None. ``retry_after`` is then the same.
         node_answers: redacted node label -> what that node answered in the last attempt,
-            for every node (``granted``, ``held by another holder, 1200 ms left``, ``not
+            for every node (``granted``, ``held by another holder, 1.2 s left``, ``not
             waited for``, or its error), so the text counts and names them all; empty when
             the error was built without them.
+        reason: why the acquire gave up when it is not a node's answer ("" when the answers
+            say it): it gave up early on a total outage, or the attempt took so long that
+            nothing was left of the lease.
     """
 
     def __init__(
@@ -91,9 +94,11 @@ class LockNotAcquired(RedlockError):
         origin: str | None = None,
         quarantined: float | None = None,
         node_answers: Mapping[str, str] | None = None,
+        reason: str = "",
     ) -> None:
         self.name = name
         self.origin = origin
+        self.reason = reason
         self.votes = votes
         self.quorum = quorum
         self.node_errors: dict[str, str] = dict(node_errors or {})
@@ -111,6 +116,7 @@ class LockNotAcquired(RedlockError):
             origin,
             quarantined,
             self.node_answers,
+            reason,
         )
         self._text = self._message()
 
@@ -121,6 +127,8 @@ class LockNotAcquired(RedlockError):
             + (f" from {_count(len(self.node_answers), 'node')}" if self.node_answers else "")
             + f" after {_count(self.attempts, 'attempt')}"
         )
+        if self.reason:
+            text += f"; {self.reason}"
         if self.quarantined is not None:
             refusing = [node for node, error in self.node_errors.items() if is_restarted(error)]
             # The nodes are named once, in the details below (the hint counts them).
@@ -128,10 +136,7 @@ class LockNotAcquired(RedlockError):
         if self.node_answers:
             # Every node, the ones that voted too: "0 of 2 votes" beside only the failed
             # nodes read as if the others were down.
-            said = {**self.node_answers}
-            # Entries that are no node's answer (the "validity" of a round that took too long).
-            said.update((k, v) for k, v in self.node_errors.items() if k not in said)
-            text += f" (nodes: {_grouped(said)})"
+            text += f" (nodes: {_grouped(self.node_answers)})"
         elif self.node_errors:
             text += f" (node errors: {_grouped(self.node_errors)})"
         if any(error.startswith(_NO_ANSWER) for error in self.node_errors.values()):

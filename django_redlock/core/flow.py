@@ -554,17 +554,20 @@ class Acquire:
         pause = None
         if give_up or self.deadline is None:
             pass
-        elif nodes.size - plainly_refusing(results) < nodes.quorum:
+        elif (refusing := plainly_refusing(results)) and nodes.size - refusing - (
+            late := quarantined_past(results, self.deadline - end)
+        ) < nodes.quorum:
             # A total outage: the nodes refuse connections outright (nothing listens there,
-            # or the name does not resolve), so no quorum is possible, and retrying every
-            # retry_delay until the timeout would only stall the caller (a web worker) for
-            # nothing. One more round after one node timeout (a restart may be under way),
-            # then give up, saying so. A caller who asked to wait (timeout=None) keeps
-            # waiting; one node of three down changes nothing here.
+            # or the name does not resolve), or the rest are quarantined past the deadline,
+            # so no quorum is possible, and retrying every retry_delay until the timeout
+            # would only stall the caller (a web worker) for nothing. One more round after
+            # one node timeout (a restart may be under way), then give up, saying so. A
+            # caller who asked to wait (timeout=None) keeps waiting; one node of three down
+            # changes nothing here. (Nodes quarantined alone: the quarantine rule below.)
             self.outage += 1
             if self.outage >= 2:
                 give_up = True
-                error = outage_error(error, nodes)
+                error = outage_error(error, nodes, late)
             else:
                 # Never past the deadline (the same bound as retry_delay's).
                 pause = min(nodes.node_timeout, self.deadline - end)
@@ -772,8 +775,9 @@ def failure(
     errors = node_errors(nodes, results)
     kind: type[LockNotAcquired] = QuorumUnreachable
     quarantined = None
+    reason = ""
     if granted >= nodes.quorum:
-        errors["validity"] = f"attempt took {elapsed * 1000:.1f} ms, nothing left of the lease"
+        reason = f"the attempt took {elapsed * 1000:.1f} ms: nothing left of the lease"
     elif len(errors) <= nodes.size - nodes.quorum:
         kind = LockContended
     else:
@@ -789,6 +793,7 @@ def failure(
         attempts=attempts,
         quarantined=quarantined,
         node_answers=node_answers(nodes, results, read),
+        reason=reason,
     )
 
 
@@ -818,24 +823,40 @@ def plainly_refusing(results: Sequence[Any]) -> int:
     return count
 
 
-def outage_error(error: LockNotAcquired, nodes: Nodes) -> LockNotAcquired:
-    """``error`` again, saying that it gave up early because the nodes refuse connections."""
-    errors = dict(error.node_errors)
-    errors["nodes"] = (
-        f"no quorum is possible: the nodes refuse connections (down, or a wrong address); "
-        f"gave up after {error.attempts} attempts, one node timeout "
-        f"({nodes.node_timeout * 1000:.0f} ms) apart, instead of retrying until the timeout "
-        "(timeout=None waits for them)"
-    )
+def quarantined_past(results: Sequence[Any], seconds: float) -> int:
+    """How many nodes of a round refused as quarantined for longer than ``seconds`` (they
+    said when they vote again, see :func:`quarantine_left`)."""
+    count = 0
+    for reply in results:
+        if reply is TIMED_OUT or isinstance(reply, NodeError):
+            found = _VOTES_AGAIN.match(str(reply))
+            count += found is not None and float(found[1]) > seconds
+    return count
+
+
+def outage_error(error: LockNotAcquired, nodes: Nodes, quarantined: int = 0) -> LockNotAcquired:
+    """``error`` again, saying that it gave up early because the nodes refuse connections
+    (``quarantined`` more nodes of them vote again only after the caller's deadline)."""
+    which = "the nodes refuse connections (down, or a wrong address)"
+    if quarantined:
+        which = (
+            "of the nodes, some refuse connections (down, or a wrong address) and "
+            f"{quarantined} vote again only after the timeout (quarantined)"
+        )
     return QuorumUnreachable(
         error.name,
         votes=error.votes,
         quorum=error.quorum,
-        node_errors=errors,
+        node_errors=error.node_errors,
         retry_after=error.retry_after,
         attempts=error.attempts,
         quarantined=error.quarantined,
         node_answers=error.node_answers,
+        reason=(
+            f"no quorum is possible: {which}; gave up after {error.attempts} attempts, one "
+            f"node timeout ({nodes.node_timeout * 1000:.0f} ms) apart, instead of retrying "
+            "until the timeout (timeout=None waits for them)"
+        ),
     )
 
 

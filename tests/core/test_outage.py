@@ -24,6 +24,9 @@ def test_nodes_that_refuse_connections_fail_an_acquire_after_two_rounds():
     assert refused.value.attempts == 2
     assert "the nodes refuse connections" in str(refused.value)
     assert "timeout=None waits for them" in str(refused.value)
+    # Why it gave up is said once, not as a node's error: every key of node_errors is a node.
+    assert set(refused.value.node_errors) == {address.label for address in manager.addresses}
+    assert "the nodes refuse connections" in refused.value.reason
 
 
 def test_tcp_nodes_that_refuse_connections_fail_fast_in_asyncio_too():
@@ -95,3 +98,36 @@ def test_a_name_that_does_not_resolve_is_a_plain_refusal():
     assert text == "name or service not known"
     assert plainly_refusing([NotSent(f"cannot resolve db.invalid: {text}")] * 2) == 2
     assert plainly_refusing([NotSent("no answer within 50 ms")]) == 0  # a timeout is not
+
+
+def test_a_node_down_and_one_quarantined_past_the_timeout_fail_fast_too():
+    """A rolling restart of plain nodes (issue 40's walk): one node refuses connections, one
+    was just restarted and is quarantined for longer than the caller waits, one votes. No
+    quorum is possible before the timeout: two rounds, not one every retry delay."""
+    with LocalCluster(3) as cluster:
+        cluster[0].stop()
+        cluster[1].restart()  # plain: quarantined for max_ttl (60 s)
+        manager = LockManager(cluster.urls, node_timeout=0.2, retry_delay=0.05)
+        try:
+            with pytest.raises(QuorumUnreachable) as refused:
+                manager.acquire("rolling", timeout=10.0)
+        finally:
+            manager.close()
+    assert refused.value.attempts == 2
+    assert "1 vote again only after the timeout (quarantined)" in refused.value.reason
+
+
+def test_a_node_down_and_one_quarantined_within_the_timeout_are_waited_for():
+    """The same with a quarantine shorter than the caller's timeout: it waits for it (the
+    rule is about what cannot happen in time, not about any refusal). Nodes of its own: a
+    node that heard a longer quarantine from another test's manager would teach it."""
+    with LocalCluster(3) as cluster:
+        cluster[0].stop()
+        cluster[1].restart()  # plain: quarantined for the max_ttl its first client sends
+        manager = LockManager(
+            cluster.urls, ttl=1.0, node_timeout=0.2, retry_delay=0.05, max_ttl=2.0
+        )
+        try:
+            manager.acquire("rolling", timeout=10.0).release()
+        finally:
+            manager.close()
