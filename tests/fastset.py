@@ -42,9 +42,9 @@ _START_EVENTS = frozenset(
 
 
 class _Scan:
-    """Whether code starts a process, remembered per code object (the same helpers are
-    reached from hundreds of tests). Only the project's code is followed: ``root`` is pytest's
-    rootdir."""
+    """Whether code starts a process, decided once per code object (so that code reached
+    again, through a cycle of calls included, adds nothing). Only the project's code is
+    followed: ``root`` is pytest's rootdir."""
 
     def __init__(self, root: Path) -> None:
         self._root = str(root.resolve()) + os.sep
@@ -108,6 +108,8 @@ def starts_processes(item: pytest.Item, scan: _Scan) -> bool:
     """Whether the test, or a fixture it uses, starts a process (see the module docstring)."""
     if item.get_closest_marker(MARK) is not None:
         return True
+    # Every fixture in the test's closure, the ones it gets through other fixtures included
+    # (pytest has no public name for them; a doctest item has none).
     info = getattr(item, "_fixtureinfo", None)
     fixtures: Iterable[Any] = info.name2fixturedefs.values() if info is not None else ()
     for defs in fixtures:
