@@ -51,6 +51,6 @@ def check_settings(**kwargs: Any) -> list[CheckMessage]:
     _, problems = inspect(settings.REDLOCK, getattr(settings, "CACHES", {}))
     messages: list[CheckMessage] = []
     for problem in problems:
-        kind = Error if problem.level == "error" else Warning
-        messages.append(kind(problem.message, hint=problem.hint, id=problem.id))
+        message = Error if problem.level == "error" else Warning
+        messages.append(message(problem.message, hint=problem.hint, id=problem.id))
     return messages

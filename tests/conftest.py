@@ -1,8 +1,10 @@
 """Real server processes for the whole suite (no Redis mocks anywhere).
 
 Two session-wide clusters are started once, 3 and 5 independent nodes on unix sockets, from
-the bundled Valkey or ``$REDLOCK_SERVER_BIN``. Tests get them through function-scoped fixtures
-that hand over every node running and empty, and put back whatever the test paused or killed.
+the bundled Valkey or ``$REDLOCK_SERVER_BIN``, on first use. Tests that need them ask for the
+function-scoped fixtures (nothing here is autouse), which hand over every node running and
+empty, and put back whatever the test paused or killed; the tests that ask for none run in
+``./run test --fast`` (``tests/fastset.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,10 @@ import pytest
 
 from django_redlock.localnodes import LocalCluster, server_binary, server_version
 from tests.helpers import FakeClock, node_client
+
+# ``--fast`` and the ``processes`` mark (what starts a process is found from the code), and
+# pytester for the tests of that.
+pytest_plugins = ["tests.fastset", "pytester"]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

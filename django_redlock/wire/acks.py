@@ -52,7 +52,7 @@ def replicas_online(info: object) -> int:
 
 
 def acked_round(commands: Sequence[Any]) -> bool:
-    """Whether ``commands`` (one round's, the same kind on every node) are grants or renewals
+    """Whether ``commands`` (one round's: the same command on every node) are grants or renewals
     that a node with REPLICA_ACKS must have acknowledged (their fallback says so)."""
     for command in commands:
         if command is not None:

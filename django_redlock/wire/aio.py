@@ -160,7 +160,8 @@ def _new_round(
 
 # What each reply a connection owes goes to, in order: (the round, the node's index in it,
 # the command's NOSCRIPT fallback, when it was asked: time.monotonic()). A set-up command's
-# slot has no round, and the kind of its reply (see Handshake.learn) in the index's place.
+# slot has no round, and the set-up step of its reply (see Handshake.learn) in the index's
+# place.
 # Tuples, as the sync transport's slots: no closure made per command, no call per reply.
 _Slot = tuple[_LoopRound | None, int, Fallback | None, float]
 
@@ -245,15 +246,16 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
                 self.send(command, slot, identify)
 
     def _set_up(self, commands: Iterable[tuple[bytes, int]]) -> None:
-        """Send set-up ``commands``, each with the kind of its reply (see Handshake.learn)."""
+        """Send set-up ``commands``, each with the set-up step of its reply (see
+        Handshake.learn)."""
         now = time.monotonic()
-        for command, kind in commands:
-            self.send(command, (None, kind, None, now))
+        for command, step in commands:
+            self.send(command, (None, step, None, now))
 
-    def _learn(self, kind: int, reply: Any) -> None:
+    def _learn(self, step: int, reply: Any) -> None:
         """A set-up reply: learnt, and what it releases written (see Handshake.learn)."""
         try:
-            out = self.learn(kind, reply)
+            out = self.learn(step, reply)
         except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
             self._fail(str(exc))
             return

@@ -394,8 +394,8 @@ class ConnectionSet:
             assert fallback is not None  # on_reply resends only a fallback
             return self._resend(index, conn, fallback, answer, slot_index)
         if action == RELOAD:  # too late to run, not to load
-            for command, kind in conn.reload_commands():
-                if not self._write_expecting(index, conn, command, kind):
+            for command, step in conn.reload_commands():
+                if not self._write_expecting(index, conn, command, step):
                     return False
             return True
         answer.record(slot_index, NodeError(str(reply)))
@@ -420,10 +420,10 @@ class ConnectionSet:
         self._rearm(index, conn)
         return True
 
-    def _write_expecting(self, index: int, conn: NodeSocket, command: bytes, kind: int) -> bool:
-        """Send set-up ``command`` (its reply of ``kind`` goes to the handshake); False if
-        the node was dropped."""
-        return self._send_or_drop(index, conn, [(command, (None, kind, None, self.clock()))])
+    def _write_expecting(self, index: int, conn: NodeSocket, command: bytes, step: int) -> bool:
+        """Send set-up ``command`` (its reply, for set-up ``step``, goes to the handshake);
+        False if the node was dropped."""
+        return self._send_or_drop(index, conn, [(command, (None, step, None, self.clock()))])
 
     def _resend(
         self, index: int, conn: NodeSocket, fallback: Fallback, answer: Round, slot: int
@@ -437,7 +437,7 @@ class ConnectionSet:
         except NodeError as exc:
             self._drop(index, str(exc))
             return False
-        sends = [(command, (None, kind, None, now)) for command, kind in conn.reload_commands()]
+        sends = [(command, (None, step, None, now)) for command, step in conn.reload_commands()]
         return self._send_or_drop(index, conn, sends)
 
     def _send_or_drop(

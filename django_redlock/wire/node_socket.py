@@ -40,7 +40,7 @@ POLL_ERR = select.POLLERR | select.POLLHUP | select.POLLNVAL
 HUNG_UP = select.POLLHUP | _RDHUP
 
 # One reply a connection still expects: (round or None for a set-up command, node index
-# or the set-up reply's kind, NOSCRIPT fallback or None, when it was asked by the set's
+# or the set-up step of the reply, NOSCRIPT fallback or None, when it was asked by the set's
 # clock). A tuple: this is made for every command on the hot path.
 Slot = tuple[Round | None, int, Fallback | None, float]
 
@@ -102,9 +102,9 @@ class NodeSocket(Handshake):
                 self.sock.close()
                 raise
         now = clock()
-        for command, kind in setup:
+        for command, step in setup:
             self.out += command
-            self.slots.append((None, kind, None, now))
+            self.slots.append((None, step, None, now))
         self._settle()
 
     def _settle(self) -> None:
@@ -115,13 +115,13 @@ class NodeSocket(Handshake):
             self.connecting or self.tls or self.tls_handshaking or self.held is not None
         )
 
-    def learn(self, kind: int, reply: object) -> bytes:
+    def learn(self, step: int, reply: object) -> bytes:
         """:meth:`Handshake.learn`, and the connection may be :attr:`ready` after it.
 
         Raises:
             NodeError: the login (AUTH or SELECT) was refused: the connection is useless.
         """
-        out = super().learn(kind, reply)
+        out = super().learn(step, reply)
         self._settle()
         return out
 

@@ -91,14 +91,14 @@ class PythonReader:
         line = self._line()
         if line is None or not line:
             return _INCOMPLETE
-        kind, rest = line[:1], line[1:]
-        if kind == b"+":
+        prefix, rest = line[:1], line[1:]  # the reply's type
+        if prefix == b"+":
             return rest
-        if kind == b"-":
+        if prefix == b"-":
             return ReplyError(rest.decode("utf-8", "replace"))
-        if kind == b":":
+        if prefix == b":":
             return int(rest)
-        if kind == b"$":
+        if prefix == b"$":
             length = int(rest)
             if length < 0:
                 return None
@@ -108,7 +108,7 @@ class PythonReader:
             data = bytes(self._buffer[self._pos : end])
             self._pos = end + 2
             return data
-        if kind == b"*":
+        if prefix == b"*":
             count = int(rest)
             if count < 0:
                 return None
@@ -119,7 +119,7 @@ class PythonReader:
                     return _INCOMPLETE
                 items.append(item)
             return items
-        raise ValueError(f"unexpected RESP reply type {kind!r}")
+        raise ValueError(f"unexpected RESP reply type {prefix!r}")
 
 
 _hiredis: Any

@@ -52,7 +52,8 @@ __all__ = [
     "warm_tls",
 ]
 
-# What a set-up reply is for (reply kinds below zero; zero and up are node indexes).
+# The set-up steps: what a set-up command's reply is for (below zero, where a round's reply
+# has its node's index).
 LOGIN = -1  # AUTH / SELECT: an error reply makes the connection useless
 PRELOAD = -2  # SCRIPT LOAD: an error is tolerated (EVAL still works, e.g. under ACLs)
 RUN_ID = -3  # INFO server: which server process this connection reached
@@ -349,7 +350,7 @@ class Handshake:
         self.switches = 0
 
     def setup_commands(self) -> list[tuple[bytes, int]]:
-        """The commands a new connection starts with, each with the kind of its reply.
+        """The commands a new connection starts with, each with the set-up step its reply is for.
 
         Raises:
             NodeError: the credential provider failed.
@@ -380,8 +381,8 @@ class Handshake:
             (encode_command(b"SCRIPT", b"LOAD", script.source), PRELOAD) for script in self.preload
         ]
 
-    def learn(self, kind: int, reply: object) -> bytes:
-        """Take in the reply to a set-up command of ``kind``; returns the bytes that may go
+    def learn(self, step: int, reply: object) -> bytes:
+        """Take in the reply to a set-up command of ``step``; returns the bytes that may go
         out now (the commands held until the identity was known), often none.
 
         Raises:
@@ -390,16 +391,16 @@ class Handshake:
         """
         if isinstance(reply, NodeError):  # the connection failed: nothing to learn
             return b""
-        if kind == LOGIN:
+        if step == LOGIN:
             if isinstance(reply, ReplyError):
                 raise NodeError(f"login refused: {reply}")
-        elif kind == PRELOAD:
+        elif step == PRELOAD:
             self.loads_owed = max(0, self.loads_owed - 1)
-        elif kind == RUN_ID:
+        elif step == RUN_ID:
             self.run_id = run_id_of(reply)
             if self.hello is not None and self.hello.on_server is not None and self.run_id:
                 self.hello.on_server(self.address.label, self.run_id)
-        elif kind == REPLICATION:
+        elif step == REPLICATION:
             self.history = history_of(reply)
             if self.acks is not None:
                 self.acks.saw_online(replicas_online(reply))
@@ -414,14 +415,14 @@ class Handshake:
                         f"the Sentinels' master of service {self.address.sentinel.service!r} "
                         f"is a {role or 'non-master'} now; asking the Sentinels again"
                     )
-        elif kind == PERSISTENCE:
+        elif step == PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held
             # meanwhile go out now, in order, after the replies that preceded them.
             self.identity = identity_of(self.run_id, self.history, reply)
             held, self.held = self.held or [], None
             return b"".join(command + self.identity for command in held)
-        elif kind == QUARANTINE and self.hello is not None:
+        elif step == QUARANTINE and self.hello is not None:
             self.hello.on_quarantine(self.address.label, quarantine_of(reply))
         return b""
 

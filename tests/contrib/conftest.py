@@ -65,10 +65,10 @@ def celery_app(broker: LocalNode) -> Iterator[Any]:
     module.app.close()
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def redlock_nodes(settings: Any, cluster3: Any, broker: LocalNode) -> Any:
-    """The producer side (this process) and the workers use the same three lock nodes; the
-    journal and queues start empty."""
+    """For the tests that ask for it: the producer side (this process) and the workers use the
+    same three lock nodes; the journal and queues start empty."""
     settings.REDLOCK = {"NODES": cluster3.urls, "RETRY_DELAY": 0.02, "NODE_TIMEOUT": NODE_TIMEOUT}
     with node_client(broker) as client:
         client.flushall()

@@ -83,6 +83,7 @@ def test_locked_task_base_checks_its_redlock_option():
         typo.name  # noqa: B018  (evaluating the task makes its class)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_name_is_built_from_positional_keyword_and_default_arguments(app, cluster3):
     @app.task(bind=True)
     @locked_task(key="r:{0}:{b}:{c}:{k}", ttl=2)
@@ -120,6 +121,7 @@ def test_a_field_missing_from_a_call_is_an_error_naming_it(app, cluster3):
         bad_callable.apply(args=("x",)).get()
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_once_under_app_task_needs_no_base_class_with_or_without_bind(app, cluster3):
     # Celery registers every @app.task in its shared registry too, which each app takes in
     # when it is finalized: names unique in this file, or a later test warns of a duplicate.

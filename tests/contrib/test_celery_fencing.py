@@ -24,7 +24,12 @@ from django_redlock import StaleFencingToken, lock_for
 from tests.contrib.conftest import WAIT, Journal, Worker, count, new_job
 from tests.testapp.models import Ledger
 
-pytestmark = [pytest.mark.slow, pytest.mark.fencing, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.fencing,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("redlock_nodes"),
+]
 
 
 def wait_stopped(pid: int) -> None:

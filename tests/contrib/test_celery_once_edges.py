@@ -45,6 +45,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT) 
         time.sleep(0.02)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_group_and_a_chord_of_copies_with_one_key_complete(
     solo: Worker, celery_app: Any, journal: Journal
 ):
@@ -59,6 +60,7 @@ def test_a_group_and_a_chord_of_copies_with_one_key_complete(
     journal.wait_for(other, lambda events: count(events, "body") == 1, "the chord's body")
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_revoked_copy_frees_its_once_key(solo: Worker, celery_app: Any):
     job = new_job()
     first = celery_app.once_retry_busy.apply_async((job,), queue=solo.queue, countdown=2)
@@ -70,6 +72,7 @@ def test_a_revoked_copy_frees_its_once_key(solo: Worker, celery_app: Any):
     assert second.get(timeout=WAIT) == second.id
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_replaced_copy_holds_the_once_key_of_its_new_arguments(
     solo: Worker, celery_app: Any, journal: Journal
 ):
@@ -90,6 +93,7 @@ def test_a_replaced_copy_holds_the_once_key_of_its_new_arguments(
     assert sum(e.get("page") == 1 for e in journal.events(job)) == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_once_retry_task_outlives_a_quorum_outage_at_its_start(
     solo: Worker, celery_app: Any, journal: Journal, cluster3: Any
 ):
@@ -108,6 +112,7 @@ def test_a_once_retry_task_outlives_a_quorum_outage_at_its_start(
     assert count(journal.events(job), "start") == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_task_id_with_brackets_is_found_by_a_second_enqueue(celery_app: Any):
     job = new_job()
     first = celery_app.once_task.apply_async(
@@ -122,6 +127,7 @@ def test_a_task_id_too_long_for_the_origin_is_refused(celery_app: Any):
         celery_app.once_task.apply_async((new_job(),), queue="nobody-listens", task_id="x" * 1100)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_an_eager_call_bypasses_once(celery_app: Any, journal: Journal, cluster3: Any):
     job = new_job()
     # Another manager (another process, say): this thread must not re-enter its lease.
@@ -138,6 +144,7 @@ def test_an_eager_call_bypasses_once(celery_app: Any, journal: Journal, cluster3
     assert count(journal.events(job), "start") == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_message_of_the_previous_version_keeps_its_once_key(
     solo: Worker, celery_app: Any, journal: Journal
 ):
@@ -163,6 +170,7 @@ def test_a_message_of_the_previous_version_keeps_its_once_key(
     assert count(journal.events(job), "start") == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_copy_that_waited_most_of_once_ttl_gets_it_whole_when_it_starts(
     solo: Worker, celery_app: Any, journal: Journal
 ):
@@ -178,6 +186,7 @@ def test_a_copy_that_waited_most_of_once_ttl_gets_it_whole_when_it_starts(
     assert first.get(timeout=WAIT) == first.id
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_header_of_either_version_is_read_and_a_malformed_one_ignored(
     caplog: pytest.LogCaptureFixture,
 ):
@@ -197,6 +206,7 @@ def test_the_header_of_either_version_is_read_and_a_malformed_one_ignored(
     assert caplog.text.count(f"ignoring a malformed {HEADER} header") == 3
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_copy_that_enqueues_its_own_key_while_running_gets_itself_back(
     solo: Worker, celery_app: Any, journal: Journal
 ):

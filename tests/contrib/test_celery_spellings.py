@@ -69,6 +69,7 @@ def sent_once(task: Any) -> None:
 
 
 @pytest.mark.parametrize("bind", [True, False], ids=["bind", "no-bind"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_once_under_app_task_dedupes_with_and_without_bind(app, bind):
     if bind:
 
@@ -88,6 +89,7 @@ def test_once_under_app_task_dedupes_with_and_without_bind(app, bind):
 
 
 @pytest.mark.parametrize("bind", [True, False], ids=["bind", "no-bind"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_once_under_shared_task_dedupes_with_and_without_bind(app, bind):
     name = f"spell.shared_{uuid.uuid4().hex}"
     if bind:
@@ -106,6 +108,7 @@ def test_once_under_shared_task_dedupes_with_and_without_bind(app, bind):
     sent_once(app.tasks[name])
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_once_on_a_class_based_tasks_run_dedupes(app):
     class Report(app.Task):  # type: ignore[name-defined,misc]  # untyped, built per app
         name = f"spell.class_based_{uuid.uuid4().hex}"
@@ -131,6 +134,7 @@ def test_once_on_a_class_based_tasks_run_dedupes(app):
     sent_once(app.register_task(Subclassed()))
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_locked_task_under_a_locked_task_base_and_the_redlock_option_dedupe(app):
     @app.task(base=LockedTask, name=f"spell.base_{uuid.uuid4().hex}")
     @locked_task(key="spell:{key}", once=True)
@@ -148,6 +152,7 @@ def test_locked_task_under_a_locked_task_base_and_the_redlock_option_dedupe(app)
 
 
 @pytest.mark.parametrize("bind", [True, False], ids=["bind", "no-bind"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_run_lock_alone_works_with_and_without_bind(app, bind):
     if bind:
 
@@ -242,6 +247,7 @@ def test_a_bare_locked_task_under_shared_task_is_refused_when_the_app_builds_it(
     )
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_bare_locked_task_over_a_task_is_refused(app):
     with pytest.raises(TypeError, match="key must be a format string or a callable, not a Cel"):
 
@@ -289,6 +295,7 @@ def test_locked_options_given_twice_are_refused_when_the_class_is_built(app):
         task.name  # noqa: B018  (evaluating the proxy builds the class)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_task_class_that_was_never_seen_is_refused_when_it_runs(app):
     # The last line of defence, for a class the decorator could not see being built (here:
     # run set after the class exists): its copies carry no once lease, so it never runs as

@@ -21,7 +21,7 @@ from django_redlock.contrib.celery import AlreadyQueued
 from tests.contrib.conftest import WAIT, Journal, Worker, count, new_job
 from tests.helpers import node_client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("redlock_nodes")]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,6 @@
-"""Django-side fixtures: REDLOCK points at the session's three real nodes."""
+"""Django-side fixtures: ``redlock_nodes`` points REDLOCK at the session's three real nodes, for
+the tests that ask for it (``@pytest.mark.usefixtures("redlock_nodes")``); the others start no
+server and run in ``./run test --fast``."""
 
 from __future__ import annotations
 
@@ -13,9 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def redlock_nodes(settings, cluster3):
-    """Every Django test runs against the 3 real nodes (set through settings, which also
+    """REDLOCK's nodes are the session's 3 real nodes (set through settings, which also
     exercises the setting_changed reset of the manager)."""
     settings.REDLOCK = {"NODES": cluster3.urls, "RETRY_DELAY": 0.01}
     return cluster3

@@ -12,7 +12,11 @@ import pytest
 
 from django_redlock import get_manager
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("redlock_nodes"),
+]
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 FLAGS = [

@@ -26,6 +26,7 @@ from django_redlock.exceptions import LockContended
 from django_redlock.signals import SignalObserver, lock_acquired, lock_busy, observed_manager
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_manager_is_built_from_settings_and_rebuilt_when_they_change(settings, cluster3):
     manager = get_manager()
     assert manager is get_manager()
@@ -213,6 +214,7 @@ def test_a_thread_holding_many_leases_of_the_apps_manager_has_them_untracked(set
     assert all(gc.is_tracked(lease) for lease in leases)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_manager_factory_decides_how_the_manager_is_built(cluster3):
     built = []
 

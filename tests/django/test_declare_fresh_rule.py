@@ -224,6 +224,7 @@ def test_status_fails_on_a_misconfigured_node_even_with_a_quorum(cluster3, setti
     assert "Quorum: 2 of 3 nodes vote, 2 needed, but 1 node misconfigured" in text
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_423_adds_no_warning_to_the_django_request_log(client, held_elsewhere, caplog):
     # Issue 40, item 9: each 423 used to add a Django WARNING line ("Locked: /pay/7/").
     caplog.set_level(logging.INFO, logger="django.request")

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
     ("method", "path"),
     [("get", "/pay/7/"), ("post", "/cbv/7/"), ("post", "/mixin/7/")],
 )
+@pytest.mark.usefixtures("redlock_nodes")
 def test_sync_views_hold_the_named_lock_while_they_run(client: Client, method, path):
     response = getattr(client, method)(path)
     assert response.status_code == 200
@@ -35,6 +36,7 @@ def test_sync_views_hold_the_named_lock_while_they_run(client: Client, method, p
     ("method", "path"),
     [("get", "/pay/7/"), ("post", "/cbv/7/"), ("post", "/mixin/7/"), ("get", "/polite/7/")],
 )
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_lock_held_by_another_process_answers_423_with_retry_after(
     client: Client, held_elsewhere, method, path
 ):
@@ -51,6 +53,7 @@ def test_a_lock_held_by_another_process_answers_423_with_retry_after(
 
 
 @pytest.mark.parametrize("path", ["/apay/7/", "/amixin/7/"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_async_views_lock_and_answer_423(held_elsewhere, path):
     import asyncio
 
@@ -67,6 +70,7 @@ def test_async_views_lock_and_answer_423(held_elsewhere, path):
     assert response["Retry-After"]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_default_and_callable_names(client: Client):
     holder = client.get("/default/").json()["holder"]
     assert holder["origin"] == "view:tests.views.default_name"
@@ -101,12 +105,14 @@ def test_bad_decorator_arguments_fail_at_decoration():
 # -- commands ------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_command_runs_under_its_own_name():
     out = io.StringIO()
     call_command("nightly_report", stdout=out)
     assert out.getvalue().strip() == "report built under command:nightly_report"
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_busy_command_is_skipped_with_the_holder_named(held_elsewhere):
     out, err = io.StringIO(), io.StringIO()
     with held_elsewhere("nightly_report"):
@@ -118,6 +124,7 @@ def test_a_busy_command_is_skipped_with_the_holder_named(held_elsewhere):
     assert " since 20" in err.getvalue()
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_busy_command_can_fail_instead(held_elsewhere):
     with held_elsewhere("nightly_report"), pytest.raises(CommandError, match="already running"):
         call_command("strict_report")
@@ -142,6 +149,7 @@ def test_a_busy_command_can_wait_for_the_holder(redlock_nodes):
     assert out.getvalue().strip() == "patient report built"
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_failing_command_releases_its_lock():
     with pytest.raises(RuntimeError, match="report failed"):
         call_command("nightly_report", fail=True)
@@ -191,6 +199,7 @@ def test_retry_after_is_the_holders_time_left_on_the_nodes(client: Client, redlo
 
 
 @pytest.mark.parametrize("path", ["/lose/3/", "/alose/3/"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_lease_lost_while_the_view_ran_is_logged_and_the_response_kept(
     client: Client, path, caplog
 ):
@@ -206,6 +215,7 @@ def test_a_lease_lost_while_the_view_ran_is_logged_and_the_response_kept(
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_locked_view_in_a_request_transaction_holds_its_lock_until_the_commit():
     # ATOMIC_REQUESTS wraps the decorated view in atomic(): its writes commit after it
     # returns. Released before that, the next request reads the old value and its write
@@ -232,6 +242,7 @@ def test_a_locked_view_in_a_request_transaction_holds_its_lock_until_the_commit(
     assert not get_manager().locked("counter")
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_lock_name_made_invalid_by_the_request_is_a_400_not_a_500():
     # URL values are the client's: control characters or a huge value make no valid lock
     # name, and that is a bad request (found by an adversarial test: it was a 500).

@@ -116,6 +116,7 @@ def restore_manager_factory():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("page", pages_with_blocks(), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.usefixtures("redlock_nodes")
 def test_every_python_block_runs_as_printed(
     page: Path, cluster3: Any, restore_manager_factory: None
 ) -> None:

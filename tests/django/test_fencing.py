@@ -43,6 +43,7 @@ def expire_everywhere(cluster, lease) -> None:
             client.delete(lease.key)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_entering_the_block_mints_the_next_token_in_the_database():
     ledger = Ledger.objects.create()
     with lock_for(ledger) as lease:
@@ -98,6 +99,7 @@ def test_a_stale_holder_is_refused_and_nothing_is_lost(redlock_nodes):
     assert (row.value, row.writer, row.fencing_token) == (1, "B", lease_b.fencing_token)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_update_fields_and_refetched_instances_are_fenced_too():
     ledger = Ledger.objects.create()
     with lock_for(ledger):
@@ -111,6 +113,7 @@ def test_update_fields_and_refetched_instances_are_fenced_too():
     assert Ledger.objects.get(pk=ledger.pk).value == 3
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_refresh_from_db_inside_the_block_sees_the_minted_token():
     ledger = Ledger.objects.create()
     stale = Ledger.objects.get(pk=ledger.pk)
@@ -122,6 +125,7 @@ def test_refresh_from_db_inside_the_block_sees_the_minted_token():
     assert Ledger.objects.get(pk=ledger.pk).value == 9
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_row_deleted_while_held_is_not_recreated():
     ledger = Ledger.objects.create()
     with lock_for(ledger):
@@ -182,6 +186,7 @@ def test_a_holder_paused_across_a_delete_and_re_create_of_its_row_is_refused(red
     assert counter.value == 4
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_row_token_raised_outside_the_counter_still_orders_the_next_mint():
     """Rows fenced before the counter kept each row's last token (or tokens set by hand):
     the next mint is above both the row's token and the counter."""
@@ -195,6 +200,7 @@ def test_a_row_token_raised_outside_the_counter_still_orders_the_next_mint():
     assert Ledger.objects.get(pk=ledger.pk).fencing_token == 100
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_fenced_delete_and_stale_delete():
     kept, gone = Ledger.objects.create(), Ledger.objects.create()
     with lock_for(gone):
@@ -207,6 +213,7 @@ def test_fenced_delete_and_stale_delete():
     assert Ledger.objects.filter(pk=kept.pk).exists()
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_unfenced_saves_are_plain_and_never_move_the_token():
     ledger = Ledger.objects.create()
     old = Ledger.objects.get(pk=ledger.pk)  # fencing_token 0 in memory
@@ -218,6 +225,7 @@ def test_unfenced_saves_are_plain_and_never_move_the_token():
     assert (row.value, row.fencing_token) == (2, 1)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_fencing_required_refuses_unfenced_writes():
     seat = StrictSeat.objects.create(holder="")  # creating is always allowed
     seat.holder = "x"
@@ -230,6 +238,7 @@ def test_fencing_required_refuses_unfenced_writes():
     assert StrictSeat.objects.get(pk=seat.pk).holder == "x"
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_rolled_back_outer_transaction_never_reissues_a_token():
     ledger = Ledger.objects.create()
     tokens: list[int | None] = []
@@ -263,6 +272,7 @@ def test_a_row_not_visible_outside_the_transaction_cannot_be_fenced(redlock_node
         assert lease.fencing_token is None or lease.fencing_token >= 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_names_get_tokens_from_a_counter_table():
     with lock_for("export:daily", fencing=True) as first:
         pass

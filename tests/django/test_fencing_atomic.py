@@ -99,6 +99,7 @@ def outcome(response: Any) -> tuple[int, str] | Exception:
     return (response.status_code, response.content.decode())
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_two_requests_that_meet_both_succeed_in_order():
     ledger = Ledger.objects.create()
     name = lock_name(ledger)
@@ -165,6 +166,7 @@ def test_a_stale_request_is_refused_and_the_newer_one_kept(redlock_nodes):
     assert [(w.writer, w.token) for w in WriteLog.objects.all()] == [("B", 2)]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_lock_is_held_until_the_outer_transaction_commits():
     ledger = Ledger.objects.create()
     name = lock_name(ledger)
@@ -178,6 +180,7 @@ def test_the_lock_is_held_until_the_outer_transaction_commits():
 
 
 @pytest.mark.parametrize("savepoint", [False, True], ids=["transaction", "savepoint"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_rollback_releases_the_lock_and_keeps_the_fence(savepoint):
     ledger = Ledger.objects.create()
     name = lock_name(ledger)
@@ -199,6 +202,7 @@ def test_a_rollback_releases_the_lock_and_keeps_the_fence(savepoint):
     assert Ledger.objects.get(pk=ledger.pk).value == 0
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_rolled_back_request_releases_the_lock():
     ledger = Ledger.objects.create()
 
@@ -214,6 +218,7 @@ def test_a_rolled_back_request_releases_the_lock():
     assert (row.value, row.fencing_token) == (0, 1)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_locking_the_same_row_again_in_one_transaction_keeps_its_token():
     ledger = Ledger.objects.create()
     with transaction.atomic():
@@ -235,6 +240,7 @@ def test_locking_the_same_row_again_in_one_transaction_keeps_its_token():
 @pytest.mark.skipif(
     "connection.vendor != 'sqlite'", reason="SQLite only: one writer for the whole database"
 )
+@pytest.mark.usefixtures("redlock_nodes")
 def test_on_sqlite_a_read_before_the_lock_is_refused_with_a_clear_message():
     ledger = Ledger.objects.create()
     with transaction.atomic():
@@ -247,6 +253,7 @@ def test_on_sqlite_a_read_before_the_lock_is_refused_with_a_clear_message():
     assert get_manager().holder(lock_name(ledger)) is None
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_nested_lock_of_the_same_row_does_not_fence_off_the_outer_block():
     ledger = Ledger.objects.create()
     with lock_for(ledger) as outer:

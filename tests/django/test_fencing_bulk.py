@@ -40,6 +40,7 @@ def test_the_default_manager_returns_a_fenced_queryset():
     assert isinstance(SavingsAccount.objects.all(), FencedQuerySet)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_fenced_update_of_the_held_row_is_written():
     ledger = Ledger.objects.create()
     with lock_for(ledger) as lease:
@@ -49,6 +50,7 @@ def test_a_fenced_update_of_the_held_row_is_written():
 
 
 @pytest.mark.parametrize("model", [Ledger, LedgerProxy], ids=["model", "proxy"])
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_update_of_the_held_row_is_refused(model):
     ledger = Ledger.objects.create()
     with lock_for(ledger) as lease:
@@ -59,6 +61,7 @@ def test_a_stale_update_of_the_held_row_is_refused(model):
     assert values(ledger) == [0]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_bulk_update_writes_nothing_at_all():
     held, other = Ledger.objects.create(), Ledger.objects.create()
     with lock_for(held):
@@ -69,6 +72,7 @@ def test_a_stale_bulk_update_writes_nothing_at_all():
     assert values(held, other) == [0, 0]  # the unheld row's part was rolled back too
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_bulk_update_of_held_and_unheld_rows_is_written_when_current():
     held, other = Ledger.objects.create(), Ledger.objects.create()
     with lock_for(held):
@@ -77,6 +81,7 @@ def test_a_bulk_update_of_held_and_unheld_rows_is_written_when_current():
     assert values(held, other) == [5, 6]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_held_row_that_moved_on_does_not_stop_an_update_it_is_not_part_of():
     held = Ledger.objects.create(value=1)
     Ledger.objects.create(value=2)
@@ -94,6 +99,7 @@ def test_bulk_updating_the_token_from_instances_is_refused():
         Ledger.objects.bulk_update([ledger], ["value", "fencing_token"])
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_queryset_delete_of_the_held_row_is_refused():
     held, other = Ledger.objects.create(), Ledger.objects.create()
     with lock_for(held):
@@ -105,6 +111,7 @@ def test_a_stale_queryset_delete_of_the_held_row_is_refused():
         assert Ledger.objects.filter(pk=held.pk).delete()[0] == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_update_through_a_multi_table_child_queryset_is_refused():
     savings = SavingsAccount.objects.create(balance=1, rate=1)
     with lock_for(savings):
@@ -119,6 +126,7 @@ def test_a_stale_update_through_a_multi_table_child_queryset_is_refused():
     assert (row.balance, row.rate) == (1, 1)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_fencing_required_refuses_unfenced_bulk_writes():
     seat, other = StrictSeat.objects.create(), StrictSeat.objects.create()
     with pytest.raises(UnfencedWrite, match="requires fencing"):
@@ -133,6 +141,7 @@ def test_fencing_required_refuses_unfenced_bulk_writes():
     assert other.pk
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_an_upsert_cannot_be_fenced_and_is_refused_inside_a_fenced_block():
     ledger = Ledger.objects.create()
     with lock_for(ledger), pytest.raises(UnfencedWrite, match="update_conflicts"):

@@ -57,6 +57,7 @@ def test_a_proxy_and_its_concrete_model_share_one_lock_name():
     assert lock_name(proxy) == lock_name(ledger) == f"testapp.ledger:{ledger.pk}"
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_proxy_and_its_concrete_model_exclude_each_other():
     ledger = Ledger.objects.create()
     held, done = threading.Event(), threading.Event()
@@ -69,6 +70,7 @@ def test_a_proxy_and_its_concrete_model_exclude_each_other():
         thread.join(10)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_write_through_a_proxy_is_refused():
     ledger = Ledger.objects.create()
     with lock_for(ledger) as lease:
@@ -119,6 +121,7 @@ def test_a_lock_taken_through_a_proxy_fences_the_concrete_model(redlock_nodes):
 # -- multi-table inheritance: a child of a fenced parent -----------------------------------
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_child_of_a_fenced_parent_is_minted_on_the_parents_row():
     savings = SavingsAccount.objects.create(owner="ann", rate=2)
     with lock_for(savings) as lease:
@@ -130,6 +133,7 @@ def test_a_child_of_a_fenced_parent_is_minted_on_the_parents_row():
     assert (row.balance, row.rate, row.fencing_token) == (10, 3, 1)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_child_and_its_parent_share_one_lock_name_and_exclude_each_other():
     savings = SavingsAccount.objects.create()
     parent = Account.objects.get(pk=savings.pk)
@@ -149,6 +153,7 @@ def test_a_child_and_its_parent_share_one_lock_name_and_exclude_each_other():
     [None, ["rate"], ["balance"]],
     ids=["whole-row", "child-field-only", "parent-field-only"],
 )
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_write_through_the_child_is_refused_in_both_tables(fields):
     savings = SavingsAccount.objects.create(balance=1, rate=1)
     with lock_for(savings) as lease:
@@ -161,6 +166,7 @@ def test_a_stale_write_through_the_child_is_refused_in_both_tables(fields):
     assert (row.balance, row.rate, row.fencing_token) == (1, 1, lease.fencing_token + 1)
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_write_through_the_parent_is_fenced_by_the_childs_lock():
     savings = SavingsAccount.objects.create()
     with lock_for(savings):
@@ -174,6 +180,7 @@ def test_a_write_through_the_parent_is_fenced_by_the_childs_lock():
     assert Account.objects.get(pk=savings.pk).balance == 5
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_stale_delete_of_a_child_removes_neither_row():
     savings = SavingsAccount.objects.create()
     with lock_for(savings):
@@ -190,6 +197,7 @@ def test_a_stale_delete_of_a_child_removes_neither_row():
 # -- multi-table inheritance: fenced below a plain parent ----------------------------------
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_fenced_below_a_plain_parent_guards_the_parents_fields_too():
     fenced = FencedInvoice.objects.create(number="A-1", total=1, note="x")
     assert lock_name(fenced) == f"testapp.fencedinvoice:{fenced.pk}"

@@ -18,6 +18,7 @@ from tests.testapp.models import Ledger, SavingsAccount
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.fencing]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_pk_given_as_text_locks_and_fences_the_same_row():
     ledger = Ledger.objects.create()
     # A pk from a URL or a form: "7" is row 7, so saves of row 7 inside are fenced.
@@ -41,6 +42,7 @@ def test_another_spelling_of_a_pk_is_the_same_lock_and_not_another_row():
         lock_name(Ledger(pk="seven"))
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_multi_table_child_made_from_its_pk_locks_its_row():
     first = SavingsAccount.objects.create(owner="a")
     second = SavingsAccount.objects.create(owner="b")
@@ -50,6 +52,7 @@ def test_a_multi_table_child_made_from_its_pk_locks_its_row():
         assert lease.fencing_token == 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_held_row_deleted_meanwhile_is_not_re_created():
     ledger = Ledger.objects.create()
     table = connection.ops.quote_name(Ledger._meta.db_table)
@@ -63,6 +66,7 @@ def test_a_held_row_deleted_meanwhile_is_not_re_created():
     assert not Ledger.objects.filter(pk=ledger.pk).exists()
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_update_never_lowers_a_token():
     ledger = Ledger.objects.create()
     with lock_for(ledger) as lease:
@@ -73,6 +77,7 @@ def test_update_never_lowers_a_token():
         assert lease.fencing_token == 2  # never 1 again
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_held_row_can_become_a_multi_table_child():
     # Only the token's own table refuses an insert of a held row: the child's table gets
     # its first row after the parent's fenced update.

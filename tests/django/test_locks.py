@@ -21,6 +21,7 @@ from tests.testapp.models import Invoice
 
 
 @pytest.mark.django_db
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_model_instance_locks_app_label_model_name_and_pk():
     invoice = Invoice.objects.create(number="A-1")
     with lock_for(invoice) as lease:
@@ -43,6 +44,7 @@ def test_names_for_strings_unsaved_instances_and_other_things():
         pass
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_lock_for_is_auto_extended_by_default(settings):
     with lock_for("auto") as lease:
         assert lease.auto_extended
@@ -50,6 +52,7 @@ def test_lock_for_is_auto_extended_by_default(settings):
         assert not lease.auto_extended
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_busy_lock_times_out_with_lock_contended(held_elsewhere):
     with held_elsewhere("busy"), pytest.raises(LockContended), lock_for("busy", timeout=0.2):
         pass
@@ -96,6 +99,7 @@ def test_an_error_in_the_block_wins_over_a_lost_lease(redlock_nodes):
         fail()
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_signals_carry_name_origin_and_times(held_elsewhere):
     seen: list[tuple[str, str, object]] = []
 
@@ -137,6 +141,7 @@ def test_signals_carry_name_origin_and_times(held_elsewhere):
     ]
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_a_receiver_that_raises_never_breaks_locking(caplog):
     def broken(**kwargs):
         raise RuntimeError("metrics are down")
@@ -150,6 +155,7 @@ def test_a_receiver_that_raises_never_breaks_locking(caplog):
     assert "metrics are down" in caplog.text
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_alock_for_in_async_code(held_elsewhere):
     async def main() -> None:
         async with alock_for("async-job") as lease:

@@ -17,6 +17,7 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_acquisitions_holds_and_contention_are_counted(held_elsewhere):
     before = metrics.summary()
     acquired = sample("redlock_acquisitions_total", lock="orders", outcome="acquired")
@@ -46,6 +47,7 @@ def test_full_names_when_configured(settings, cluster3):
     assert sample("redlock_acquisitions_total", lock="orders:9", outcome="acquired") == before + 1
 
 
+@pytest.mark.usefixtures("redlock_nodes")
 def test_the_status_command_reports_this_process():
     with lock_for("counted"):
         pass

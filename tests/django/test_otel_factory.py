@@ -16,6 +16,8 @@ from django_redlock.default_manager import build_manager, set_manager_factory
 from django_redlock.redlock import LockManager
 from django_redlock.signals import SignalObserver, lock_acquired, observed_manager
 
+pytestmark = pytest.mark.usefixtures("redlock_nodes")
+
 
 @pytest.fixture
 def exporter() -> Iterator[InMemorySpanExporter]:

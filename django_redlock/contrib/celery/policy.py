@@ -99,11 +99,11 @@ def make_policy(
     """
     if not isinstance(key, str) and not callable(key):
         raise TypeError(f"key must be a format string or a callable, not {type(key).__name__}")
-    kind = task_like(key, any_class=False)  # a class may build keys: key=str
-    if kind is not None:
+    what = task_like(key, any_class=False)  # a class may build keys: key=str
+    if what is not None:
         # @locked_task without arguments over @app.task: the task became the key.
         raise TypeError(
-            f"key must be a format string or a callable, not {kind}: locked_task(...) takes "
+            f"key must be a format string or a callable, not {what}: locked_task(...) takes "
             "the lock's key, and goes under @app.task (or @shared_task), next to the def"
         )
     if isinstance(key, str) and not key:
@@ -142,12 +142,12 @@ def task_like(value: object, *, any_class: bool = True) -> str | None:
     finalized, and ``@shared_task`` always) would build its task on any attribute access,
     ``isinstance`` included.
     """
-    kind = type(value)
-    if issubclass(kind, Proxy):
+    cls = type(value)
+    if issubclass(cls, Proxy):
         return "a Celery task (the proxy that @app.task or @shared_task returns)"
-    if issubclass(kind, Task):
+    if issubclass(cls, Task):
         return f"a Celery task ({cast(Task, value).name})"
-    if issubclass(kind, type):
+    if issubclass(cls, type):
         if issubclass(cast(type, value), Task):
             return f"a task class ({cast(type, value).__qualname__})"
         if any_class:

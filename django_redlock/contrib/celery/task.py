@@ -213,16 +213,16 @@ class _Decorator:
         self.bound = bound
 
     def __call__(self, function: F) -> F:
-        kind = task_like(function)
-        if kind is not None and isinstance(function, type):
+        what = task_like(function)
+        if what is not None and isinstance(function, type):
             raise TypeError(
-                f"locked_task(...) decorates a task's function, not {kind}: for a class-based "
+                f"locked_task(...) decorates a task's function, not {what}: for a class-based "
                 "task, decorate its run method with @locked_task(...), or subclass LockedTask "
                 "with redlock = {'key': ...} and a run method"
             )
-        if kind is not None:
+        if what is not None:
             raise TypeError(
-                f"locked_task(...) decorates a task's function, not {kind}: place it under "
+                f"locked_task(...) decorates a task's function, not {what}: place it under "
                 f"@app.task (or @shared_task), next to the def:\n\n{_spelling(self.policy)}"
             )
         if not callable(function):
