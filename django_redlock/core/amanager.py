@@ -30,6 +30,7 @@ from typing import Any, NoReturn, Unpack
 
 from django_redlock.core import flow, turns
 from django_redlock.core.arguments import validate_name, validate_names
+from django_redlock.core.async_driver import drive, finish_round, retrieve
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
     DEFAULT_DRIFT_FACTOR,
@@ -44,13 +45,6 @@ from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import (
     BaseLease,
-    expired_before_renewal,
-    lost_clean_up,
-    lost_error,
-    owns_round,
-    release_round,
-    settle_extend,
-    settle_release,
 )
 from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
@@ -64,11 +58,11 @@ from django_redlock.core.owner import owner_scope
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.procedures.acquire import acquire
+from django_redlock.procedures.lease import adopt, extend, owned, release, released
 from django_redlock.wire import process
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.nodes import NodeAddress
-from django_redlock.wire.rounds import Round
-from django_redlock.wire.scripts import Command
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
@@ -91,14 +85,6 @@ async def _take(lease: turns.Guarded) -> None:
     while not turns.try_take(lease):
         await asyncio.sleep(delay)
         delay = min(2 * delay, 0.02)
-
-
-def _retrieve(task: asyncio.Future[None]) -> None:
-    """Done-callback of a release that outlived its cancelled caller: read its outcome so
-    asyncio does not report it as never retrieved (a LockLost is already logged and told
-    to the observer by the release itself)."""
-    if not task.cancelled() and task.exception() is not None:
-        logger.debug("release finished after its caller was cancelled: %s", task.exception())
 
 
 # Seconds: how far off the timer that keeps a task (_keep_with_loop) is set where a loop
@@ -227,7 +213,7 @@ class AsyncLease(BaseLease):
         try:
             await asyncio.shield(finishing)
         except asyncio.CancelledError:
-            finishing.add_done_callback(_retrieve)
+            finishing.add_done_callback(retrieve)
             raise
 
     async def _finish_release(self) -> None:
@@ -478,134 +464,13 @@ class AsyncLockManager(EngineConfigured):
     async def _take(
         self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked
     ) -> AsyncLease:
-        """Acquire a lease of ``shape``, its arguments checked (the sync manager's rounds,
-        with ``await``: the same flow and the same actions between rounds)."""
+        """Acquire a lease of ``shape``, its arguments checked: the acquire procedure (the
+        sync manager's), driven on this loop's connections."""
         engine = self.engine
-        connections = self._connections()
-        subscriber = connections.subscriber
-        contact = engine.contact()
-        if contact is not None:
-            # Before the acquire begins, as in the sync manager: never counted against its
-            # timeout (see flow.Contact). The PONGs come after each connection's hello.
-            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
-        queues = checked.blocking and shape.wake_key is not None
-        waiter = subscriber.waiter_id() if queues else ""
-        # The first round without the flow object (flow.FirstTry), as the sync manager: the
-        # flow takes over, judging that round again, only when it was not won.
-        first = engine.first_try(name, checked, waiter, shape)
-        attempt: flow.Acquire | None = None
-        clock = engine.clock
-        quarantine = engine.quarantine
-        try:
-            start = clock()
-            try:
-                exchange = await connections.run(
-                    first.commands, engine.node_timeout, first.decider, first.need, identify=True
-                )
-            except BaseException:
-                # As for any later round (below).
-                connections.post(first.interrupted())
-                raise
-            end = clock()
-            results = exchange.results
-            left = first.judge(results, exchange.yes, start, end)
-            if left:
-                return self._granted(connections, first, end, end + left, results, scope, checked)
-            attempt = engine.resume(first, checked, self._sleep is None)
-            while True:
-                step = attempt.judge(results, exchange.yes, start, end)
-                if isinstance(step, flow.Granted):
-                    acquired_at, expires_at = step.acquired_at, step.expires_at
-                    return self._granted(
-                        connections, attempt, acquired_at, expires_at, results, scope, checked
-                    )
-                # Written now, no await, so a cancellation cannot skip it.
-                connections.post(step.clean_up)
-                action = engine.failed(attempt, step, checked.origin)
-                wait: flow.Wait | None = None
-                # What the flow said, awaited here (not in a helper coroutine), as the sync
-                # manager's _carry_out does it.
-                if isinstance(action, flow.Sleep):
-                    sleep = self._sleep
-                    await (asyncio.sleep if sleep is None else sleep)(action.delay)
-                    attempt.waited(False)
-                elif isinstance(action, flow.Subscribe):
-                    fresh = await subscriber.subscribe(action.key, engine.node_timeout, waiter)
-                    wait = attempt.subscribed(fresh, action.delay)
-                elif isinstance(action, flow.Wait):
-                    wait = action
-                else:  # the place in line is left below
-                    raise action.error
-                if wait is not None:
-                    settle = engine.node_timeout
-                    attempt.waited(await subscriber.wait(waiter, wait.delay, wait.need, settle))
-                    if wait.need:
-                        held = attempt.hear_grants(subscriber.grants(waiter), clock())
-                        if held is not None:
-                            # A quorum of nodes granted the lock while it waited: no round.
-                            make = partial(AsyncLease, self)
-                            results = attempt.granted_results()
-                            return engine.grant(
-                                make,
-                                connections.post,
-                                attempt,
-                                held.acquired_at,
-                                held.expires_at,
-                                results,
-                                scope,
-                                checked,
-                            )
-                commands = attempt.next_round(quarantine.ms)
-                start = clock()
-                try:
-                    exchange = await connections.run(
-                        commands, engine.node_timeout, attempt.decider, attempt.need, identify=True
-                    )
-                except BaseException:
-                    # Cancelled (or interrupted) mid-round: some SETs may have landed, or may
-                    # still land on a slow node. The releases go out now, without awaiting,
-                    # queued behind the SETs on each connection.
-                    connections.post(attempt.interrupted())
-                    raise
-                end = clock()
-                results = exchange.results
-        except BaseException:
-            if attempt is None:  # the first round was cancelled, or its grant failed
-                attempt = engine.resume(first, checked, self._sleep is None)
-            leave = attempt.left_line()
-            if leave is not None:
-                # Gave up, cancelled or interrupted: leave the line now (no await). A place
-                # left behind would get the next release's wake-up, and the waiters behind it
-                # would wait until it lapses.
-                connections.post(leave)
-            raise
-        finally:
-            if waiter:
-                subscriber.unregister(waiter)
-
-    def _granted(
-        self,
-        connections: LoopConnections,
-        attempt: flow.Acquire | flow.FirstTry,
-        acquired_at: float,
-        expires_at: float,
-        results: list[Any],
-        scope: tuple[object, ...],
-        checked: Checked,
-    ) -> AsyncLease:
-        """The lease a round of ``attempt`` won (taken at ``acquired_at``, valid until
-        ``expires_at``): grants outside it freed (a semaphore's other
-        slots), then made, registered and reported by the engine (no await: a cancellation
-        cannot come between the grant and the lease)."""
-        shape = attempt.shape
-        assert shape is not None
-        strays = shape.won(attempt.token, results)
-        if strays is not None:
-            connections.post(strays)
-        make = partial(AsyncLease, self)
-        engine = self.engine
-        post = connections.post
-        return engine.grant(make, post, attempt, acquired_at, expires_at, results, scope, checked)
+        procedure = acquire(
+            engine, partial(AsyncLease, self), name, shape, scope, checked, self._sleep is None
+        )
+        return await drive(procedure, self._connections(), engine.node_timeout, self._sleep)
 
     async def adopt(
         self,
@@ -629,122 +494,32 @@ class AsyncLockManager(EngineConfigured):
         """
         engine = self.engine
         adoption = engine.adoption(handle, auto_extend, max_hold, origin)
-        connections = self._connections()
-        size = len(engine.addresses)
-        contact = engine.contact()
-        if contact is not None:
-            await connections.run(contact.commands, engine.node_timeout, b"PONG", contact.need)
-        start = engine.clock()
-        try:
-            exchange = await connections.run(
-                adoption.commands,
-                engine.node_timeout,
-                flow.NEVER_YES,
-                size,
-                give_up=size - 1,
-                identify=True,
-            )
-            return engine.adopted(partial(AsyncLease, self), adoption, exchange.results, start)
-        except BaseException as error:
-            connections.post(adoption.undo(error))
-            raise
+        procedure = adopt(engine, partial(AsyncLease, self), adoption)
+        return await drive(procedure, self._connections(), engine.node_timeout)
 
     async def _release(self, lease: AsyncLease) -> None:
-        """Release ``lease`` on the nodes and judge the round (see :meth:`AsyncLease.release`).
-
-        Carried out whatever happens to the calling task: the commands are written before
-        its first await when no node needs one first (connected, nothing to read or judge:
-        :meth:`~django_redlock.wire.aio.LoopConnections.send_now`), and a cancellation
-        while their replies are awaited leaves the rest of the round (its replies, the
-        judgement, a ``LockLost`` reported) to a task of its own. Otherwise (a node to
-        connect first) the whole release runs in a task of its own, shielded.
+        """Release ``lease`` on the nodes and judge the round (see :meth:`AsyncLease.release`):
+        carried out whatever happens to the calling task (``async_driver.finish_round``).
 
         Raises:
             LockLost: the lease had expired, or a quorum no longer held it.
         """
         engine = self.engine
-        commands, yes, expired, identify = release_round(lease, len(engine.addresses))
-        connections = self._connections()
-        # Queued behind what a node owes, never skipped (Engine.release).
-        sent = connections.send_now(
-            commands, engine.node_timeout, yes, engine.quorum, identify=identify, queue_behind=True
+        round_, expired = release(engine, lease)
+        await finish_round(
+            self._connections(),
+            round_,
+            engine.node_timeout,
+            partial(released, engine, lease, expired=expired),
         )
-        if sent is not None:
-            try:
-                exchange = await connections.outcome(sent, keep_open=True)
-            except asyncio.CancelledError:
-                # The commands are out; the round stays open for this task of its own.
-                rest = asyncio.ensure_future(self._release_sent(connections, lease, sent, expired))
-                rest.add_done_callback(_retrieve)
-                raise
-            settle_release(lease, exchange.results, exchange.yes, expired)
-            return
-        # Awaits come before the send: a task of its own, which a cancellation of this one
-        # does not reach, so the commands still go out.
-        released = asyncio.ensure_future(
-            self._release_after_awaits(connections, lease, commands, yes, expired, identify)
-        )
-        try:
-            await asyncio.shield(released)
-        except asyncio.CancelledError:
-            released.add_done_callback(_retrieve)
-            raise
-
-    async def _release_after_awaits(
-        self,
-        connections: LoopConnections,
-        lease: AsyncLease,
-        commands: list[Command],
-        yes: object,
-        expired: bool,
-        identify: bool,
-    ) -> None:
-        """:meth:`_release` when a node needs connecting (or reading) before the send."""
-        engine = self.engine
-        exchange = await connections.run(
-            commands, engine.node_timeout, yes, engine.quorum, identify=identify, queue_behind=True
-        )
-        settle_release(lease, exchange.results, exchange.yes, expired)
-
-    async def _release_sent(
-        self, connections: LoopConnections, lease: AsyncLease, sent: Round, expired: bool
-    ) -> None:
-        """The rest of a release round whose caller was cancelled after the send."""
-        exchange = await connections.outcome(sent)
-        settle_release(lease, exchange.results, exchange.yes, expired)
 
     async def _extend(self, lease: AsyncLease) -> float:
         engine = self.engine
-        size = len(engine.addresses)
-        expired = expired_before_renewal(lease, size)
-        if expired is not None:
-            self._connections().post(expired)
-            raise lost_error(lease)
-        commands = engine.extend_round(lease)
-        start = engine.clock()
-        # Never given up early on refusals (Engine.renew says why).
-        results = (
-            await self._connections().run(
-                commands, engine.node_timeout, 1, engine.quorum, give_up=size
-            )
-        ).results
-        try:
-            return settle_extend(lease, start, engine.clock(), results)
-        except LockLost:
-            # The lease has ended (never on a mere miss, Engine.renew): best effort, no
-            # await, free the keys flow.lost_clean_up says to.
-            self._connections().post(lost_clean_up(lease, results))
-            raise
+        return await drive(extend(engine, lease), self._connections(), engine.node_timeout)
 
     async def _owned(self, lease: AsyncLease) -> bool:
         engine = self.engine
-        exchange = await self._connections().run(
-            owns_round(lease, len(engine.addresses)),
-            engine.node_timeout,
-            1,
-            engine.quorum,
-        )
-        return flow.owned(engine.nodes, exchange.yes, lease.validity)
+        return await drive(owned(engine, lease), self._connections(), engine.node_timeout)
 
     async def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see

@@ -68,8 +68,10 @@ from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.shapes import Shape, heard
+from django_redlock.core.sync_driver import drive, run_round
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
+from django_redlock.procedures.lease import extend, owned, release, released
 from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.primitives import PRELOAD
@@ -621,7 +623,6 @@ class Engine:
     def grant(
         self,
         make: Callable[..., _L],
-        free: Callable[[list[Command | None]], None],
         attempt: flow.Acquire | flow.FirstTry,
         acquired_at: float,
         expires_at: float,
@@ -633,39 +634,33 @@ class Engine:
         times, on the engine's clock: taken at ``acquired_at``, valid until ``expires_at``),
         made by ``make`` (``Lease`` or ``AsyncLease`` bound to its manager) and its owner's:
         reported, registered for re-entry, renewed if asked. If that raises, the caller never
-        gets the lease (:meth:`own` let it go): its keys are freed by ``free`` (the manager's
-        send-without-waiting)."""
-        shape = attempt.shape  # not attempt.kind: one call less
+        gets the lease (:meth:`own` let it go); the acquire procedure frees its keys."""
+        shape = attempt.shape
         assert shape is not None
-        try:
-            # What settle_grant would record, given to the lease as it is made (one call and
-            # one state tuple fewer per acquire). Our place in line may remain on nodes that
-            # did not grant this attempt; the release drops it there (see release.lua), at no
-            # extra round trip.
-            held = held_on(shape.granted_on(results))
-            if self.servers.same:  # empty unless two addresses reached one server
-                self._one_vote_per_server(attempt, held, results)
-            lease = make(
-                name=attempt.name,
-                key=attempt.key,
-                token=attempt.token,
-                ttl=attempt.ttl,
-                expires_at=expires_at,
-                acquired_at=acquired_at,
-                origin=checked.origin,
-                shape=shape,
-                owner=attempt.owner,
-                waiter=attempt.waiter,
-                held=held,
-            )
-            waited = acquired_at - attempt.started
-            self.reporter.granted(attempt.name, results, attempt.votes, waited)
-            if self._unrecorded:  # empty once every node was seen granting: one test
-                self._record_votes(held)
-            return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
-        except BaseException:
-            free(attempt.interrupted())
-            raise
+        # What settle_grant would record, given to the lease as it is made. Our place in
+        # line may remain on nodes that did not grant this attempt; the release drops it
+        # there (see release.lua), at no extra round trip.
+        held = held_on(shape.granted_on(results))
+        if self.servers.same:  # empty unless two addresses reached one server
+            self._one_vote_per_server(attempt, held, results)
+        lease = make(
+            name=attempt.name,
+            key=attempt.key,
+            token=attempt.token,
+            ttl=attempt.ttl,
+            expires_at=expires_at,
+            acquired_at=acquired_at,
+            origin=checked.origin,
+            shape=shape,
+            owner=attempt.owner,
+            waiter=attempt.waiter,
+            held=held,
+        )
+        waited = acquired_at - attempt.started
+        self.reporter.granted(attempt.name, results, attempt.votes, waited)
+        if self._unrecorded:  # empty until every node was seen granting
+            self._record_votes(held)
+        return self.own(lease, scope, checked.auto_extend, checked.hold, waited)
 
     def own(
         self,
@@ -772,27 +767,18 @@ class Engine:
         adoption: Adoption,
         results: Sequence[Any],
         start: float,
+        end: float,
+        validity: float,
     ) -> _L:
-        """The lease a hand-off round sent at ``start`` gave (sync and asyncio alike).
-
-        Raises:
-            LockLost: refused by a quorum, or nothing left of the lease's validity.
-            QuorumUnreachable: too few nodes answered to tell.
-        """
-        end = self.clock()
+        """The lease a hand-off round sent at ``start`` gave, judged at ``end`` to leave
+        ``validity`` seconds (sync and asyncio alike; see ``procedures.lease.adopt``)."""
         taken = adoption.handle
-        outcome = flow.judge_adopt(self.nodes, taken.name, taken.ttl, results, end - start)
-        if isinstance(outcome, str):
-            raise LockLost(taken.name, outcome)
-        if isinstance(outcome, QuorumUnreachable):
-            self.learn_quarantines(outcome.node_errors)
-            raise outcome
         lease = make(
             name=taken.name,
             key=taken.key,
             token=adoption.token,
             ttl=taken.ttl,
-            expires_at=end + outcome,
+            expires_at=end + validity,
             acquired_at=end,
             origin=adoption.origin,
         )
@@ -801,45 +787,60 @@ class Engine:
         self.reporter.adopted(lease)
         return self.own(lease, adoption.scope, adoption.auto_extend, adoption.hold, end - start)
 
-    # -- the sync rounds of a lease: the extender's renewals (both kinds), a sync Lease's ---
+    # -- a lease's side of its rounds (procedures.lease.LeaseHost), and its sync rounds ----
 
     def extend_round(self, lease: BaseLease) -> list[Command]:
         """The commands of a renewal round of ``lease`` (sync and asyncio alike): renew, or
         re-create where a node lost the key (with ``lease``'s owner record)."""
         return renewal_round(lease, len(self.addresses), self.owners.record)
 
+    def expired_before_renewal(self, lease: BaseLease) -> list[Command | None] | None:
+        """See :func:`~django_redlock.core.lease.expired_before_renewal`."""
+        return expired_before_renewal(lease, len(self.addresses))
+
+    def lost_error(self, lease: BaseLease) -> LockLost:
+        """The :class:`LockLost` of ``lease``'s end."""
+        return lost_error(lease)
+
+    def settle_extend(
+        self, lease: BaseLease, start: float, now: float, results: Sequence[Any]
+    ) -> float:
+        """See :data:`~django_redlock.core.lease.settle_extend`."""
+        return settle_extend(lease, start, now, results)
+
+    def lost_clean_up(self, lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
+        """See :func:`~django_redlock.core.lease.lost_clean_up`."""
+        return lost_clean_up(lease, results)
+
+    def release_round(self, lease: BaseLease) -> tuple[list[Command], object, bool, bool]:
+        """See :func:`~django_redlock.core.lease.release_round`."""
+        return release_round(lease, len(self.addresses))
+
+    def settle_release(
+        self, lease: BaseLease, results: Sequence[Any], deleted: int, expired: bool
+    ) -> None:
+        """See :data:`~django_redlock.core.lease.settle_release`."""
+        settle_release(lease, results, deleted, expired)
+
+    def owns_round(self, lease: BaseLease) -> list[Command]:
+        """See :func:`~django_redlock.core.lease.owns_round`."""
+        return owns_round(lease, len(self.addresses))
+
+    def validity(self, lease: BaseLease) -> float:
+        """``lease``'s validity left, in seconds."""
+        return lease.validity
+
     def renew(self, lease: BaseLease) -> float:
-        """One sync renewal round of ``lease``: a sync ``Lease.extend``, and the extender
-        thread's renewal of every auto-extended lease, sync or asyncio. Returns the new
-        validity in seconds.
+        """One sync renewal round of ``lease`` (``procedures.lease.extend``): a sync
+        ``Lease.extend``, and the extender thread's renewal of every auto-extended lease,
+        sync or asyncio. Returns the new validity in seconds.
 
         Raises:
             LockLost: the lease ended (its validity ran out, or a quorum no longer holds it);
-                its keys are then freed, best effort (compare-and-delete: only ours), as
-                :func:`~django_redlock.core.flow.lost_clean_up` says.
-            LeaseNotExtended: no quorum either way; nothing is freed: the lease keeps its
-                validity, and its keys keep others out until it runs out.
+                its keys are then freed, best effort.
+            LeaseNotExtended: no quorum either way; nothing is freed.
         """
-        connections = self.connections.get()
-        size = len(self.addresses)
-        expired = expired_before_renewal(lease, size)
-        if expired is not None:
-            connections.post(expired)
-            raise lost_error(lease)
-        commands = self.extend_round(lease)
-        start = self.clock()
-        # Never given up early on refusals: a node that never held the lease may answer
-        # "set again" (2) without any loss, so only every answer (or the deadline) decides.
-        exchange = connections.run(commands, self.node_timeout, 1, self.quorum, give_up=size)
-        now = self.clock()
-        try:
-            return settle_extend(lease, start, now, exchange.results)
-        except LockLost:
-            # The lease has ended: free what keys of ours only keep the next holder waiting
-            # (flow.lost_clean_up: all of them, but for a lease found gone only those this
-            # round re-created). Never on a mere miss: those keys keep others out meanwhile.
-            connections.post(lost_clean_up(lease, exchange.results))
-            raise
+        return drive(extend(self, lease), self.connections.get(), self.node_timeout)
 
     def release(self, lease: BaseLease) -> None:
         """The sync release round of ``lease`` (a sync ``Lease.release``).
@@ -847,23 +848,10 @@ class Engine:
         Raises:
             LockLost: the lease had expired, or a quorum no longer held it.
         """
-        connections = self.connections.get()
-        commands, yes, expired, identify = release_round(lease, len(self.addresses))
-        # Queued behind whatever a node still owes, never skipped: a node that owes many
-        # replies (it stalled, or was overloaded while this thread waited) then frees the
-        # lock when it catches up instead of keeping the key for the whole ttl.
-        exchange = connections.run(
-            commands, self.node_timeout, yes, self.quorum, identify=identify, queue_behind=True
-        )
-        settle_release(lease, exchange.results, exchange.yes, expired)
+        round_, expired = release(self, lease)
+        released(self, lease, run_round(self.connections.get(), round_, self.node_timeout), expired)
 
     def owned(self, lease: BaseLease) -> bool:
         """One sync round trip: does a quorum hold ``lease``'s token (a sync
         ``Lease.owned``)."""
-        exchange = self.connections.get().run(
-            owns_round(lease, len(self.addresses)),
-            self.node_timeout,
-            1,
-            self.quorum,
-        )
-        return flow.owned(self.nodes, exchange.yes, lease.validity)
+        return drive(owned(self, lease), self.connections.get(), self.node_timeout)

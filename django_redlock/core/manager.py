@@ -67,13 +67,13 @@ from django_redlock.core.options import (
 from django_redlock.core.owner import MAX_OWNER_BYTES, owner_scope
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
+from django_redlock.core.sync_driver import drive
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.procedures.acquire import acquire
+from django_redlock.procedures.lease import adopt
 from django_redlock.wire import process
-from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.nodes import NodeAddress
-from django_redlock.wire.rounds import Round
 from django_redlock.wire.scripts import NODE_KEY
-from django_redlock.wire.subscriber import Subscriber
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -341,188 +341,13 @@ class LockManager(EngineConfigured):
 
     def _take(self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked) -> Lease:
         """Acquire a lease of ``shape`` (a lock, a semaphore slot, a read or write lease,
-        several locks), its arguments checked: the Redlock rounds of :meth:`acquire`."""
+        several locks), its arguments checked: the acquire procedure, driven on this thread's
+        connections."""
         engine = self.engine
-        connections = engine.connections.get()
-        contact = engine.contact()
-        if contact is not None:
-            # Before the acquire begins, as in the asyncio manager: never counted against
-            # its timeout (see flow.Contact).
-            self._contact(connections, contact)
-        # A blocking acquire waits in a line with one ticket on every node (fair hand-off);
-        # a single try never queues, nor does a shape without a line (it polls).
-        queues = checked.blocking and shape.wake_key is not None
-        # Registered from now on: a release naming it is kept even if it comes while
-        # another thread reads the shared pub/sub sockets and this one is not waiting yet.
-        waiter = connections.subscriber.waiter_id() if queues else ""
-        try:
-            # The first round without the flow object (flow.FirstTry): most acquires are won
-            # there; the flow takes over, judging that round again, only when it was not.
-            first = engine.first_try(name, checked, waiter, shape)
-            attempt: flow.Acquire | None = None
-            try:
-                clock = engine.clock
-                start = clock()
-                try:
-                    exchange = connections.run(
-                        first.commands,
-                        engine.node_timeout,
-                        first.decider,
-                        first.need,
-                        identify=True,
-                    )
-                    end = clock()
-                except BaseException:
-                    # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
-                    # have landed, and nobody else will release them.
-                    connections.post(first.interrupted())
-                    raise
-                left = first.judge(exchange.results, exchange.yes, start, end)
-                if left:
-                    return self._granted(
-                        connections, first, end, end + left, exchange.results, scope, checked
-                    )
-                attempt = engine.resume(first, checked, self._sleep is None)
-                return self._rounds(connections, attempt, scope, checked, (exchange, start, end))
-            except BaseException:
-                if attempt is None:  # the first round was interrupted, or its grant failed
-                    attempt = engine.resume(first, checked, self._sleep is None)
-                leave = attempt.left_line()
-                if leave is not None:
-                    # Gave up, or interrupted during a round or a wait (KeyboardInterrupt, a
-                    # signal handler raising): leave the line now. A place left behind would
-                    # get the next release's wake-up, and the waiters behind it would wait
-                    # until it lapses (the asyncio manager does the same on cancellation).
-                    connections.post(leave)
-                raise
-        finally:
-            if waiter:
-                # Its channel may now be unsubscribed by another thread, once nobody
-                # listens on it (the subscriber counts the listeners of each channel).
-                connections.subscriber.unregister(waiter)
-
-    def _granted(
-        self,
-        connections: ConnectionSet,
-        attempt: flow.Acquire | flow.FirstTry,
-        acquired_at: float,
-        expires_at: float,
-        results: list[Any],
-        scope: tuple[object, ...],
-        checked: Checked,
-    ) -> Lease:
-        """The lease a round of ``attempt`` won (taken at ``acquired_at``, valid until
-        ``expires_at``): grants outside it freed (a semaphore's other slots), then made,
-        registered and reported by the engine."""
-        shape = attempt.shape
-        assert shape is not None
-        strays = shape.won(attempt.token, results)
-        if strays is not None:
-            connections.post(strays)
-        make = partial(Lease, self)
-        engine = self.engine
-        post = connections.post
-        return engine.grant(make, post, attempt, acquired_at, expires_at, results, scope, checked)
-
-    def _rounds(
-        self,
-        connections: ConnectionSet,
-        attempt: flow.Acquire,
-        scope: tuple[object, ...],
-        checked: Checked,
-        first: tuple[Round, float, float],
-    ) -> Lease:
-        """The tries of :meth:`_take` from its first round (``first``: its replies, send and
-        decision times, already sent and judged not won by the first try) until one is
-        granted or the acquire gives up.
-
-        Raises:
-            LockNotAcquired: gave up (the caller leaves the line).
-        """
-        engine = self.engine
-        clock = engine.clock
-        node_timeout = engine.node_timeout
-        quarantine = engine.quarantine
-        exchange, start, end = first
-        while True:
-            step = attempt.judge(exchange.results, exchange.yes, start, end)
-            if isinstance(step, flow.Granted):
-                results = exchange.results
-                acquired_at, expires_at = step.acquired_at, step.expires_at
-                return self._granted(
-                    connections, attempt, acquired_at, expires_at, results, scope, checked
-                )
-            # Unlock wherever our SET may have landed; pipelined on the same connections as
-            # the SETs, so a stalled node applies it after the SET when it wakes up.
-            connections.post(step.clean_up)
-            held = self._carry_out(
-                engine.failed(attempt, step, checked.origin), attempt, connections.subscriber
-            )
-            if held is not None:
-                # A quorum of nodes granted the lock while it waited (hand-off): no round.
-                make = partial(Lease, self)
-                results = attempt.granted_results()
-                acquired_at, expires_at = held.acquired_at, held.expires_at
-                post = connections.post
-                return engine.grant(
-                    make, post, attempt, acquired_at, expires_at, results, scope, checked
-                )
-            commands = attempt.next_round(quarantine.ms)
-            start = clock()
-            try:
-                exchange = connections.run(
-                    commands,
-                    node_timeout,
-                    attempt.decider,
-                    attempt.need,
-                    identify=True,
-                )
-                end = clock()
-            except BaseException:
-                # Interrupted (KeyboardInterrupt, a signal handler raising): some SETs may
-                # have landed, and nobody else will release them.
-                connections.post(attempt.interrupted())
-                raise
-
-    def _carry_out(
-        self, action: flow.Action, attempt: flow.Acquire, subscriber: Subscriber
-    ) -> flow.Granted | None:
-        """Do what the flow said after a failed round, and tell it how the wait ended; the
-        lease's grant when a quorum of nodes handed the lock over meanwhile.
-
-        Raises:
-            LockNotAcquired: the flow gave up.
-        """
-        if isinstance(action, flow.Sleep):
-            sleep = self._sleep
-            (time.sleep if sleep is None else sleep)(action.delay)
-            attempt.waited(False)
-        elif isinstance(action, flow.Subscribe):
-            fresh = subscriber.subscribe(action.key, self.engine.node_timeout, attempt.waiter)
-            wait = attempt.subscribed(fresh, action.delay)
-            if wait is not None:
-                return self._wait(wait, attempt, subscriber)
-        elif isinstance(action, flow.Wait):
-            return self._wait(action, attempt, subscriber)
-        else:
-            raise action.error
-        return None
-
-    def _wait(
-        self, wait: flow.Wait, attempt: flow.Acquire, subscriber: Subscriber
-    ) -> flow.Granted | None:
-        """Wait for a wake-up or for hand-off grants (see :class:`flow.Wait`)."""
-        waiter = attempt.waiter
-        attempt.waited(subscriber.wait(waiter, wait.delay, wait.need, self.engine.node_timeout))
-        if not wait.need:
-            return None
-        return attempt.hear_grants(subscriber.grants(waiter), self.engine.clock())
-
-    def _contact(self, connections: ConnectionSet, contact: flow.Contact) -> None:
-        """Carry out the first contact (:class:`~django_redlock.core.flow.Contact`): one
-        round trip, bounded by the node timeout, done at a quorum of answers (the rest
-        report as their connections come up)."""
-        connections.run(contact.commands, self.engine.node_timeout, b"PONG", contact.need)
+        procedure = acquire(
+            engine, partial(Lease, self), name, shape, scope, checked, self._sleep is None
+        )
+        return drive(procedure, engine.connections.get(), engine.node_timeout, self._sleep)
 
     def adopt(
         self,
@@ -552,26 +377,8 @@ class LockManager(EngineConfigured):
         """
         engine = self.engine
         adoption = engine.adoption(handle, auto_extend, max_hold, origin)
-        connections = engine.connections.get()
-        contact = engine.contact()
-        if contact is not None:
-            self._contact(connections, contact)
-        size = len(engine.addresses)
-        start = engine.clock()
-        try:
-            exchange = connections.run(
-                adoption.commands,
-                engine.node_timeout,
-                flow.NEVER_YES,
-                size,
-                give_up=size - 1,
-                identify=True,
-            )
-            return engine.adopted(partial(Lease, self), adoption, exchange.results, start)
-        except BaseException as error:
-            # Refused, unanswered or interrupted: nobody holds the new token.
-            connections.post(adoption.undo(error))
-            raise
+        procedure = adopt(engine, partial(Lease, self), adoption)
+        return drive(procedure, engine.connections.get(), engine.node_timeout)
 
     def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by

@@ -191,7 +191,10 @@ def test_acquire_cancelled_while_a_new_manager_first_hears_from_the_nodes(cluste
         cluster[1].pause()
         cluster[2].pause()
         task = asyncio.create_task(fresh.acquire(case.name, ttl=TTL, blocking=False))
-        await until(lambda: chain(task)[:3] == ["acquire", "_take", "run"], "the first contact")
+        await until(
+            lambda: chain(task)[:5] == ["acquire", "_take", "drive", "run_round", "run"],
+            "the first contact",
+        )
         assert fresh.engine.contact() is not None  # still in it
         await case.cancel(task)
         cluster.ensure_running()
@@ -250,7 +253,10 @@ def test_acquire_cancelled_while_waiting_in_line(cluster3):
         await until(lambda: queued_on_a_majority(cluster, case.name, 1), "first in line")
         second = asyncio.create_task(slow.acquire(case.name, ttl=TTL, timeout=30.0))
         await until(lambda: queued_on_a_majority(cluster, case.name, 2), "second in line")
-        await until(lambda: chain(first)[:3] == ["acquire", "_take", "wait"], "the first one waits")
+        await until(
+            lambda: chain(first)[:4] == ["acquire", "_take", "drive", "wait"],
+            "the first one waits",
+        )
         await case.cancel(first)
         await until(lambda: queued_on_a_majority(cluster, case.name, 1), "the first left")
         busy.release()

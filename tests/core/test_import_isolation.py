@@ -1,6 +1,8 @@
-"""The core (every module of ``django_redlock.core`` and ``django_redlock.wire``, the managers,
-the errors and the node launcher) imports and works with Django absent, ruff refuses a Django
-import in any of its modules, and its modules import each other without a cycle."""
+"""The core (every module of ``django_redlock.core``, ``django_redlock.procedures`` and
+``django_redlock.wire``, the managers, the errors and the node launcher) imports and works with
+Django absent, ruff refuses a Django import in any of its modules, and its modules import each
+other without a cycle; the procedures import no I/O at all (no socket, thread, asyncio,
+selectors)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,13 @@ from pathlib import Path
 import pytest
 
 import django_redlock.core
+import django_redlock.procedures
 import django_redlock.wire
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "django_redlock"
-# The core outside its two packages; everything in core/ and wire/ is found by pkgutil, so a new
-# module there is covered without touching this list.
+# The core outside its packages; everything in core/, procedures/ and wire/ is found by
+# pkgutil, so a new module there is covered without touching this list.
 TOP_LEVEL = [
     "django_redlock",
     "django_redlock.exceptions",
@@ -33,7 +36,7 @@ TOP_LEVEL = [
 def core_modules() -> list[str]:
     """Every module of the core, packages included, by dotted name."""
     found = list(TOP_LEVEL)
-    for package in (django_redlock.core, django_redlock.wire):
+    for package in (django_redlock.core, django_redlock.procedures, django_redlock.wire):
         found.append(package.__name__)
         found.extend(
             module.name
@@ -50,11 +53,15 @@ def source_of(module: str) -> Path:
 
 def test_the_core_finds_every_module_of_its_packages():
     modules = core_modules()
-    for expected in ("django_redlock.core.listing", "django_redlock.wire.aio"):
+    for expected in (
+        "django_redlock.core.listing",
+        "django_redlock.procedures.acquire",
+        "django_redlock.wire.aio",
+    ):
         assert expected in modules
     on_disk = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-        for directory in ("core", "wire")
+        for directory in ("core", "procedures", "wire")
         for path in (PACKAGE / directory).rglob("*.py")
     }
     assert on_disk <= set(modules)
@@ -158,6 +165,64 @@ def test_ruff_lets_the_django_side_import_django():
         timeout=60,
     )
     assert result.returncode == 0, result.stdout
+
+
+# Runs with the I/O modules refused, and the root package (whose __init__ imports the managers)
+# stood in for by a bare package, so only what the named modules import is imported.
+PURE = textwrap.dedent(
+    """
+    import importlib
+    import json
+    import sys
+    import types
+
+    REFUSED = {"socket", "_socket", "ssl", "threading", "asyncio", "selectors", "django"}
+
+    class NoIO:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in REFUSED:
+                raise ImportError(f"{name} is refused here")
+            return None
+
+    sys.meta_path.insert(0, NoIO())
+    root = types.ModuleType("django_redlock")
+    root.__path__ = ["django_redlock"]
+    sys.modules["django_redlock"] = root
+    for module in json.loads(sys.argv[1]):
+        importlib.import_module(module)
+    print("ok")
+    """
+)
+
+
+def pure_run(modules: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PURE, json.dumps(modules)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_procedures_import_no_socket_thread_asyncio_selectors_or_django():
+    modules = [
+        module for module in core_modules() if module.startswith("django_redlock.procedures")
+    ]
+    assert "django_redlock.procedures.effects" in modules
+    result = pure_run(modules)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok"]
+
+
+@pytest.mark.parametrize(
+    "module", ["django_redlock.core.sync_driver", "django_redlock.core.async_driver"]
+)
+def test_the_purity_check_refuses_a_driver(module):
+    """The check above can fail: the drivers, which do the I/O, are refused by it."""
+    result = pure_run([module])
+    assert result.returncode != 0
+    assert "is refused here" in result.stderr
 
 
 def runtime_imports(source: str, module: str, package: str) -> set[str]:
