@@ -1,30 +1,257 @@
-"""A simulated client: the managers' glue around the real flow functions, as a generator.
+"""A simulated client: the library's own procedures (``django_redlock.procedures``), driven by
+the simulated world (``tests/sim/world.py``: the third driver, beside the sync and asyncio
+ones), around the bookkeeping an application does (what to take, how long to hold it).
 
-Each step below is the one ``LockManager`` takes (``core/manager.py``: ``_rounds``;
-``core/engine.py``: ``renew``, ``release``; ``core/lease.py``: the settling of rounds and
-``renew_once``), in the same order; every decision is the library's own function. A client
-yields a :class:`~tests.sim.world.Round` to send one command per node and wait for the
-round's outcome, or a :class:`~tests.sim.world.Sleep`.
+Each acquire is :func:`django_redlock.procedures.acquire.acquire`, the very generator the
+managers run: every step of it is the shipped one. :class:`SimHost` stands where the engine
+stands (the clock, the quarantine, the reporting), and tells the checker what the engine
+would tell the observer.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
 from django_redlock.core import flow
+from django_redlock.core.engine import Adoption
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease, held_on
+from django_redlock.core.options import Checked
 from django_redlock.core.owner import owner_id
 from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
-from django_redlock.exceptions import QuorumUnreachable
-from django_redlock.wire.scripts import GRANTED, PING
-from tests.sim.world import Db, LeaseRecord, Round, SimClient, Sleep, Wait
+from django_redlock.exceptions import (
+    LeaseNotExtended,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnreachable,
+)
+from django_redlock.procedures import acquire as acquire_procedure
+from django_redlock.procedures import lease as lease_procedures
+from django_redlock.wire.scripts import GRANTED, PING, Command
+from tests.sim.world import Db, LeaseRecord, SimClient, Sleep
 
 Process = Generator[Any, Any, None]
+
+
+class SimHost:
+    """What the acquire procedure asks of the engine (``procedures.acquire.AcquireHost``),
+    for one simulated client: its clock, its first contact, the quarantine its tries send
+    (its max_ttl, raised by what nodes report), the first try (its owner record, its place in
+    line from its clock), the reports (to the checker) and the lease (a :class:`Held`)."""
+
+    def __init__(self, client: SimClient, owner: str, lifetime_ms: int) -> None:
+        self.client = client
+        self.world = client.world
+        self.clock = client.now
+        self.quarantine = self
+        self.owner = owner
+        self.lifetime_ms = lifetime_ms
+        self.deadline: float | None = None
+        self.pauses = 0
+        self.attempt: flow.Acquire | None = None
+
+    @property
+    def ms(self) -> int:
+        return self.client.quarantine_ms
+
+    def contact(self) -> flow.Contact | None:
+        nodes = self.world.flow_nodes
+        if len(self.client.heard) < nodes.quorum:
+            return flow.Contact([PING] * nodes.size, nodes.quorum)
+        return None
+
+    def first_try(self, name: str, checked: Checked, waiter: str, shape: Shape) -> flow.FirstTry:
+        client = self.client
+        started = client.now()
+        self.pauses = client.pauses
+        self.attempt = None
+        wait = checked.wait
+        self.deadline = None if (checked.blocking and wait is None) else started + (wait or 0.0)
+        return flow.FirstTry(
+            self.world.flow_nodes,
+            name,
+            shape.key,
+            shape,
+            checked.ttl,
+            self.owner,
+            checked.blocking,
+            started,
+            waiter,
+            int((started + 1.7e9) * 1e6),
+            self.lifetime_ms,
+            client.quarantine_ms,
+        )
+
+    def resume(self, first: flow.FirstTry, checked: Checked, listens: bool) -> flow.Acquire:
+        attempt = flow.Acquire.after_first(first, self.deadline, listens, self.world.rng.uniform)
+        self.attempt = attempt
+        return attempt
+
+    def failed(self, attempt: flow.Acquire, step: flow.Failed, origin: str | None) -> flow.Action:
+        client = self.client
+        if not attempt.hand:
+            # A waiter taking grants keeps its token's keys while it waits (flow.judge):
+            # checked once it left (gave_up).
+            self.world.checker.failed_try(client, attempt.token)
+        self.learn_quarantines(step.error.node_errors)
+        action = attempt.after(step)
+        if type(action) is flow.GiveUp:
+            tries = attempt.attempts
+            client.log(f"gave up {attempt.name} after {tries} tries: {show(client.last_results)}")
+        return action
+
+    @property
+    def nodes(self) -> flow.Nodes:
+        return self.world.flow_nodes
+
+    def learn_quarantines(self, node_errors: dict[str, str]) -> None:
+        client = self.client
+        for ms in flow.longer_quarantines(node_errors).values():
+            client.quarantine_ms = max(client.quarantine_ms, ms)
+
+    def adopted(
+        self,
+        make: Callable[..., Held],
+        adoption: Adoption,
+        results: Sequence[Any],
+        start: float,
+        end: float,
+        validity: float,
+    ) -> Held:
+        handle = adoption.handle
+        self.world.checker.handed_off(handle.token, adoption.token)
+        return make(
+            handle.name,
+            Shape(handle.key),
+            "",
+            adoption.token,
+            end + validity,
+            held_on(type(reply) is int and reply > 0 for reply in results),
+            handle.ttl,
+            ((handle.name, "x"),),
+            self.client.round_began,
+            handle.fencing_token,
+        )
+
+    # -- a held lease's side of its rounds (procedures.lease.LeaseHost), on a Held ---------
+
+    def expired_before_renewal(self, lease: Held) -> list[Command | None] | None:
+        if lease.expires_at > self.client.now():
+            return None
+        lease.cause = flow.EXPIRED
+        self.client.log(f"lease {lease.token[:8]} expired before its renewal")
+        return lease.shape.clean_up(lease.token, None, self.nodes.size)
+
+    def lost_error(self, lease: Held) -> LockLost:
+        return LockLost(lease.name, "expired", lease.cause)
+
+    def extend_round(self, lease: Held) -> list[Command]:
+        return flow.extend_round(self.nodes.size, lease.shape, lease.token, lease.ttl, self.owner)
+
+    def settle_extend(self, lease: Held, start: float, now: float, results: Sequence[Any]) -> float:
+        nodes = self.nodes
+        client = self.client
+        token = lease.token
+        outcome = flow.judge_extend(
+            nodes, lease.ttl, lease.expires_at, start, now, results, lease.held
+        )
+        if isinstance(outcome, flow.Lost):
+            lease.cause = outcome.cause
+            client.log(f"lease {token[:8]} lost ({outcome.cause}): {show(results)}")
+            assert lease.record is not None
+            self.world.checker.lost(lease.record, outcome.cause)
+            raise LockLost(lease.name, outcome.reason, outcome.cause)
+        if isinstance(outcome, flow.Missed):
+            client.log(f"renewal of {token[:8]} missed: {show(results)}")
+            raise LeaseNotExtended(lease.name, outcome.renewed, nodes.quorum)
+        lease.expires_at = now + outcome
+        previous = lease.held
+        lease.held = held_on(
+            reply in (1, 2) if type(reply) is int else previous[i]
+            for i, reply in enumerate(results)
+        )
+        assert lease.record is not None
+        self.world.checker.renewed(lease.record, client.clock.when(lease.expires_at))
+        client.log(f"renewed {token[:8]}: {outcome:.4f} s ({show(results)})")
+        return outcome
+
+    def lost_clean_up(self, lease: Held, results: Sequence[Any]) -> list[Command | None]:
+        return flow.lost_clean_up(lease.shape, lease.token, lease.cause, results)
+
+    def release_round(self, lease: Held) -> tuple[list[Command], object, bool, bool]:
+        shape = lease.shape
+        command = shape.held_release(lease.token, lease.waiter)
+        expired = lease.expires_at <= self.client.now()
+        return [command] * self.nodes.size, shape.release_yes, expired, shape.release_identified
+
+    def settle_release(
+        self, lease: Held, results: Sequence[Any], deleted: int, expired: bool
+    ) -> None:
+        verdict = flow.judge_release(self.nodes, results, deleted, expired)
+        self.client.log(
+            f"released {lease.token[:8]}: {show(results)}"
+            + (f"; lost: {verdict.lost}" if verdict.lost else "")
+        )
+
+    def owns_round(self, lease: Held) -> list[Command]:
+        return flow.owns_round(self.nodes.size, lease.shape, lease.token)
+
+    def validity(self, lease: Held) -> float:
+        return max(0.0, lease.expires_at - self.client.now())
+
+    def gave_up(self) -> None:
+        """The procedure raised (gave up): its clean-ups are out; the checker judges them."""
+        attempt = self.attempt
+        client = self.client
+        if attempt is None:
+            return
+        if attempt.hand:
+            self.world.checker.failed_try(client, attempt.token)
+        paused = client.pauses != self.pauses
+        self.world.checker.gave_up(client, attempt.name, self.deadline, client.now(), paused)
+
+    def grant(
+        self,
+        make: Callable[..., Held],
+        attempt: flow.Acquire | flow.FirstTry,
+        acquired_at: float,
+        expires_at: float,
+        results: Sequence[Any],
+        scope: tuple[object, ...],
+        checked: Checked,
+    ) -> Held:
+        client = self.client
+        world = self.world
+        began = client.round_began
+        if results is not client.last_results:
+            # Held from hand-off grants (Acquire.granted_results builds a new list): its keys
+            # date from the rounds the grants name, not from the last try. A quorum of them
+            # was set no earlier than the quorum-th latest of those rounds' sends (the
+            # validity's base); a force release that landed after that send may have deleted
+            # them before this waiter heard its grants, so the checker must see that time.
+            assert isinstance(attempt, flow.Acquire)
+            client.log(f"handed {attempt.name} ({attempt.votes} grants)")
+            since = sorted(attempt.held_since.values(), reverse=True)
+            began = client.clock.when(since[world.flow_nodes.quorum - 1])
+        paused = client.pauses != self.pauses
+        world.checker.ended(client, attempt.name, self.deadline, acquired_at, paused)
+        shape = attempt.shape
+        assert shape is not None
+        return make(
+            attempt.name,
+            shape,
+            attempt.waiter,
+            attempt.token,
+            expires_at,
+            held_on(shape.granted_on(results)),
+            checked.ttl,
+            (),
+            began,
+        )
 
 
 def client_process(client: SimClient) -> Process:
@@ -39,144 +266,29 @@ def client_process(client: SimClient) -> Process:
     lifetime_ms = math.ceil(max(1.0, 4 * config.retry_delay) * 1000)
     record = f'{{"host":"sim","pid":{client.index},"acquired_at":'
     owner = f"{owner_id(record)}rs {record}"  # as OwnerRecords.record makes it (at 1 s)
+    host = client.host = SimHost(client, owner, lifetime_ms)
     while world.now < config.seconds and client.alive:
-        if len(client.heard) < world.flow_nodes.quorum:
-            yield Round([PING] * world.flow_nodes.size, b"PONG", world.flow_nodes.quorum)
-            if len(client.heard) < world.flow_nodes.quorum:
-                yield Sleep(config.retry_delay)  # too few nodes up: try again later
-            continue
         if world.handles and rng.random() < 0.5:  # a handle left by lease.handle()
             handle = world.handles.pop(rng.randrange(len(world.handles)))
             yield from adopt(client, handle, owner)
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
         name, shape, claims = choose(client)
-        key = shape.key
         blocking = rng.random() < 0.7
         wait = rng.choice((0.0, 0.1, 0.5, 2.0)) if blocking else None
         ttl = max_ttl if rng.random() < config.longest else config.ttl
-        client.waiters += 1
-        # A blocking acquire queues, except for a shape that never does (it polls).
-        queues = blocking and shape.wake_key is not None
-        waiter = f"c{client.index}.{client.waiters}" if queues else ""
-        started = client.now()
-        pauses = client.pauses
-        # The managers' first try (LockManager._take): the first round without the flow,
-        # which takes over (Engine.resume) only when that round did not win.
-        first = flow.FirstTry(
-            world.flow_nodes,
-            name,
-            key,
-            shape,
-            ttl,
-            owner,
-            blocking,
-            started,
-            waiter,
-            int((client.now() + 1.7e9) * 1e6),
-            lifetime_ms,
-            client.quarantine_ms,
-        )
-        deadline = None if (blocking and wait is None) else started + (wait or 0.0)
-        attempt = flow.Acquire.after_first(first, deadline, True, rng.uniform)
+        checked = Checked(ttl, blocking, wait, False, None, None)
         client.log(f"acquire {name} blocking={blocking} timeout={wait} ttl={ttl}")
-        granted: flow.Granted | None = None
-        results: Sequence[Any] = ()
-        listening = False
-        first_round = True
-        while True:
-            if first_round:
-                round_ = Round(first.commands, first.decider, first.need, identify=True)
-            else:
-                commands = attempt.next_round(client.quarantine_ms)
-                round_ = Round(commands, attempt.decider, attempt.need, identify=True)
-            began = world.now
-            start = client.now()
-            exchange = yield round_
-            end = client.now()
-            results = exchange.results
-            if first_round:
-                first_round = False
-                valid = first.judge(results, exchange.yes, start, end)
-                if valid:
-                    # Won at the first try: the lease without the flow's judge (the
-                    # checker still hears of the try and of its end, as for any other).
-                    world.checker.tried(client, attempt, results)
-                    strays = shape.won(first.token, results)
-                    if strays is not None:
-                        world.clean_up(client, strays)
-                    world.checker.ended(client, attempt, end, client.pauses != pauses)
-                    granted = flow.Granted(first.token, end, end + valid)
-                    break
-            step = attempt.judge(results, exchange.yes, start, end)
-            world.checker.tried(client, attempt, results)
-            if isinstance(step, flow.Granted):
-                strays = attempt.strays(results)
-                if strays is not None:
-                    world.clean_up(client, strays)
-                world.checker.ended(client, attempt, end, client.pauses != pauses)
-                granted = step
-                break
-            world.clean_up(client, step.clean_up)
-            if not attempt.hand:
-                # A waiter taking grants keeps its token's keys while it waits (flow.judge):
-                # checked once it left, below.
-                world.checker.failed_try(client, attempt.token, step.clean_up, results)
-            # Engine.failed: a node that has seen a longer quarantine refused with it.
-            for ms in flow.longer_quarantines(step.error.node_errors).values():
-                client.quarantine_ms = max(client.quarantine_ms, ms)
-            if step.give_up:
-                client.log(f"gave up {name} after {attempt.attempts} tries: {show(results)}")
-                left = attempt.left_line()
-                if left is not None:
-                    world.clean_up(client, left)
-                if attempt.hand:
-                    world.checker.failed_try(client, attempt.token, step.clean_up, results)
-                world.checker.gave_up(client, attempt, end, client.pauses != pauses)
-                break
-            # LockManager._rounds: a client given a sleep function sleeps the delay; otherwise
-            # a try that never queues polls, and a waiter in line hears its turn (pub/sub),
-            # right after its first try as a listener, then waits up to the delay.
-            if not client.listens or not waiter:
-                yield Sleep(step.delay)
-                if client.listens:
-                    attempt.waited(False)
-            elif not listening:
-                listening = True  # subscribed: the next try covers a release meanwhile
-            else:
-                # A waiter taking hand-off grants also ends its wait at a quorum of them, and
-                # may then hold without a round (LockManager._wait).
-                need = world.flow_nodes.quorum if attempt.hand else 0
-                attempt.waited((yield Wait(step.delay, waiter, need)))
-                if need:
-                    held = attempt.hear_grants(client.grants.pop(waiter, {}), client.now())
-                    if held is not None:
-                        client.log(f"handed {name} ({attempt.votes} grants)")
-                        results = attempt.granted_results()
-                        # Its keys date from the rounds the grants name, not from the last
-                        # try: a quorum of them was set no earlier than the quorum-th latest
-                        # of those rounds' sends (the validity's base). A force release that
-                        # landed after that send may have deleted them before this waiter
-                        # heard its grants, so the checker must see that time.
-                        since = sorted(attempt.held_since.values(), reverse=True)
-                        began = client.clock.when(since[world.flow_nodes.quorum - 1])
-                        world.checker.ended(client, attempt, client.now(), client.pauses != pauses)
-                        granted = held
-                        break
-        if granted is None:
+        try:
+            # Through the module, where a mutant (tests/sim/mutants.py) may stand in for it.
+            lease = yield from acquire_procedure.acquire(
+                host, Held, name, shape, (), checked, client.listens
+            )
+        except LockNotAcquired:
+            host.gave_up()
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
-        lease = Held(
-            name,
-            shape,
-            waiter,
-            granted.token,
-            granted.expires_at,
-            held_on(shape.granted_on(results)),
-            ttl,
-            claims,
-            began,
-        )
+        lease.claims = claims
         yield from hold(client, lease, owner)
         yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
 
@@ -195,6 +307,8 @@ class Held:
     claims: tuple[tuple[str, str], ...]
     began: float  # virtual time its granting round (an acquire's last, an adopt's) was sent
     fencing: int | None = None  # the fencing token (a handle carries the giver's)
+    record: LeaseRecord | None = None  # what the checker watches of it, once held
+    cause: str = ""  # why it was lost (flow.EXPIRED, TAKEN, GONE), once lost
 
 
 def hold(client: SimClient, lease: Held, owner: str) -> Process:
@@ -203,16 +317,15 @@ def hold(client: SimClient, lease: Held, owner: str) -> Process:
     world = client.world
     config = world.config
     rng = world.rng
-    nodes = world.flow_nodes
+    host = client.host
+    assert isinstance(host, SimHost)
     shape = lease.shape
     token = lease.token
     ttl = lease.ttl
-    expires_at = lease.expires_at
-    held = lease.held
-    record = world.checker.granted(
-        client, lease.name, token, client.clock.when(expires_at), lease.claims, lease.began
+    record = lease.record = world.checker.granted(
+        client, lease.name, token, client.clock.when(lease.expires_at), lease.claims, lease.began
     )
-    client.log(f"holds {lease.name} token {token[:8]} until {expires_at:.4f} (its clock)")
+    client.log(f"holds {lease.name} token {token[:8]} until {lease.expires_at:.4f} (its clock)")
     plain = type(shape) is Shape
     # lock_for(instance) on a FencedModel: the row's token is minted once the lock is held
     # (an adopter writes under the giver's token, which its handle carries).
@@ -238,59 +351,28 @@ def hold(client: SimClient, lease: Held, owner: str) -> Process:
                 break  # StaleFencingToken: the block ends, the lock is released
             next_write = client.now() + rng.expovariate(1.0 / gap)
             continue
-        # BaseLease.renew_once -> LockManager._extend
-        if expires_at <= client.now():  # _expired_before_renewal
-            world.clean_up(client, shape.clean_up(token, None, nodes.size))
-            client.log(f"lease {token[:8]} expired before its renewal")
-            lost = True
-            break
-        commands = flow.extend_round(nodes.size, shape, token, ttl, owner)
-        start = client.now()
-        exchange = yield Round(commands, 1, nodes.quorum, nodes.size)
-        now = client.now()
-        outcome = flow.judge_extend(nodes, ttl, expires_at, start, now, exchange.results, held)
-        if isinstance(outcome, flow.Lost):
-            world.clean_up(
-                client, flow.lost_clean_up(shape, token, outcome.cause, exchange.results)
-            )
-            client.log(f"lease {token[:8]} lost ({outcome.cause}): {show(exchange.results)}")
-            world.checker.lost(record, outcome.cause)
-            lost = True
-            break
-        if isinstance(outcome, flow.Missed):
-            client.log(f"renewal of {token[:8]} missed: {show(exchange.results)}")
-            left = max(0.0, expires_at - now)
-            next_due = now + BaseLease._retry_in(SimpleNamespace(ttl=ttl), left)  # type: ignore[arg-type]
+        # BaseLease.renew_once -> the extend procedure (procedures.lease.extend)
+        try:
+            yield from lease_procedures.extend(host, lease)
+        except LeaseNotExtended:
+            left = max(0.0, lease.expires_at - client.now())
+            next_due = client.now() + BaseLease._retry_in(SimpleNamespace(ttl=ttl), left)  # type: ignore[arg-type]
             continue
-        expires_at = now + outcome
-        previous = held
-        held = held_on(
-            reply in (1, 2) if type(reply) is int else previous[i]
-            for i, reply in enumerate(exchange.results)
-        )
-        next_due = now + ttl / 3
-        world.checker.renewed(record, client.clock.when(expires_at))
-        client.log(f"renewed {token[:8]}: {outcome:.4f} s ({show(exchange.results)})")
+        except LockLost:
+            lost = True
+            break
+        next_due = client.now() + ttl / 3
     if lost:
         return
-    expired = expires_at <= client.now()
+    expired = lease.expires_at <= client.now()
     world.checker.releasing(record)
     if plain and not expired and rng.random() < config.handoffs:
         hand_off(client, lease, owner)
         return
-    # LockManager._release (lease.release_round: a lock's release names its connection's
-    # server process, so a hand-off grant needs no INFO call)
-    exchange = yield Round(
-        [shape.held_release(token, lease.waiter)] * nodes.size,
-        shape.release_yes,
-        nodes.quorum,
-        identify=shape.release_identified,
-    )
-    verdict = flow.judge_release(nodes, exchange.results, exchange.yes, expired)
-    client.log(
-        f"released {token[:8]}: {show(exchange.results)}"
-        + (f"; lost: {verdict.lost}" if verdict.lost else "")
-    )
+    # The release procedure (procedures.lease.release: a lock's release names its
+    # connection's server process, so a hand-off grant needs no INFO call).
+    round_, expired = lease_procedures.release(host, lease)
+    lease_procedures.released(host, lease, (yield round_), expired)
 
 
 def hand_off(client: SimClient, lease: Held, owner: str) -> None:
@@ -321,51 +403,36 @@ def hand_off(client: SimClient, lease: Held, owner: str) -> None:
 
 
 def adopt(client: SimClient, handle: LeaseHandle, owner: str) -> Process:
-    """``LockManager.adopt``: one hand-off round that must hear every node, judged by
-    ``flow.judge_adopt``; a failed adopt frees the new token (the lease is gone) or hands the
-    keys back (too few answers), as ``_Adoption.undo`` does. Then the lease is held."""
+    """``LockManager.adopt``: the shipped adopt procedure (``procedures.lease.adopt``: one
+    hand-off round that must hear every node, judged by ``flow.judge_adopt``; a failed adopt
+    frees the new token or hands the keys back, as ``Adoption.undo`` picks). Then the lease
+    is held."""
     world = client.world
-    nodes = world.flow_nodes
-    size = nodes.size
+    size = world.flow_nodes.size
     token = vars(flow)["secrets"].token_hex(20)
     quarantine_ms = client.quarantine_ms
-    shape = Shape(handle.key)
-    client.log(f"adopts {handle.name} from token {handle.token[:8]}")
-    began = world.now
-    start = client.now()
-    exchange = yield Round(
-        flow.handoff_round(size, handle.key, handle.token, token, owner, quarantine_ms),
-        flow.NEVER_YES,
-        size,
-        size - 1,
-        identify=True,
-    )
-    end = client.now()
-    results = exchange.results
-    outcome = flow.judge_adopt(nodes, handle.name, handle.ttl, results, end - start)
-    if isinstance(outcome, str):  # LockLost
-        world.clean_up(client, flow.release_round(size, shape, token))
-        client.log(f"adopt of {handle.name} failed: {outcome[:40]} {show(results)}")
-        return
-    if isinstance(outcome, QuorumUnreachable):
-        world.clean_up(
-            client, flow.handback_round(size, handle.key, token, handle.token, quarantine_ms)
-        )
-        client.log(f"adopt of {handle.name} unreachable: handed back {show(results)}")
-        return
-    world.checker.handed_off(handle.token, token)
-    lease = Held(
-        handle.name,
-        shape,
-        "",
+    adoption = Adoption(
+        handle,
         token,
-        end + outcome,
-        held_on(type(reply) is int and reply > 0 for reply in results),
-        handle.ttl,
-        ((handle.name, "x"),),
-        began,
-        handle.fencing_token,
+        flow.handoff_round(size, handle.key, handle.token, token, owner, quarantine_ms),
+        flow.release_round(size, Shape(handle.key), token),
+        flow.handback_round(size, handle.key, token, handle.token, quarantine_ms),
+        (),
+        False,
+        None,
+        None,
     )
+    client.log(f"adopts {handle.name} from token {handle.token[:8]}")
+    host = client.host
+    assert isinstance(host, SimHost)
+    try:
+        lease = yield from lease_procedures.adopt(host, Held, adoption)
+    except LockLost as error:
+        client.log(f"adopt of {handle.name} failed: {str(error)[:60]}")
+        return
+    except QuorumUnreachable:
+        client.log(f"adopt of {handle.name} unreachable: handed back")
+        return
     yield from hold(client, lease, owner)
 
 

@@ -40,7 +40,6 @@ import math
 import re
 from typing import TYPE_CHECKING, Any
 
-from django_redlock.core import flow
 from django_redlock.wire.primitives import RELEASE_MANY, RW_RELEASE, SEMAPHORE_RELEASE
 from django_redlock.wire.scripts import GONE, LEAVE, NODE_KEY, RELEASE
 from tests.sim.lua_node import Hash, ZSet
@@ -48,7 +47,6 @@ from tests.sim.lua_node import Hash, ZSet
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from django_redlock.wire.scripts import Command
     from tests.sim.world import LeaseRecord, SimClient, SimNode, World
 
 _NODE_KEY = NODE_KEY.encode()
@@ -234,22 +232,23 @@ class Checker:
 
     # -- deadlines -------------------------------------------------------------------------
 
-    def tried(self, client: SimClient, attempt: flow.Acquire, results: Sequence[Any]) -> None:
-        pass
-
-    def gave_up(self, client: SimClient, attempt: flow.Acquire, end: float, paused: bool) -> None:
+    def gave_up(
+        self, client: SimClient, name: str, deadline: float | None, end: float, paused: bool
+    ) -> None:
         self.failures += 1
-        self.ended(client, attempt, end, paused)
+        self.ended(client, name, deadline, end, paused)
 
-    def ended(self, client: SimClient, attempt: flow.Acquire, end: float, paused: bool) -> None:
-        """An acquire ended (granted or given up) at ``end`` on its client's clock."""
-        if attempt.deadline is None or paused:
+    def ended(
+        self, client: SimClient, name: str, deadline: float | None, end: float, paused: bool
+    ) -> None:
+        """An acquire of ``name`` with ``deadline`` ended (granted or given up) at ``end``, on
+        its client's clock."""
+        if deadline is None or paused:
             return
-        late = end - (attempt.deadline + self.world.config.node_timeout)
+        late = end - (deadline + self.world.config.node_timeout)
         if late > 1e-9:
             self.violate(
-                f"c{client.index}'s acquire of {attempt.name} ended {late * 1000:.3f} ms "
-                "past its deadline"
+                f"c{client.index}'s acquire of {name} ended {late * 1000:.3f} ms past its deadline"
             )
 
     # -- keys on the nodes -----------------------------------------------------------------
@@ -289,13 +288,9 @@ class Checker:
         for token in tokens:
             self.released.add((token, index))
 
-    def failed_try(
-        self,
-        client: SimClient,
-        token: str,
-        clean_up: Sequence[Command | None],
-        results: Sequence[Any],
-    ) -> None:
+    def failed_try(self, client: SimClient, token: str) -> None:
+        """A try of ``token`` failed (or its waiter left the line): soon nothing of it is left
+        on a node that is up, unless the client crashed."""
         self._leaks(client, token)
         world = self.world
         settle = 5 * world.config.node_timeout + 20 * world.config.latency

@@ -1,18 +1,23 @@
 """Deliberately broken variants of the library, each of which the simulator must catch.
 
 A mutant changes one rule for the length of one history: a flow function patched in
-``core/flow.py``, or one script's text replaced on the simulated nodes (the override is
-keyed by the real script's SHA1, so the clients send exactly the commands they always send).
+``core/flow.py``, a line of a shipped procedure (``django_redlock/procedures/``: the code the
+managers run, compiled again with the line changed), or one script's text replaced on the
+simulated nodes (the override is keyed by the real script's SHA1, so the clients send exactly
+the commands they always send).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
+import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django_redlock.core import flow
 from django_redlock.core.shapes import Slots
+from django_redlock.procedures import acquire as acquire_procedure
 from django_redlock.wire import primitives, scripts
 from tests.sim import fence
 from tests.sim.lua_node import LIBRARY_SCRIPTS
@@ -220,6 +225,49 @@ def _gone_ignored() -> Iterator[dict[bytes, bytes]]:
     yield overrides
 
 
+def _procedure_line(module: types.ModuleType, old: str, new: str) -> Iterator[dict[bytes, bytes]]:
+    """``module`` (a procedure's) with its line ``old`` replaced by ``new``, compiled again:
+    its functions stand in for the shipped ones for the block (the simulator calls them
+    through the module, as the managers do)."""
+    source = inspect.getsource(module)
+    if source.count(old) != 1:
+        raise AssertionError(f"mutant out of date: {old!r} is not once in {module.__name__}")
+    mutated = types.ModuleType(module.__name__)
+    mutated.__file__ = module.__file__
+    exec(compile(source.replace(old, new, 1), str(module.__file__), "exec"), vars(mutated))  # noqa: S102
+    functions = [name for name, value in vars(module).items() if inspect.isfunction(value)]
+    saved = {name: getattr(module, name) for name in functions}
+    for name in functions:
+        setattr(module, name, getattr(mutated, name))
+    try:
+        yield {}
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def _retry_unreleased() -> Iterator[dict[bytes, bytes]]:
+    """The acquire procedure retries (or gives up) without posting a failed round's clean-up:
+    the keys its try took stay until they expire."""
+    yield from _procedure_line(acquire_procedure, "yield Post(step.clean_up)", "_ = step.clean_up")
+
+
+def _validity_undrifted() -> Iterator[dict[bytes, bytes]]:
+    """The acquire procedure makes a first try's lease valid for the whole ttl from the end
+    of its round: neither the round's time nor the drift is subtracted."""
+    yield from _procedure_line(
+        acquire_procedure,
+        "_granted(host, make, first, end, end + left, results, scope, checked)",
+        "_granted(host, make, first, end, end + first.ttl, results, scope, checked)",
+    )
+
+
+def _line_kept() -> Iterator[dict[bytes, bytes]]:
+    """The acquire procedure gives up without leaving the line: its place (and, for a waiter
+    taking grants, the keys its token holds) stays until it lapses."""
+    yield from _procedure_line(acquire_procedure, "yield Post(leave)", "_ = leave")
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -237,6 +285,9 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "grant-counted-late": _grant_counted_late,
     "many-partial": _many_partial,
     "gone-ignored": _gone_ignored,
+    "retry-unreleased": _retry_unreleased,
+    "validity-undrifted": _validity_undrifted,
+    "line-kept": _line_kept,
 }
 
 

@@ -20,10 +20,12 @@ from tests.sim.run import explore, shrink, simulate
 # Simulated seconds of load the real code must pass (CI budget: >= 1 simulated hour).
 SIMULATED_SECONDS = 3600.0
 # Seeds each mutant is given, from seed 0. Each is caught well within them (histories run
-# until caught, at this commit: no-drift 10, no-quarantine 1, release-any 1, no-clean-up 1,
-# gone-frees-all 100, slots-pooled 2, fence-off 1, wake-skipped 3, line-jump 1,
-# handoff-kept 7, many-partial 2, grant-held 4, grant-counted-late 98; gone-ignored 1, added
-# later).
+# until caught, at the commit that made the simulator drive the shipped procedures: no-drift
+# 1, no-quarantine 13, no-failover-rule 1, durable-restart-trusted 114, release-any 6,
+# no-clean-up 1, gone-frees-all 44, slots-pooled 1, fence-off 1, wake-skipped 9, line-jump
+# 3, handoff-kept 13, grant-held 4, grant-counted-late 98, many-partial 1, gone-ignored 2;
+# and the mutants of the shipped acquire procedure: retry-unreleased 1, validity-undrifted 1,
+# line-kept 1).
 MUTANT_BUDGET = 1000
 # Each mutant is hunted in the profile that exercises its rule (world.PROFILES): the drift
 # term with clocks at the edges of the bound; the quarantine with leases never renewed on
@@ -32,6 +34,7 @@ MUTANT_BUDGET = 1000
 # hand-off included) in storms (plain locks only, always renewed, many node faults).
 PROFILE = {
     "no-drift": "drift",
+    "validity-undrifted": "drift",
     "no-quarantine": "restarts",
     "no-failover-rule": "failovers",
     "durable-restart-trusted": "failovers",
@@ -200,15 +203,15 @@ def test_a_client_with_a_shorter_max_ttl_learns_the_longer_one_from_any_node() -
 
 
 def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() -> None:
-    # First found by CI's exploration (stop 37, seed 1706931677, whose history changed when
-    # an acquire facing a total outage began to give up early: this seed shows the same
-    # case). A waiter in line is granted the lock by hand-off grants that name rounds sent
-    # before an operator's force release; their replies come too late to count, the force
-    # release deletes those keys, and the waiter later holds from the grants it heard, valid
-    # from those rounds' sends (what the keys promised before the operator deleted them).
-    # The operator evicted it as much as any holder: the checker must date its lease from
-    # those grants, not from its last try, or it reports the next holder's lease beside it.
-    outcome = simulate(1706931615)
+    # First found by CI's exploration (stop 37, seed 1706931677; seed 156 of the fence
+    # profile shows the same case since the simulator drives the shipped procedures). A
+    # waiter in line is granted the lock by hand-off grants that name rounds sent before an
+    # operator's force release; their replies come too late to count, the force release
+    # deletes those keys, and the waiter later holds from the grants it heard, valid from
+    # those rounds' sends (what the keys promised before the operator deleted them). The
+    # operator evicted it as much as any holder: the checker must date its lease from those
+    # grants, not from its last try, or it reports the next holder's lease beside it.
+    outcome = simulate(156, profile="fence")
     report = outcome.report()
     assert not outcome.violations, report
     world = outcome.world
@@ -218,79 +221,78 @@ def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() ->
             t for t, by, line in world.trace if by == who and line.startswith(text) and t > after
         )
 
-    handed = first("c3", "handed lock0 (3 grants)")
+    handed = first("c0", "handed lock0 (3 grants)")
     forced = max(
         t
         for t, by, line in world.trace
         if by == "op" and line.startswith("force release of lock0") and t < handed
     )
     records = world.checker.records
-    c3 = next(r for r in records if r.client == 3 and r.start == handed)
-    assert c3.revoked == handed  # evicted from its start: keys set before `forced` were gone
-    c0 = next(r for r in records if r.client == 0 and r.start > handed)
-    assert forced < handed < c0.start
-    assert c0.revoked is None  # a lease after it is a lease like any other
-    assert c0.start < c3.end  # the two windows would overlap, were c3 not evicted
+    c0 = next(r for r in records if r.client == 0 and r.start == handed)
+    assert c0.revoked == handed  # evicted from its start: keys set before `forced` were gone
+    c2 = next(r for r in records if r.client == 2 and r.start > handed)
+    assert forced < handed < c2.start
+    assert c2.revoked is None  # a lease after it is a lease like any other
+    assert c2.start < c0.end  # the two windows would overlap, were c0 not evicted
 
 
 def test_a_promoted_replica_that_restarts_durably_stays_quarantined() -> None:
     # First found by CI's exploration (seed 510184006, failovers), whose history changed when
     # an acquire facing nodes down and nodes quarantined past its deadline began to give up
-    # early; seed 51 shows the same case. n1's master dies 586 ms ahead of its replica, which
-    # is promoted at 4.29 s; it crashes at 5.54 s and restarts from an AOF with fsync always,
-    # within the longest lease. The restart kept all it had, which was never all its old
-    # master granted: it must stay quarantined. On the durable rule (the mutant) it votes at
-    # once, and c1 holds lock0 beside c2.
-    outcome = simulate(51, profile="failovers")
+    # early, and again when the simulator began to drive the shipped procedures; seed 107
+    # shows the same case since. n0's replica is promoted at 8.43 s, and n0 restarts from an
+    # AOF with fsync always at 9.07 s, within the longest lease. The restart kept all it had,
+    # which was never all its old master granted: it must stay quarantined. On the durable
+    # rule (the mutant) it votes at once, and c0 holds lock1 beside c2.
+    outcome = simulate(107, profile="failovers")
     assert not outcome.violations, outcome.report()
     world = outcome.world
-    n1 = [(t, line) for t, by, line in world.trace if by == "n1"]
-    promoted = next(t for t, line in n1 if line.startswith("replica promoted"))
-    restarted = next(t for t, line in n1 if line.startswith("restarted (always)"))
+    n0 = [(t, line) for t, by, line in world.trace if by == "n0"]
+    promoted = next(t for t, line in n0 if line.startswith("replica promoted"))
+    restarted = next(t for t, line in n0 if line.startswith("restarted (always)"))
     assert promoted < restarted < promoted + world.config.max_ttl
-    # Clients' rounds list the nodes' answers in order: n1's is the second.
+    # Clients' rounds list the nodes' answers in order: n0's is the first.
     refused = [
         t
         for t, by, line in world.trace
         if by.startswith("c")
         and restarted < t < promoted + world.config.max_ttl
-        and ", QUARANTINED, " in line
+        and "[QUARANTINED, " in line
     ]
     assert refused
-    trusted = simulate(51, "durable-restart-trusted", profile="failovers")
+    trusted = simulate(107, "durable-restart-trusted", profile="failovers")
     assert trusted.violations  # the same history, with the restart trusted: two holders
 
 
 def test_a_lease_whose_keys_were_set_after_a_force_release_ran_is_not_evicted() -> None:
-    # Seed 127 (fence): the force release sent at 2.0075 s runs on n1, n0 and n2 by 2.021 s;
-    # c0's round, sent at 2.0119 s (before the last DEL), runs on n0 and n1 after theirs, and
-    # c0 holds from 2.0229 s. Its keys make a quorum set after the DEL on each node: its lease
-    # is a lease like any other, and the checker watches it (it used to call it evicted, as
-    # its round was sent before the force release's last landing).
-    outcome = simulate(127, profile="fence")
+    # Seed 8 (fence): c4's round is sent at 2.8456 s, before the force release's last DEL
+    # lands (2.8558 s), and c4 holds from 2.8618 s. Its keys make a quorum set after the DEL
+    # on each node: its lease is a lease like any other, and the checker watches it (it used
+    # to call it evicted, as its round was sent before the force release's last landing).
+    outcome = simulate(8, profile="fence")
     assert not outcome.violations, outcome.report()
     forced = outcome.world.checker.forced["lock0"]
     record = next(
-        r for r in outcome.world.checker.records if r.client == 0 and forced < r.start < 2.03
+        r for r in outcome.world.checker.records if r.client == 4 and forced < r.start < 2.87
     )
     assert record.began < forced
     assert record.revoked is None
 
 
 def test_an_evicted_lease_whose_renewal_holds_a_quorum_is_watched_again() -> None:
-    # Seed 5 (fence): c3's round leaves at 6.6925 s, while the force release sent at 6.6924 s
-    # is still on its way: its lease, granted at 6.6937 s, is evicted at once. Its keys were
-    # set after the DEL on each node, and its renewal at 7.03 s holds n0, n1 and n3 and
-    # re-creates n2: from then on it is a lease like any other, checked beside the others
-    # until its release (the checker used to look away for the rest of its renewals).
-    outcome = simulate(5, profile="fence")
+    # Seed 4 (fence): c0 holds lock0 from 5.473 s (token cc2ad16c); the force release lands
+    # at 5.610 s and evicts it. Its renewal at 6.048 s holds n0 and n2, whose keys were set
+    # after the DEL on each (the checker's _holds_after_force): from then on a lease like any other,
+    # checked beside the others until its release (the checker used to look away for the
+    # rest of its renewals).
+    outcome = simulate(4, profile="fence")
     assert not outcome.violations, outcome.report()
     world = outcome.world
     forced = world.checker.forced["lock0"]
-    record = next(r for r in world.checker.records if r.token.startswith("80dba29b"))
-    assert record.start < forced  # granted while the force release was still landing
+    record = next(r for r in world.checker.records if r.token.startswith("cc2ad16c"))
+    assert record.start < forced  # held when the force release landed
     assert any(
-        by == "c3" and line.startswith("renewed 80dba29b") and t > forced
+        by == "c0" and line.startswith("renewed cc2ad16c") and t > forced
         for t, by, line in world.trace
     )
     assert record.revoked is None

@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any
 
 from django_redlock.core import flow
+from django_redlock.procedures.effects import Grants, Listen, Post, Round, Sleep, Subscribe, Wait
 from django_redlock.wire import primitives, rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.stall import stall_limits
@@ -449,32 +450,6 @@ def _parse(data: bytes) -> tuple[int, list[bytes]]:
 
 
 @dataclass
-class Round:
-    """What a client process yields to send a round and wait for its outcome."""
-
-    commands: Sequence[scripts.Command | None]
-    yes_value: object
-    need: int
-    give_up: int | None = None
-    identify: bool = False
-
-
-@dataclass
-class Sleep:
-    seconds: float
-
-
-@dataclass
-class Wait:
-    """Wait up to ``seconds`` (the client's clock) for a wake-up published to ``waiter``
-    (``Subscriber.wait``); the process is sent True when woken, False on the timeout."""
-
-    seconds: float
-    waiter: str
-    need: int = 0  # a waiter taking grants: this many nodes' grants end the wait too
-
-
-@dataclass
 class Db:
     """A statement on the fenced table (``tests/sim/fence.py``): ``mint`` the row of ``name``
     (the process is sent its new token), or ``write`` it under ``token`` (sent True when the
@@ -524,12 +499,33 @@ class SimClient:
     heard: set[int] = field(default_factory=set)  # nodes whose hello reported their quarantine
     db_in: float = 0.0  # when its last statement reaches the database (one connection, FIFO)
     db_out: float = 0.0
+    round_began: float = 0.0  # virtual time its last round was sent
+    host: Any = None  # what its procedures ask of the engine (clients.SimHost)
+    last_results: Sequence[Any] = ()  # the replies of its last round, as its process got them
 
     def now(self) -> float:
         return self.clock.at(self.world.now)
 
     def log(self, text: str) -> None:
         self.world.log(f"c{self.index}", text)
+
+
+class Crashed(BaseException):
+    """Thrown into the process of a client that crashed (or whose history ended)."""
+
+
+def abandon(process: Generator[Any, Any, None] | None) -> None:
+    """End ``process`` as a crash does: its procedure unwinds (a procedure's clean-ups would
+    ask for posts, which a crashed client never sends, so they are dropped), rather than be
+    closed by the collector, where a procedure unwinding would ask for a post in vain."""
+    if process is None:
+        return
+    try:
+        process.throw(Crashed())
+        while True:
+            process.send(None)
+    except (Crashed, StopIteration):
+        pass
 
 
 class World:
@@ -606,6 +602,8 @@ class World:
             self.now = when
             self.steps += 1
             action()
+        for client in self.clients:
+            abandon(client.process)  # the history ends: nothing more is sent
         self.checker.finish()
         return self
 
@@ -622,13 +620,29 @@ class World:
         if client.paused_until > self.now:  # a GC pause: it resumes when the pause ends
             self.at(client.paused_until, lambda: self.step(client, value, process))
             return
-        try:
-            request = client.process.send(value)
-        except StopIteration:
-            client.process = None
-            return
+        while True:
+            try:
+                request = client.process.send(value)
+            except StopIteration:
+                client.process = None
+                return
+            # What takes no virtual time is carried out at once, and the process resumed.
+            if type(request) is Post:
+                self.clean_up(client, request.commands)
+                value = None
+            elif type(request) is Listen:
+                client.waiters += 1
+                value = f"c{client.index}.{client.waiters}"
+            elif type(request) is Subscribe:
+                # The simulated pub/sub hears every channel at once: subscribed just now, so
+                # the procedure tries again at once (a release before it is covered).
+                value = True
+            elif type(request) is Grants:
+                value = client.grants.pop(request.waiter, {})
+            else:
+                break
         if isinstance(request, Sleep):
-            wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
+            wake = self.now + max(0.0, request.delay) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.step(client, None, process))
         elif isinstance(request, Wait):
             heard = len(client.grants.get(request.waiter, ()))
@@ -640,7 +654,7 @@ class World:
             marker = (request.waiter, object())
             client.waiting = marker
             client.wait_need = request.need
-            wake = self.now + max(0.0, request.seconds) / (1.0 + client.clock.rate)
+            wake = self.now + max(0.0, request.delay) / (1.0 + client.clock.rate)
             self.at(wake, lambda: self.end_wait(client, marker, False, process))
             if request.need and heard:
                 self._settle(client, marker, process)
@@ -723,8 +737,9 @@ class World:
         size = len(request.commands)
         need = request.need
         give_up = size - need if request.give_up is None else request.give_up
-        exchange = Exchange(size, request.yes_value, need, give_up)
+        exchange = Exchange(size, request.yes, need, give_up)
         exchange.waiter = client.process
+        client.round_began = self.now
         self.rounds += 1
         for index, command in enumerate(request.commands):
             if command is None:
@@ -743,6 +758,7 @@ class World:
         if exchange.closed:
             return
         exchange.closed = True
+        client.last_results = exchange.results
         self.step(client, exchange, exchange.waiter)
 
     def timeout_round(self, client: SimClient, exchange: Exchange) -> None:
@@ -1064,6 +1080,7 @@ class World:
         if not client.alive:
             return
         client.alive = False
+        abandon(client.process)
         client.process = None
         self.checker.client_crashed(client)
         self.log(f"c{client.index}", f"crashed; a new process in {seconds * 1000:.0f} ms")
