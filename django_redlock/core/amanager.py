@@ -43,9 +43,7 @@ from django_redlock.core.engine import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
-from django_redlock.core.lease import (
-    BaseLease,
-)
+from django_redlock.core.lease import TAKER_PID, BaseLease
 from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
@@ -199,7 +197,7 @@ class AsyncLease(BaseLease):
             LeaseReleased: called twice.
             LockLost: the lease had expired, or a quorum no longer held it.
         """
-        if self._state[10] != process.PID:  # a forked child: no call in the usual case
+        if self._state[TAKER_PID] != process.PID:  # a forked child: no call in the usual case
             self._refuse_inherited()
         if not self._end_hold():
             return

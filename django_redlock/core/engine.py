@@ -794,37 +794,14 @@ class Engine:
         re-create where a node lost the key (with ``lease``'s owner record)."""
         return renewal_round(lease, len(self.addresses), self.owners.record)
 
-    def expired_before_renewal(self, lease: BaseLease) -> list[Command | None] | None:
-        """See :func:`~django_redlock.core.lease.expired_before_renewal`."""
-        return expired_before_renewal(lease, len(self.addresses))
-
-    def lost_error(self, lease: BaseLease) -> LockLost:
-        """The :class:`LockLost` of ``lease``'s end."""
-        return lost_error(lease)
-
-    def settle_extend(
-        self, lease: BaseLease, start: float, now: float, results: Sequence[Any]
-    ) -> float:
-        """See :data:`~django_redlock.core.lease.settle_extend`."""
-        return settle_extend(lease, start, now, results)
-
-    def lost_clean_up(self, lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
-        """See :func:`~django_redlock.core.lease.lost_clean_up`."""
-        return lost_clean_up(lease, results)
-
-    def release_round(self, lease: BaseLease) -> tuple[list[Command], object, bool, bool]:
-        """See :func:`~django_redlock.core.lease.release_round`."""
-        return release_round(lease, len(self.addresses))
-
-    def settle_release(
-        self, lease: BaseLease, results: Sequence[Any], deleted: int, expired: bool
-    ) -> None:
-        """See :data:`~django_redlock.core.lease.settle_release`."""
-        settle_release(lease, results, deleted, expired)
-
-    def owns_round(self, lease: BaseLease) -> list[Command]:
-        """See :func:`~django_redlock.core.lease.owns_round`."""
-        return owns_round(lease, len(self.addresses))
+    # The lease's side of its rounds, core.lease's functions themselves (no call between).
+    expired_before_renewal = staticmethod(expired_before_renewal)
+    lost_error = staticmethod(lost_error)
+    settle_extend = staticmethod(settle_extend)
+    lost_clean_up = staticmethod(lost_clean_up)
+    release_round = staticmethod(release_round)
+    settle_release = staticmethod(settle_release)
+    owns_round = staticmethod(owns_round)
 
     def validity(self, lease: BaseLease) -> float:
         """``lease``'s validity left, in seconds."""

@@ -18,7 +18,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, Generic, Protocol, TypeGuard, TypeVar
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeGuard, TypeVar, cast
 
 try:
     # CPython's atomic "delete this key if its weak reference is dead", which
@@ -91,24 +91,70 @@ def held_on(nodes: Iterable[bool]) -> tuple[bool, ...]:
     return held
 
 
-# A lease's own values, as ``BaseLease._state`` holds them (see there).
+# A lease's own values, as ``BaseLease._state`` holds them (see there), and the index of each.
 _State = tuple[
-    str,  # 0 name
-    str,  # 1 key
-    str,  # 2 token
-    float,  # 3 ttl
-    float,  # 4 acquired_at
-    str | None,  # 5 origin
-    str,  # 6 owner record
-    float,  # 7 expires_at
-    str | None,  # 8 missed
-    str,  # 9 waiter
-    int,  # 10 pid
-    float | None,  # 11 renew_until
-    tuple[str, ...] | None,  # 12 names
-    tuple[bool, ...] | None,  # 13 held
-    int | None,  # 14 fencing token
+    str,  # NAME
+    str,  # KEY
+    str,  # TOKEN
+    float,  # TTL
+    float,  # ACQUIRED_AT
+    str | None,  # ORIGIN
+    str,  # OWNER: the owner record
+    float,  # EXPIRES_AT
+    str | None,  # MISSED
+    str,  # WAITER
+    int,  # TAKER_PID
+    float | None,  # RENEW_UNTIL
+    tuple[str, ...] | None,  # NAMES
+    tuple[bool, ...] | None,  # HELD
+    int | None,  # FENCING_TOKEN
 ]
+NAME: Final = 0
+KEY: Final = 1
+TOKEN: Final = 2
+TTL: Final = 3
+ACQUIRED_AT: Final = 4
+ORIGIN: Final = 5
+OWNER: Final = 6
+EXPIRES_AT: Final = 7
+MISSED: Final = 8
+WAITER: Final = 9
+TAKER_PID: Final = 10
+RENEW_UNTIL: Final = 11
+NAMES: Final = 12
+HELD: Final = 13
+FENCING_TOKEN: Final = 14
+_FIELDS = {
+    "name": NAME,
+    "key": KEY,
+    "token": TOKEN,
+    "ttl": TTL,
+    "acquired_at": ACQUIRED_AT,
+    "origin": ORIGIN,
+    "owner": OWNER,
+    "expires_at": EXPIRES_AT,
+    "missed": MISSED,
+    "waiter": WAITER,
+    "taker_pid": TAKER_PID,
+    "renew_until": RENEW_UNTIL,
+    "names": NAMES,
+    "held": HELD,
+    "fencing_token": FENCING_TOKEN,
+}
+
+
+def replaced(state: _State, **changes: object) -> _State:
+    """``state`` with the fields named in ``changes`` (``_FIELDS``' names) set anew: the one
+    way a lease's state changes. A new tuple, never one changed in place, so it stays a
+    tuple of atomics the collector untracks (see BaseLease's slots).
+
+    Raises:
+        KeyError: a name that is no field.
+    """
+    values: list[object] = list(state)
+    for field, value in changes.items():
+        values[_FIELDS[field]] = value
+    return cast(_State, tuple(values))
 
 
 # CPython's PyObject_GC_UnTrack where it can be had (see core.untracking); used on the
@@ -319,7 +365,7 @@ class Reentry(Generic[_V]):
         lease's scope and name are read here rather than through their accessors."""
         scope = lease._scope
         if scope is not None:
-            self.remove(scope, lease._state[0], lease)
+            self.remove(scope, lease._state[NAME], lease)
 
     def __bool__(self) -> bool:
         """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
@@ -496,20 +542,19 @@ class BaseLease:
         "_state",
     )
 
-    # What ``_state`` holds, by index (see _State; literal indices below: a name would cost
-    # a global read on the hot path): 0 name, 1 key, 2 token, 3 ttl, 4 acquired_at, 5 origin
-    # never change; 6 owner record is set by the grant (or once by the first renewal of an
-    # adopted lease); 7 expires_at (host clock, seconds) and 8 missed (why the last renewal
-    # reached no quorum, or None) by each renewal; 9 waiter (the blocking acquire's waiter
-    # id, or ""), 10 pid (the process that took it), 11 renew_until (a time.monotonic()
-    # instant, or None), 12 names (lock_many's, or None) once, before the lease is its
-    # owner's (names: in its turn); 13 held (which nodes hold it: see __init__) by the
-    # grant and each renewal that reaches a quorum; 14 fencing token (None, or the int the
-    # database minted: see fencing_token) once, by its owner, in its turn. The tuple is
-    # replaced whole, never changed in place; once the lease is its owner's, only by a
-    # renewal (or those two setters), which the lease's turn (core.turns) serialises with
-    # the owner's extend when the lease is auto-extended (only the owner renews it
-    # otherwise), so no update is lost.
+    # What ``_state`` holds, by the index names above _State: NAME, KEY, TOKEN, TTL,
+    # ACQUIRED_AT, ORIGIN never change; OWNER (the owner record) is set by the grant (or
+    # once by the first renewal of an adopted lease); EXPIRES_AT (host clock, seconds) and
+    # MISSED (why the last renewal reached no quorum, or None) by each renewal; WAITER (the
+    # blocking acquire's waiter id, or ""), TAKER_PID (the process that took it),
+    # RENEW_UNTIL (a time.monotonic() instant, or None), NAMES (lock_many's, or None) once,
+    # before the lease is its owner's (names: in its turn); HELD (which nodes hold it: see
+    # __init__) by the grant and each renewal that reaches a quorum; FENCING_TOKEN (None, or
+    # the int the database minted: see fencing_token) once, by its owner, in its turn. The
+    # tuple is replaced whole (replaced()), never changed in place; once the lease is its
+    # owner's, only by a renewal (or those two setters), which the lease's turn
+    # (core.turns) serialises with the owner's extend when the lease is auto-extended (only
+    # the owner renews it otherwise), so no update is lost.
 
     def __init__(
         self,
@@ -554,7 +599,7 @@ class BaseLease:
             process.PID,
             None,
             None,
-            # 13 held: which nodes held the lease after the round that granted or last
+            # HELD: which nodes held the lease after the round that granted or last
             # renewed it (None: not known, every node), for judge_extend to tell a lost key
             # from one never granted. A tuple of bools shared by the leases held on the same
             # nodes (see held_on), so _state stays a tuple the collector does not track (a
@@ -579,55 +624,54 @@ class BaseLease:
     @property
     def name(self) -> str:
         """The lock name (of ``lock_many``: its names, sorted, joined by ``" + "``)."""
-        return self._state[0]
+        return self._state[NAME]
 
     @property
     def key(self) -> str:
         """The Redis key on every node."""
-        return self._state[1]
+        return self._state[KEY]
 
     @property
     def ttl(self) -> float:
         """The lease length in seconds."""
-        return self._state[3]
+        return self._state[TTL]
 
     @property
     def acquired_at(self) -> float:
         """When the lease was taken, on the manager's monotonic clock (seconds)."""
-        return self._state[4]
+        return self._state[ACQUIRED_AT]
 
     @property
     def origin(self) -> str | None:
         """Where the lease was taken (free text for operators), or None."""
-        return self._state[5]
+        return self._state[ORIGIN]
 
     @property
     def _owner(self) -> str:
         """The owner record stored with the keys (JSON; never the token): what a renewal
         stores where it re-creates a key a node lost. Set by the acquire; made on first use
         for a lease built otherwise (adopted, or from a Celery message); "" until then."""
-        return self._state[6]
+        return self._state[OWNER]
 
     @_owner.setter
     def _owner(self, owner: str) -> None:
-        s = self._state
-        self._state = (*s[:6], owner, *s[7:])
+        self._state = replaced(self._state, owner=owner)
 
     @property
     def _expires_at(self) -> float:
         """When the validity runs out, on the host's clock (seconds)."""
-        return self._state[7]
+        return self._state[EXPIRES_AT]
 
     @property
     def _missed(self) -> str | None:
         """Why the last renewal reached no quorum (None after a successful one): the words
         of the loss if the validity runs out before a renewal gets through."""
-        return self._state[8]
+        return self._state[MISSED]
 
     @property
     def _pid(self) -> int:
         """The process that took the lease (see :attr:`inherited`)."""
-        return self._state[10]
+        return self._state[TAKER_PID]
 
     @property
     def _released(self) -> bool:
@@ -652,32 +696,32 @@ class BaseLease:
     def _shape(self) -> Shape:
         """What the lease is on the nodes: its commands for each round."""
         shape = self._special_shape
-        return Shape(self._state[1]) if shape is None else shape
+        return Shape(self._state[KEY]) if shape is None else shape
 
     @property
     def names(self) -> tuple[str, ...]:
         """The lock names the lease holds, sorted: ``(name,)`` but for ``lock_many``."""
         state = self._state
-        names: tuple[str, ...] | None = state[12]
-        return (state[0],) if names is None else names
+        names: tuple[str, ...] | None = state[NAMES]
+        return (state[NAME],) if names is None else names
 
     @names.setter
     def names(self, names: tuple[str, ...]) -> None:
         # Set by lock_many once the lease is its owner's: the extender may already renew it,
         # so in its turn, lest this and a renewal each replace _state and one be lost.
         if self._guard is None:
-            self._state = (*self._state[:12], names, *self._state[13:])
+            self._state = replaced(self._state, names=names)
             return
         turns.take(self)
         try:
-            self._state = (*self._state[:12], names, *self._state[13:])
+            self._state = replaced(self._state, names=names)
         finally:
             turns.give_back(self)
 
     @property
     def fencing_token(self) -> int | None:
         """The database-minted fencing token, or ``None`` when not fenced."""
-        return self._state[14]
+        return self._state[FENCING_TOKEN]
 
     @fencing_token.setter
     def fencing_token(self, token: object) -> None:
@@ -692,18 +736,18 @@ class BaseLease:
                 raise TypeError(f"fencing_token must be an int or None, not {token!r}")
             token = int(token)
         if self._guard is None:
-            self._state = (*self._state[:14], token)
+            self._state = replaced(self._state, fencing_token=token)
             return
         turns.take(self)
         try:
-            self._state = (*self._state[:14], token)
+            self._state = replaced(self._state, fencing_token=token)
         finally:
             turns.give_back(self)
 
     @property
     def token(self) -> str:
         """The random lease token. A bearer secret: never logged, never shown."""
-        return self._state[2]
+        return self._state[TOKEN]
 
     def __repr__(self) -> str:
         state = "released" if self._released else "lost" if self.lost else "held"
@@ -729,7 +773,7 @@ class BaseLease:
         left."""
         if self._end is not None:
             return 0.0
-        return max(0.0, self._state[7] - self._host.clock())
+        return max(0.0, self._state[EXPIRES_AT] - self._host.clock())
 
     def remaining(self) -> float:
         """Seconds of validity left by the local monotonic clock (≥ 0): :attr:`validity`, as
@@ -743,7 +787,7 @@ class BaseLease:
         failed to reach a quorum does not make it lost. A released lease is not lost."""
         if self._depth == 0:
             return False
-        return self._end is not None or self._state[7] <= self._host.clock()
+        return self._end is not None or self._state[EXPIRES_AT] <= self._host.clock()
 
     @property
     def lost_cause(self) -> str | None:
@@ -754,7 +798,7 @@ class BaseLease:
         end = self._end
         if end is not None:
             return end[1] or flow.EXPIRED
-        if self._depth != 0 and self._state[7] <= self._host.clock():
+        if self._depth != 0 and self._state[EXPIRES_AT] <= self._host.clock():
             return flow.EXPIRED
         return None
 
@@ -766,7 +810,7 @@ class BaseLease:
         if self.lost_cause is None:
             return None
         end = self._end
-        return self._state[7] if end is None else end[2]
+        return self._state[EXPIRES_AT] if end is None else end[2]
 
     @property
     def released(self) -> bool:
@@ -777,7 +821,7 @@ class BaseLease:
     def inherited(self) -> bool:
         """True in a process forked from the lease's owner: there the lease cannot be
         released, extended or checked (:class:`LeaseInherited`)."""
-        return self._state[10] != current_pid()
+        return self._state[TAKER_PID] != current_pid()
 
     @property
     def auto_extended(self) -> bool:
@@ -801,7 +845,7 @@ class BaseLease:
         if self._depth == 0:
             raise LeaseReleased(self.name)
         if self._end is None:
-            expires_at = self._state[7]
+            expires_at = self._state[EXPIRES_AT]
             if expires_at > self._host.clock():
                 return
             self._mark_lost(self._expiry_reason(), flow.EXPIRED, expires_at)
@@ -858,7 +902,7 @@ class BaseLease:
             if self._depth == 0 or self._end is not None:
                 return None
             reporter = self._host.reporter
-            until = self._state[11]
+            until = self._state[RENEW_UNTIL]
             if until is not None and time.monotonic() >= until:
                 reporter.renewal_stopped(self)
                 return None
@@ -890,14 +934,14 @@ class BaseLease:
         may have had the turn at the instant of the fork, and the child's copy of it then stays
         taken forever (core.turns).
         """
-        pid = self._state[10]
+        pid = self._state[TAKER_PID]
         if pid != current_pid():
             raise LeaseInherited(self.name, pid, current_pid())
 
     def _left_inherited(self) -> bool:
         """True (with a warning) when a ``with`` block of this lease ends in a forked child,
         which must leave the parent's keys alone (sync and asyncio alike)."""
-        pid = self._state[10]
+        pid = self._state[TAKER_PID]
         if pid == current_pid():
             return False
         self._host.reporter.left_inherited(self, current_pid(), pid)
@@ -914,11 +958,11 @@ class BaseLease:
         """The :class:`LockLost` of this lease's end (also after its release noticed it)."""
         end = self._end
         if end is None:  # not marked lost (yet): it can only have run out
-            return LockLost(self.name, self._expiry_reason(), flow.EXPIRED, self._state[7])
+            return LockLost(self.name, self._expiry_reason(), flow.EXPIRED, self._state[EXPIRES_AT])
         return LockLost(self.name, end[0] or self._expiry_reason(), end[1] or flow.EXPIRED, end[2])
 
     def _expiry_reason(self) -> str:
-        missed = self._state[8]
+        missed = self._state[MISSED]
         if missed is not None:
             return (
                 "the lease expired: its validity ran out before a renewal reached a quorum "
@@ -954,10 +998,10 @@ class BaseLease:
         """
         host = self._host
         verdict = flow.judge_release(host.nodes, results, deleted, expired)
-        host.reporter.released(self, host.clock() - self._state[4])
+        host.reporter.released(self, host.clock() - self._state[ACQUIRED_AT])
         if verdict.lost is not None:
             cause = flow.EXPIRED if expired else flow.GONE
-            self._mark_lost(verdict.lost, cause, self._state[7] if expired else None)
+            self._mark_lost(verdict.lost, cause, self._state[EXPIRES_AT] if expired else None)
             raise self._lost_error()
         host.reporter.released_cleanly(self, deleted, verdict.partial)
 
@@ -965,7 +1009,7 @@ class BaseLease:
         """True (the lease now marked lost) when its validity ran out before a renewal round
         could start: no round is sent then. A renewal re-creates keys a node lost; sent for
         a lease already ended it would only set keys that the clean-up must delete again."""
-        expires_at = self._state[7]
+        expires_at = self._state[EXPIRES_AT]
         if expires_at > self._host.clock():
             return False
         self._mark_lost(self._expiry_reason(), flow.EXPIRED, expires_at)
@@ -984,8 +1028,8 @@ class BaseLease:
         """
         host = self._host
         s = self._state
-        expires_at, previous, missed = s[7], s[13], s[8]
-        outcome = flow.judge_extend(host.nodes, s[3], expires_at, start, now, results, previous)
+        expires_at, previous, missed = s[EXPIRES_AT], s[HELD], s[MISSED]
+        outcome = flow.judge_extend(host.nodes, s[TTL], expires_at, start, now, results, previous)
         if isinstance(outcome, flow.Lost):
             at = expires_at if outcome.cause == flow.EXPIRED else now
             if outcome.cause == flow.EXPIRED and missed is not None:
@@ -995,7 +1039,7 @@ class BaseLease:
             self._mark_lost(reason, outcome.cause, at)
             raise self._lost_error()
         if isinstance(outcome, flow.Missed):
-            self._state = (*s[:8], outcome.reason, *s[9:])
+            self._state = replaced(s, missed=outcome.reason)
             raise LeaseNotExtended(
                 self.name,
                 outcome.renewed,
@@ -1009,7 +1053,7 @@ class BaseLease:
             reply in (1, 2) if type(reply) is int else previous is None or previous[i]
             for i, reply in enumerate(results)
         )
-        self._state = (*s[:7], now + outcome, None, *s[9:13], held, s[14])
+        self._state = replaced(s, expires_at=now + outcome, missed=None, held=held)
         tally = flow.extend_tally(results)
         host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
         return outcome
@@ -1056,25 +1100,7 @@ def settle_grant(lease: BaseLease, owner: str, held: tuple[bool, ...], waiter: s
     """Record what the round that granted (or handed over) ``lease`` left: its owner record
     ("" when not known yet: made at its first renewal), which nodes hold it, and the waiter
     id whose place in line its release drops."""
-    s = lease._state
-    # Written out, not sliced: this is on every acquire's path.
-    lease._state = (
-        s[0],
-        s[1],
-        s[2],
-        s[3],
-        s[4],
-        s[5],
-        owner,
-        s[7],
-        s[8],
-        waiter,
-        s[10],
-        s[11],
-        s[12],
-        held,
-        s[14],
-    )
+    lease._state = replaced(lease._state, owner=owner, waiter=waiter, held=held)
 
 
 def take_over(
@@ -1093,7 +1119,7 @@ def take_over(
         lease._guard = False
         if hold is not None:
             s = lease._state
-            lease._state = (*s[:11], time.monotonic() + hold, *s[12:])
+            lease._state = replaced(s, renew_until=time.monotonic() + hold)
         # A third of what the lease has left, not of its ttl: an adopted lease keeps only the
         # validity its giver had, which may be less than ttl / 3 (it would run out before its
         # first renewal). For a new lease the two are all but equal.
@@ -1105,7 +1131,7 @@ def take_over(
         # The registry's tuple for this scope, equal to ``scope``: one shared by all the
         # leases the scope holds (an asyncio task's holds a weak reference to the task, so
         # the collector tracks it: one per task, not one per lease).
-        lease._scope = registry.put(scope, lease._state[0], lease)
+        lease._scope = registry.put(scope, lease._state[NAME], lease)
 
 
 def let_go(lease: BaseLease) -> None:
@@ -1145,7 +1171,7 @@ def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] 
 def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
     """After :func:`settle_extend` raised ``LockLost``: the releases its round's ``results``
     call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
-    return flow.lost_clean_up(lease._shape, lease._state[2], lease._lost_cause, results)
+    return flow.lost_clean_up(lease._shape, lease._state[TOKEN], lease._lost_cause, results)
 
 
 def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, bool, bool]:
@@ -1154,13 +1180,13 @@ def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, b
     whether the commands take the connection's identity (send them with that ``identify``:
     see :meth:`~django_redlock.core.shapes.Shape.held_release`)."""
     s = lease._state
-    expired = s[7] <= lease._host.clock()
+    expired = s[EXPIRES_AT] <= lease._host.clock()
     shape = lease._special_shape
     if shape is None:
         # A plain lock: what Shape(key).held_release sends, without building the Shape
         # (two calls fewer on every release).
-        return [release_command(s[1], s[2], s[9], True)] * size, 1, expired, True
-    commands = [shape.held_release(s[2], s[9])] * size
+        return [release_command(s[KEY], s[TOKEN], s[WAITER], True)] * size, 1, expired, True
+    commands = [shape.held_release(s[TOKEN], s[WAITER])] * size
     return commands, shape.release_yes, expired, shape.release_identified
 
 

@@ -55,7 +55,7 @@ from django_redlock.core.engine import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
-from django_redlock.core.lease import BaseLease
+from django_redlock.core.lease import TAKER_PID, BaseLease
 from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
@@ -151,7 +151,7 @@ class Lease(BaseLease):
                 raised: their keys expire by themselves.)
             LeaseInherited: called in a forked child; the parent's keys are left alone.
         """
-        if self._state[10] != process.PID:  # a forked child: no call in the usual case
+        if self._state[TAKER_PID] != process.PID:  # a forked child: no call in the usual case
             self._refuse_inherited()
         if self._guard is None:
             if self._end_hold():

@@ -33,8 +33,9 @@ _L_contra = TypeVar("_L_contra", contravariant=True)
 
 class LeaseHost(Protocol[_L_contra]):
     """What a lease's rounds ask of its host (the engine; the simulator's client): the
-    nodes, the clock, and the lease's side of each round (its commands, and the settling of
-    its state from the replies, which ``core.lease`` keeps)."""
+    nodes, the clock, and the lease's side of each round (its commands on ``size`` nodes,
+    and the settling of its state from the replies, which ``core.lease`` keeps: the engine
+    gives those functions themselves, with no call of its own in between)."""
 
     @property
     def nodes(self) -> flow.Nodes: ...
@@ -42,7 +43,9 @@ class LeaseHost(Protocol[_L_contra]):
     @property
     def clock(self) -> Callable[[], float]: ...
 
-    def expired_before_renewal(self, lease: _L_contra) -> Sequence[Command | None] | None: ...
+    def expired_before_renewal(
+        self, lease: _L_contra, size: int
+    ) -> Sequence[Command | None] | None: ...
 
     def lost_error(self, lease: _L_contra) -> LockLost: ...
 
@@ -56,13 +59,15 @@ class LeaseHost(Protocol[_L_contra]):
         self, lease: _L_contra, results: Sequence[Any]
     ) -> Sequence[Command | None]: ...
 
-    def release_round(self, lease: _L_contra) -> tuple[Sequence[Command], object, bool, bool]: ...
+    def release_round(
+        self, lease: _L_contra, size: int
+    ) -> tuple[Sequence[Command], object, bool, bool]: ...
 
     def settle_release(
         self, lease: _L_contra, results: Sequence[Any], deleted: int, expired: bool
     ) -> None: ...
 
-    def owns_round(self, lease: _L_contra) -> Sequence[Command]: ...
+    def owns_round(self, lease: _L_contra, size: int) -> Sequence[Command]: ...
 
     def validity(self, lease: _L_contra) -> float: ...
 
@@ -78,7 +83,8 @@ def extend(host: LeaseHost[_L], lease: _L) -> Generator[Effect, Any, float]:
         LeaseNotExtended: no quorum either way; nothing is freed: the lease keeps its
             validity, and its keys keep others out until it runs out.
     """
-    expired = host.expired_before_renewal(lease)
+    nodes = host.nodes
+    expired = host.expired_before_renewal(lease, nodes.size)
     if expired is not None:
         # No round for a lease already ended: it would only set keys that the clean-up
         # must delete again.
@@ -86,7 +92,6 @@ def extend(host: LeaseHost[_L], lease: _L) -> Generator[Effect, Any, float]:
         raise host.lost_error(lease)
     commands = host.extend_round(lease)
     start = host.clock()
-    nodes = host.nodes
     # Never given up early on refusals: a node that never held the lease may answer "set
     # again" (2) without any loss, so only every answer (or the deadline) decides.
     exchange = yield Round(commands, 1, nodes.quorum, nodes.size)
@@ -110,8 +115,9 @@ def release(host: LeaseHost[_L], lease: _L) -> tuple[Round, bool]:
     instead of keeping the key for the whole ttl; and it is finished even if the caller is
     cancelled (``Round.queue_behind``).
     """
-    commands, yes, expired, identify = host.release_round(lease)
-    return Round(commands, yes, host.nodes.quorum, None, identify, True), expired
+    nodes = host.nodes
+    commands, yes, expired, identify = host.release_round(lease, nodes.size)
+    return Round(commands, yes, nodes.quorum, None, identify, True), expired
 
 
 def released(host: LeaseHost[_L], lease: _L, exchange: Answer, expired: bool) -> None:
@@ -125,8 +131,9 @@ def released(host: LeaseHost[_L], lease: _L, exchange: Answer, expired: bool) ->
 
 def owned(host: LeaseHost[_L], lease: _L) -> Generator[Effect, Any, bool]:
     """Whether a quorum still holds ``lease``'s token and its validity has not run out."""
-    exchange = yield Round(host.owns_round(lease), 1, host.nodes.quorum)
-    return flow.owned(host.nodes, exchange.yes, host.validity(lease))
+    nodes = host.nodes
+    exchange = yield Round(host.owns_round(lease, nodes.size), 1, nodes.quorum)
+    return flow.owned(nodes, exchange.yes, host.validity(lease))
 
 
 class Adopting(Protocol):

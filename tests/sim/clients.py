@@ -139,12 +139,12 @@ class SimHost:
 
     # -- a held lease's side of its rounds (procedures.lease.LeaseHost), on a Held ---------
 
-    def expired_before_renewal(self, lease: Held) -> list[Command | None] | None:
+    def expired_before_renewal(self, lease: Held, size: int) -> list[Command | None] | None:
         if lease.expires_at > self.client.now():
             return None
         lease.cause = flow.EXPIRED
         self.client.log(f"lease {lease.token[:8]} expired before its renewal")
-        return lease.shape.clean_up(lease.token, None, self.nodes.size)
+        return lease.shape.clean_up(lease.token, None, size)
 
     def lost_error(self, lease: Held) -> LockLost:
         return LockLost(lease.name, "expired", lease.cause)
@@ -182,11 +182,11 @@ class SimHost:
     def lost_clean_up(self, lease: Held, results: Sequence[Any]) -> list[Command | None]:
         return flow.lost_clean_up(lease.shape, lease.token, lease.cause, results)
 
-    def release_round(self, lease: Held) -> tuple[list[Command], object, bool, bool]:
+    def release_round(self, lease: Held, size: int) -> tuple[list[Command], object, bool, bool]:
         shape = lease.shape
         command = shape.held_release(lease.token, lease.waiter)
         expired = lease.expires_at <= self.client.now()
-        return [command] * self.nodes.size, shape.release_yes, expired, shape.release_identified
+        return [command] * size, shape.release_yes, expired, shape.release_identified
 
     def settle_release(
         self, lease: Held, results: Sequence[Any], deleted: int, expired: bool
@@ -197,8 +197,8 @@ class SimHost:
             + (f"; lost: {verdict.lost}" if verdict.lost else "")
         )
 
-    def owns_round(self, lease: Held) -> list[Command]:
-        return flow.owns_round(self.nodes.size, lease.shape, lease.token)
+    def owns_round(self, lease: Held, size: int) -> list[Command]:
+        return flow.owns_round(size, lease.shape, lease.token)
 
     def validity(self, lease: Held) -> float:
         return max(0.0, lease.expires_at - self.client.now())
