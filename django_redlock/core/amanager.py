@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import math
 import threading
 import time
@@ -43,7 +42,7 @@ from django_redlock.core.engine import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
-from django_redlock.core.lease import TAKER_PID, BaseLease
+from django_redlock.core.lease import TAKER_PID, BaseLease, release_round, settle_release
 from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
@@ -57,15 +56,15 @@ from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Many, Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.procedures.acquire import acquire
-from django_redlock.procedures.lease import adopt, extend, owned, release, released
+from django_redlock.procedures.effects import Round
+from django_redlock.procedures.lease import adopt, extend, owned
 from django_redlock.wire import process
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.rounds import Round as RoundState
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
-
-logger = logging.getLogger("django_redlock")
 
 
 async def _take(lease: turns.Guarded) -> None:
@@ -106,6 +105,15 @@ def _keep_with_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -
 # What AsyncLockManager._on_engine made, by id(engine), weakly: held strongly, a manager would
 # keep its engine and the loops it reached alive for good.
 _ORPHANS: weakref.WeakValueDictionary[int, AsyncLockManager] = weakref.WeakValueDictionary()
+
+
+def settle_exchange(lease: BaseLease, exchange: RoundState, expired: bool) -> None:
+    """Judge a release round's outcome (``core.lease.settle_release``).
+
+    Raises:
+        LockLost: the lease had expired, or a quorum no longer held it.
+    """
+    settle_release(lease, exchange.results, exchange.yes, expired)
 
 
 class AsyncLease(BaseLease):
@@ -503,12 +511,12 @@ class AsyncLockManager(EngineConfigured):
             LockLost: the lease had expired, or a quorum no longer held it.
         """
         engine = self.engine
-        round_, expired = release(engine, lease)
+        commands, yes, expired, identify = release_round(lease, len(engine.addresses))
         await finish_round(
             self._connections(),
-            round_,
+            Round(commands, yes, engine.quorum, None, identify, True),
             engine.node_timeout,
-            partial(released, engine, lease, expired=expired),
+            partial(settle_exchange, lease, expired=expired),
         )
 
     async def _extend(self, lease: AsyncLease) -> float:

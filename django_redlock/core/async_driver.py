@@ -27,7 +27,7 @@ from django_redlock.procedures.effects import (
 from django_redlock.wire.aio import LoopConnections
 from django_redlock.wire.rounds import Round as RoundState
 
-__all__ = ["drive", "finish_round", "retrieve", "run_round"]
+__all__ = ["drive", "finish_round", "retrieve"]
 
 logger = logging.getLogger("django_redlock")
 
@@ -62,7 +62,15 @@ async def drive(
             error = None
             try:
                 if type(effect) is Round:
-                    value = await run_round(connections, effect, node_timeout)
+                    value = await connections.run(
+                        effect.commands,
+                        node_timeout,
+                        effect.yes,
+                        effect.need,
+                        give_up=effect.give_up,
+                        identify=effect.identify,
+                        queue_behind=effect.queue_behind,
+                    )
                 elif type(effect) is Post:
                     connections.post(effect.commands)
                     value = None
@@ -101,20 +109,6 @@ def retrieve(task: asyncio.Future[Any]) -> None:
     and told to the observer by the release itself)."""
     if not task.cancelled() and task.exception() is not None:
         logger.debug("release finished after its caller was cancelled: %s", task.exception())
-
-
-async def run_round(connections: LoopConnections, effect: Round, node_timeout: float) -> RoundState:
-    """Carry out the round ``effect`` (a procedure's, or a one-round procedure's plain
-    value) and return its outcome."""
-    return await connections.run(
-        effect.commands,
-        node_timeout,
-        effect.yes,
-        effect.need,
-        give_up=effect.give_up,
-        identify=effect.identify,
-        queue_behind=effect.queue_behind,
-    )
 
 
 async def finish_round(
@@ -164,7 +158,16 @@ async def _run_then(
     then: Callable[[RoundState], None],
 ) -> None:
     """:func:`finish_round` when a node needs connecting (or reading) before the send."""
-    then(await run_round(connections, effect, node_timeout))
+    exchange = await connections.run(
+        effect.commands,
+        node_timeout,
+        effect.yes,
+        effect.need,
+        give_up=effect.give_up,
+        identify=effect.identify,
+        queue_behind=True,
+    )
+    then(exchange)
 
 
 async def _outcome_then(

@@ -20,9 +20,8 @@ from django_redlock.procedures.effects import (
     Wait,
 )
 from django_redlock.wire.connection_set import ConnectionSet
-from django_redlock.wire.rounds import Round as RoundState
 
-__all__ = ["drive", "run_round"]
+__all__ = ["drive"]
 
 _R = TypeVar("_R")
 
@@ -55,7 +54,15 @@ def drive(
             error = None
             try:
                 if type(effect) is Round:
-                    value = run_round(connections, effect, node_timeout)
+                    value = connections.run(
+                        effect.commands,
+                        node_timeout,
+                        effect.yes,
+                        effect.need,
+                        give_up=effect.give_up,
+                        identify=effect.identify,
+                        queue_behind=effect.queue_behind,
+                    )
                 elif type(effect) is Post:
                     connections.post(effect.commands)
                     value = None
@@ -93,17 +100,3 @@ def drive(
             # Its channel may now be unsubscribed by another thread, once nobody listens on
             # it (the subscriber counts the listeners of each channel).
             connections.subscriber.unregister(waiter)
-
-
-def run_round(connections: ConnectionSet, effect: Round, node_timeout: float) -> RoundState:
-    """Carry out the round ``effect`` (a procedure's, or a one-round procedure's plain
-    value) and return its outcome."""
-    return connections.run(
-        effect.commands,
-        node_timeout,
-        effect.yes,
-        effect.need,
-        give_up=effect.give_up,
-        identify=effect.identify,
-        queue_behind=effect.queue_behind,
-    )

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from django_redlock.core import flow
 from django_redlock.procedures.effects import (
     LISTEN,
+    Answer,
     Effect,
     Grants,
     Post,
@@ -119,57 +120,25 @@ def acquire(
         end = clock()
         results = exchange.results
         left = first.judge(results, exchange.yes, start, end)
+        won: flow.FirstTry | flow.Acquire = first
         if left:
-            return (
-                yield from _granted(host, make, first, end, end + left, results, scope, checked)
+            acquired_at, expires_at = end, end + left
+        else:
+            won = attempt = host.resume(first, checked, listens)
+            acquired_at, expires_at, results = yield from _rounds(
+                host, attempt, checked, waiter, exchange, start, end
             )
-        attempt = host.resume(first, checked, listens)
-        while True:
-            step = attempt.judge(results, exchange.yes, start, end)
-            if type(step) is flow.Granted:
-                return (
-                    yield from _granted(
-                        host,
-                        make,
-                        attempt,
-                        step.acquired_at,
-                        step.expires_at,
-                        results,
-                        scope,
-                        checked,
-                    )
-                )
-            assert type(step) is flow.Failed
-            # Unlock wherever our SET may have landed, posted on the connections the SETs
-            # went out on, so a stalled node applies it after the SET when it wakes up.
-            yield Post(step.clean_up)
-            held = yield from _between(
-                host.failed(attempt, step, checked.origin), attempt, waiter, clock
-            )
-            if held is not None:
-                # A quorum of nodes granted the lock while it waited (hand-off): no round.
-                results = attempt.granted_results()
-                return (
-                    yield from _granted(
-                        host,
-                        make,
-                        attempt,
-                        held.acquired_at,
-                        held.expires_at,
-                        results,
-                        scope,
-                        checked,
-                    )
-                )
-            commands = attempt.next_round(host.quarantine.ms)
-            start = clock()
-            try:
-                exchange = yield Round(commands, attempt.decider, attempt.need, None, True)
-            except BaseException:
-                yield Post(attempt.interrupted())
-                raise
-            end = clock()
-            results = exchange.results
+        # Won: grants outside the lease freed (a semaphore's other slots), then the lease
+        # made by the host. If making it raises, the caller never gets the lease: its keys
+        # are freed (and the place in line left, below).
+        strays = shape.won(won.token, results)
+        if strays is not None:
+            yield Post(strays)
+        try:
+            return host.grant(make, won, acquired_at, expires_at, results, scope, checked)
+        except BaseException:
+            yield Post(won.interrupted())
+            raise
     except BaseException:
         if attempt is None:  # the first round was interrupted, or its grant failed
             attempt = host.resume(first, checked, listens)
@@ -180,6 +149,49 @@ def acquire(
             # would wait until it lapses.
             yield Post(leave)
         raise
+
+
+def _rounds(
+    host: AcquireHost[_L],
+    attempt: flow.Acquire,
+    checked: Checked,
+    waiter: str,
+    exchange: Answer,
+    start: float,
+    end: float,
+) -> Generator[Effect, Any, tuple[float, float, Sequence[Any]]]:
+    """The tries after a first round not won (its answer ``exchange``, sent at ``start`` and
+    decided at ``end``: judged again here, by the flow), until one wins or hand-off grants
+    make the lease: when it was taken, when its validity runs out (on the host's clock) and
+    the replies that made it.
+
+    Raises:
+        LockNotAcquired: the flow gave up (the caller leaves the line).
+    """
+    clock = host.clock
+    results = exchange.results
+    while True:
+        step = attempt.judge(results, exchange.yes, start, end)
+        if type(step) is flow.Granted:
+            return step.acquired_at, step.expires_at, results
+        assert type(step) is flow.Failed
+        # Unlock wherever our SET may have landed, posted on the connections the SETs went
+        # out on, so a stalled node applies it after the SET when it wakes up.
+        yield Post(step.clean_up)
+        action = host.failed(attempt, step, checked.origin)
+        held = yield from _between(action, attempt, waiter, clock)
+        if held is not None:
+            # A quorum of nodes granted the lock while it waited (hand-off): no round.
+            return held.acquired_at, held.expires_at, attempt.granted_results()
+        commands = attempt.next_round(host.quarantine.ms)
+        start = clock()
+        try:
+            exchange = yield Round(commands, attempt.decider, attempt.need, None, True)
+        except BaseException:
+            yield Post(attempt.interrupted())
+            raise
+        end = clock()
+        results = exchange.results
 
 
 def _between(
@@ -210,28 +222,3 @@ def _between(
         return None
     grants: Mapping[int, int] = yield Grants(waiter)
     return attempt.hear_grants(grants, clock())
-
-
-def _granted(
-    host: AcquireHost[_L],
-    make: Callable[..., _L],
-    attempt: flow.Acquire | flow.FirstTry,
-    acquired_at: float,
-    expires_at: float,
-    results: Sequence[Any],
-    scope: tuple[object, ...],
-    checked: Checked,
-) -> Generator[Effect, Any, _L]:
-    """The lease a round of ``attempt`` won (taken at ``acquired_at``, valid until
-    ``expires_at``): grants outside it freed (a semaphore's other slots), then made by the
-    host. If making it raises, the caller never gets the lease: its keys are freed."""
-    shape = attempt.shape
-    assert shape is not None
-    strays = shape.won(attempt.token, results)
-    if strays is not None:
-        yield Post(strays)
-    try:
-        return host.grant(make, attempt, acquired_at, expires_at, results, scope, checked)
-    except BaseException:
-        yield Post(attempt.interrupted())
-        raise

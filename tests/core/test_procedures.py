@@ -26,7 +26,6 @@ from django_redlock.procedures.effects import (
     Subscribe,
     Wait,
 )
-from django_redlock.procedures.lease import release, released
 from django_redlock.redlock import Lease
 from django_redlock.wire.errors import TIMED_OUT
 from django_redlock.wire.scripts import GRANTED
@@ -200,16 +199,3 @@ def test_the_first_contact_comes_before_the_acquire_begins(manager):
     assert type(first) is Round
     assert first.yes != b"PONG"
     finish(procedure)
-
-
-def test_a_release_is_one_round_queued_behind_and_judged_apart(manager):
-    procedure = start(manager, blocking=False)
-    next(procedure)
-    with pytest.raises(StopIteration) as done:
-        procedure.send(answer([GRANTED] * 3, 3))
-    lease = done.value.value
-    lease._depth = 0
-    round_, expired = release(manager.engine, lease)
-    assert round_.queue_behind
-    assert not expired
-    released(manager.engine, lease, answer([1, 1, 1], 3), expired)

@@ -32,7 +32,7 @@ from django_redlock.exceptions import (
 from django_redlock.procedures import acquire as acquire_procedure
 from django_redlock.procedures import lease as lease_procedures
 from django_redlock.wire.scripts import GRANTED, PING, Command
-from tests.sim.world import Db, LeaseRecord, SimClient, Sleep
+from tests.sim.world import Db, LeaseRecord, Round, SimClient, Sleep
 
 Process = Generator[Any, Any, None]
 
@@ -137,7 +137,8 @@ class SimHost:
             handle.fencing_token,
         )
 
-    # -- a held lease's side of its rounds (procedures.lease.LeaseHost), on a Held ---------
+    # -- a held lease's side of its rounds (procedures.lease.LeaseHost, and core.lease's
+    # release_round and settle_release), on a Held
 
     def expired_before_renewal(self, lease: Held, size: int) -> list[Command | None] | None:
         if lease.expires_at > self.client.now():
@@ -369,10 +370,13 @@ def hold(client: SimClient, lease: Held, owner: str) -> Process:
     if plain and not expired and rng.random() < config.handoffs:
         hand_off(client, lease, owner)
         return
-    # The release procedure (procedures.lease.release: a lock's release names its
-    # connection's server process, so a hand-off grant needs no INFO call).
-    round_, expired = lease_procedures.release(host, lease)
-    lease_procedures.released(host, lease, (yield round_), expired)
+    # The release (core.lease's release_round and settle_release, as Engine.release carries
+    # them out: a lock's release names its connection's server process, so a hand-off grant
+    # needs no INFO call).
+    nodes = world.flow_nodes
+    commands, yes, expired, identify = host.release_round(lease, nodes.size)
+    exchange = yield Round(commands, yes, nodes.quorum, None, identify, True)
+    host.settle_release(lease, exchange.results, exchange.yes, expired)
 
 
 def hand_off(client: SimClient, lease: Held, owner: str) -> None:

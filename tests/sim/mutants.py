@@ -257,8 +257,8 @@ def _validity_undrifted() -> Iterator[dict[bytes, bytes]]:
     of its round: neither the round's time nor the drift is subtracted."""
     yield from _procedure_line(
         acquire_procedure,
-        "_granted(host, make, first, end, end + left, results, scope, checked)",
-        "_granted(host, make, first, end, end + first.ttl, results, scope, checked)",
+        "acquired_at, expires_at = end, end + left",
+        "acquired_at, expires_at = end, end + first.ttl",
     )
 
 
