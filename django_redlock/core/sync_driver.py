@@ -18,6 +18,7 @@ from django_redlock.procedures.effects import (
     Sleep,
     Subscribe,
     Wait,
+    unwind,
 )
 from django_redlock.wire.connection_set import ConnectionSet
 
@@ -92,6 +93,11 @@ def drive(
             except BaseException as raised:
                 value = None
                 error = raised
+    except BaseException as escaping:
+        # Raised in this frame between two effects (a signal handler's interrupt at the
+        # loop's back edge), not thrown into the procedure above: its clean-ups go out now.
+        unwind(procedure, escaping, connections.post)
+        raise
     finally:
         # Not kept in this frame, which the error's traceback refers to: a cycle the
         # collector would have to find (a lease held by a task frame stays untracked).

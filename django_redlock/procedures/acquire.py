@@ -112,6 +112,8 @@ def acquire(
         start = clock()
         try:
             exchange = yield Round(first.commands, first.decider, first.need, None, True)
+        except GeneratorExit:  # closed unfinished: nothing can be posted any more
+            raise
         except BaseException:
             # Interrupted or cancelled mid-round: some SETs may have landed, or may still
             # land on a slow node, and nobody else will release them.
@@ -136,9 +138,13 @@ def acquire(
             yield Post(strays)
         try:
             return host.grant(make, won, acquired_at, expires_at, results, scope, checked)
+        except GeneratorExit:  # closed unfinished: nothing can be posted any more
+            raise
         except BaseException:
             yield Post(won.interrupted())
             raise
+    except GeneratorExit:
+        raise
     except BaseException:
         if attempt is None:  # the first round was interrupted, or its grant failed
             attempt = host.resume(first, checked, listens)
@@ -187,6 +193,8 @@ def _rounds(
         start = clock()
         try:
             exchange = yield Round(commands, attempt.decider, attempt.need, None, True)
+        except GeneratorExit:  # closed unfinished: nothing can be posted any more
+            raise
         except BaseException:
             yield Post(attempt.interrupted())
             raise

@@ -19,7 +19,8 @@ subscription); the driver unregisters the waiter it registered once the procedur
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
+from inspect import GEN_SUSPENDED, getgeneratorstate
 from typing import Any, Protocol
 
 from django_redlock.wire.scripts import Command
@@ -35,6 +36,7 @@ __all__ = [
     "Sleep",
     "Subscribe",
     "Wait",
+    "unwind",
 ]
 
 
@@ -144,3 +146,35 @@ class Answer(Protocol):
 
     @property
     def yes(self) -> int: ...
+
+
+def unwind(
+    procedure: Generator[Effect, Any, Any],
+    error: BaseException,
+    post: Callable[[Sequence[Command | None]], object],
+) -> None:
+    """Throw ``error`` into ``procedure`` if it is left suspended at a ``yield``, and carry out
+    the posts it yields while it unwinds (its clean-ups), with ``post``. For an error raised
+    in a driver's own frame between two effects, where no effect was running to throw it into:
+    a signal handler's ``KeyboardInterrupt`` (or a Celery soft time limit) at the driver
+    loop's back edge, the instant a won round's SETs are on the nodes. Left suspended, the
+    procedure would be closed by the garbage collector, where it can post nothing: its keys
+    stayed on the nodes for a whole ttl, and its place in line until it lapsed (found by
+    review, with an interrupt injected at each line of the sync driver).
+
+    Never raises: ``error`` (or whatever the procedure raised in its place) is the caller's
+    to raise. An effect other than a post (a procedure never yields one while unwinding)
+    gets ``error`` thrown in again.
+    """
+    if getgeneratorstate(procedure) != GEN_SUSPENDED:
+        return  # ended (the usual case: the error came out of it), or never started
+    try:
+        effect = procedure.throw(error)
+        while True:
+            if type(effect) is Post:
+                post(effect.commands)
+                effect = procedure.send(None)
+            else:
+                effect = procedure.throw(error)
+    except BaseException:  # the procedure ended, as it had to
+        return

@@ -179,6 +179,8 @@ def adopt(
             host.learn_quarantines(outcome.node_errors)
             raise outcome
         return host.adopted(make, adoption, results, start, end, outcome)
+    except GeneratorExit:  # closed unfinished: nothing can be posted any more
+        raise
     except BaseException as error:
         # Refused, unanswered or interrupted: nobody holds the new token.
         yield Post(adoption.undo(error))

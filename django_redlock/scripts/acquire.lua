@@ -74,7 +74,15 @@ local hand_seen = nil
 local taken = nil -- the fast path's EXISTS count, when it ran (the slow path reuses it)
 -- Not for a client that waits for replicas, nor on a node whose grants must be acknowledged
 -- (marker field a): replica_acks.lua below decides those.
-if marker[1] == ARGV[9] and marker[2] == ARGV[4] and not marker[3] and ARGV[11] == nil then
+-- An identity that is empty (an EVAL sent in place of an EVALSHA after NOSCRIPT carries none)
+-- never matches: node_rule.lua clears the marker's run to '' when a promoted replica is first
+-- seen or a process is refused, and '' == '' passed a quarantined node through this path
+-- (found by the simulator: seed 800431576, profile failovers, a SCRIPT FLUSH on a promoted
+-- replica within its quarantine; a proxy that hides a failover from the connection does the
+-- same).
+local run = ARGV[9]
+local known = run ~= nil and run ~= '' and marker[1] == run
+if known and marker[2] == ARGV[4] and not marker[3] and ARGV[11] == nil then
     local round = ARGV[8]
     if round == '1' and ARGV[5] ~= '' then
         -- hand_register.lua's prelude for a waiter's first round: refused when a later round
@@ -142,7 +150,7 @@ local longer = quarantine_longer(marker[2], quarantine)
 if longer ~= nil then
     return redis.error_reply(longer)
 end
-if marker[1] ~= ARGV[9] then
+if not known then
     local refusal = node_rule('\0django_redlock:node', quarantine, ARGV[10], true)
     if refusal ~= nil then
         return redis.error_reply(refusal)

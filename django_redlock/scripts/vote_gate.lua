@@ -31,7 +31,9 @@ local function vote_gate(marker, quarantine, run, fsync)
     if longer ~= nil then
         return longer
     end
-    if stored[1] ~= run then
+    -- An empty identity (an EVAL after NOSCRIPT carries none) never matches a cleared run
+    -- (see acquire.lua).
+    if run == nil or run == '' or stored[1] ~= run then
         return node_rule(marker, q, fsync, true)
     end
     if (tonumber(stored[2]) or 0) < q then
