@@ -29,8 +29,9 @@ import redis
 
 from django_redlock.localnodes import LocalNode, server_binary
 from django_redlock.wire.clients import client_for
-from django_redlock.wire.cluster import SLOTS
+from django_redlock.wire.cluster import SLOTS, slot_tag
 from django_redlock.wire.nodes import parse_node
+from django_redlock.wire.scripts import DECLARE_FRESH, NODE_KEY
 
 __all__ = ["BUS_OFFSET", "LocalShardedNode", "free_port_pair"]
 
@@ -179,8 +180,7 @@ class LocalShardedNode:
                 member.start(fresh=False)  # fresh only once it serves its slots
             self._form()
             if self.fresh:
-                for master in self.masters:
-                    master.declare_fresh()
+                self.declare_fresh()
         except BaseException:
             self.stop()
             raise
@@ -257,6 +257,82 @@ class LocalShardedNode:
             replication = client.info("replication")
         last[member.name] = f"master_link_status:{replication.get('master_link_status')}"
         return bool(replication.get("master_link_status") == "up")
+
+    def declare_fresh(self) -> None:
+        """Declare every master's current process fresh, each in its own shard's marker (see
+        :meth:`~django_redlock.wire.scripts.Script.for_shard`): every shard votes at once.
+
+        Raises:
+            RuntimeError: a master refused (it restarted meanwhile, or is a replica now).
+        """
+        for master, (low, _) in zip(self.masters, self.ranges, strict=True):
+            tag = slot_tag(low)
+            script = DECLARE_FRESH.for_shard(tag)
+            with self.client(master) as client:
+                run_id = client.info("server")["run_id"]
+                try:
+                    client.eval(script.source, 1, f"{NODE_KEY}{{{tag}}}", run_id)
+                except redis.ResponseError as exc:
+                    raise RuntimeError(
+                        f"{master.name}: could not declare it fresh: {exc}"
+                    ) from None
+
+    def node_id(self, member: LocalNode) -> str:
+        """The member's cluster node id (``CLUSTER MYID``)."""
+        with self.client(member) as client:
+            reply = client.execute_command("CLUSTER", "MYID")
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    def serving(self, slot: int) -> LocalNode:
+        """The master that serves ``slot`` now, as the masters' own ``CLUSTER SHARDS`` say
+        (following migrations, unlike :meth:`owner_of`)."""
+        from django_redlock.wire.cluster import parse_shards
+
+        with self.client(self.masters[0]) as client:
+            slot_map = parse_shards(client.execute_command("CLUSTER", "SHARDS"), "127.0.0.1")
+        endpoint = slot_map.master_of(slot)
+        for master in self.masters:
+            if endpoint == ("127.0.0.1", master.port):
+                return master
+        raise RuntimeError(f"no master of this cluster serves slot {slot}: {slot_map}")
+
+    def begin_migration(self, slot: int, source: LocalNode, target: LocalNode) -> None:
+        """Mark ``slot`` IMPORTING on ``target`` and MIGRATING on ``source`` (the first steps
+        of resharding: the source answers ASK for the slot's keys it no longer has)."""
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with self.client(target) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        with self.client(source) as client:
+            client.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+
+    def move_keys(self, slot: int, source: LocalNode, target: LocalNode) -> int:
+        """MIGRATE every key of ``slot`` from ``source`` to ``target`` (with their ttls);
+        returns how many moved."""
+        moved = 0
+        with self.client(source) as client:
+            while True:
+                keys = client.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+                if not keys:
+                    return moved
+                client.execute_command(
+                    "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
+                )
+                moved += len(keys)
+
+    def finish_migration(self, slot: int, target: LocalNode) -> None:
+        """``CLUSTER SETSLOT <slot> NODE <target>`` on every master, the target first: the
+        slot is the target's from now on (the others answer MOVED)."""
+        target_id = self.node_id(target)
+        for master in sorted(self.masters, key=lambda master: master is not target):
+            with self.client(master) as client:
+                client.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def migrate(self, slot: int, target: LocalNode) -> None:
+        """Move ``slot`` and its keys to master ``target``, as resharding does."""
+        source = self.serving(slot)
+        self.begin_migration(slot, source, target)
+        self.move_keys(slot, source, target)
+        self.finish_migration(slot, target)
 
     def owner_of(self, slot: int) -> LocalNode:
         """The master whose range holds ``slot`` as the fixture assigned it (not following

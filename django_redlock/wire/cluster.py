@@ -287,3 +287,49 @@ def parse_slots(reply: object, asked_host: str) -> SlotMap:
             for master, (ranges, replicas, node_id) in by_master.items()
         ]
     )
+
+
+_TAG_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+_SLOT_TAGS: dict[int, str] = {}
+
+
+def _base36(number: int) -> str:
+    digits = ""
+    while True:
+        number, digit = divmod(number, 36)
+        digits = _TAG_ALPHABET[digit] + digits
+        if not number:
+            return digits
+
+
+def slot_tag(slot: int) -> str:
+    """The canonical hash tag of ``slot``: the first of ``0``, ``1``, …, ``z``, ``10``, …
+    (the numbers 0, 1, 2… in base 36) whose slot it is. Every client computes the same one,
+    so every client names a shard's records alike (see :func:`marker_tag`). Found by trying
+    them in turn (some 16,000 tries, milliseconds) once per slot and process.
+
+    Raises:
+        ValueError: ``slot`` is not in 0..16383.
+    """
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"slot must be in 0..{SLOTS - 1}, not {slot!r}")
+    tag = _SLOT_TAGS.get(slot)
+    if tag is None:
+        number = 0
+        while _crc16(_base36(number).encode()) % SLOTS != slot:
+            number += 1
+        tag = _SLOT_TAGS[slot] = _base36(number)
+    return tag
+
+
+def marker_tag(shard: Shard) -> str:
+    """The hash tag of ``shard``'s own records (the restart marker, owner records): the
+    canonical tag of the lowest slot it serves, so they live on the shard they describe (a
+    script may read keys of any slot its shard serves, not of another shard's).
+
+    A shard's lowest slot changes only when resharding moves it away; its records then move
+    with that slot, and the shard's new records start empty: the restart rule judges it
+    afresh (it votes when its process has been up for the quarantine, or when declared
+    fresh again), which is never less safe.
+    """
+    return slot_tag(min(low for low, _ in shard.ranges))

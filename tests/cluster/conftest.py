@@ -9,11 +9,15 @@ cluster changed.
 
 from __future__ import annotations
 
+import itertools
+import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from django_redlock.localshards import LocalShardedNode
+from django_redlock.wire.cluster import key_slot
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +26,7 @@ def sharded3() -> Iterator[list[LocalShardedNode]]:
     nodes: list[LocalShardedNode] = []
     try:
         for index in range(3):
-            nodes.append(LocalShardedNode(3, name=f"k{index}", fresh=False).start())
+            nodes.append(LocalShardedNode(3, name=f"k{index}").start())
         yield nodes
     finally:
         for node in nodes:
@@ -34,3 +38,44 @@ def replicated() -> Iterator[LocalShardedNode]:
     """One cluster of three masters, each with a synced replica."""
     with LocalShardedNode(3, replicas=1, name="r", fresh=False) as node:
         yield node
+
+
+@pytest.fixture
+def migrating3() -> Iterator[list[LocalShardedNode]]:
+    """Three lock nodes, each a cluster of three shards, for one test that moves slots."""
+    nodes: list[LocalShardedNode] = []
+    try:
+        for index in range(3):
+            nodes.append(LocalShardedNode(3, name=f"g{index}").start())
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A prefix for the lock names of one test: the session's clusters are shared, and their
+    restart markers (declared fresh once) must survive between tests, so nothing is flushed."""
+    return f"t{next(_names)}-{uuid.uuid4().hex[:8]}:"
+
+
+def on_every_node(nodes: list[LocalShardedNode], key: str, timeout: float = 10.0) -> None:
+    """Wait until ``key`` exists on its slot's master in every cluster of ``nodes``.
+
+    An acquire returns at a quorum; the request to the last node may still be on its way
+    (the first contact with a cluster node waits for the node's answer to whether it is one).
+    A test that then moves the key's slot, or looks at every node, waits for it first: a poll
+    with a deadline, failing loudly.
+    """
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while True:
+            with node.client(node.serving(key_slot(key))) as client:
+                if client.exists(key):
+                    break
+            assert time.monotonic() < deadline, f"{key!r} not on {node} within {timeout} s"
+            time.sleep(0.01)
