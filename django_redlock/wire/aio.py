@@ -40,6 +40,7 @@ from django_redlock.wire.cluster_route import (
     ClusterRoute,
     Endpoint,
     Routed,
+    channel_on,
     known,
     remember,
     shards_reply_map,
@@ -619,9 +620,10 @@ class LoopSubscriber:
                 oldest = next(unheard, None)
                 if oldest is not None:
                     del self.channels[oldest]
-                    for writer in self.writers:
+                    for index, writer in enumerate(self.writers):
                         if writer is not None:
-                            writer.write(encode_command(b"UNSUBSCRIBE", oldest))
+                            here = channel_on(self.addresses[index], oldest)
+                            writer.write(encode_command(b"UNSUBSCRIBE", here))
             loop = asyncio.get_running_loop()
             confirmations = []
             for index, writer in enumerate(self.writers):
@@ -629,7 +631,8 @@ class LoopSubscriber:
                     future: asyncio.Future[bool] = loop.create_future()
                     self.confirming[index].append(future)
                     confirmations.append(future)
-                    writer.write(encode_command(b"SUBSCRIBE", channel))
+                    here = channel_on(self.addresses[index], channel)
+                    writer.write(encode_command(b"SUBSCRIBE", here))
             if confirmations:
                 await asyncio.wait(confirmations, timeout=timeout)
             # Listed only now: a task that finds it listed may skip its extra try.
@@ -1277,15 +1280,15 @@ class LoopConnections:
         answer, node, fallback, _ = slot
         assert answer is not None
         assert isinstance(fallback, Routed)
+        endpoint = (redirect.host or conn.address.host or "", redirect.port)
+        route = fallback.route
+        if not redirect.ask:
+            route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
         if answer.closed and not fallback.when_over:
             return
         if fallback.hops >= MAX_HOPS:
             _record(answer, node, NodeError(f"redirected {fallback.hops} times; giving up"))
             return
-        endpoint = (redirect.host or conn.address.host or "", redirect.port)
-        route = fallback.route
-        if not redirect.ask:
-            route.moved(redirect.slot, endpoint)
         try:
             data = route.rewrite(fallback.original.build(), endpoint)
         except NodeError as exc:

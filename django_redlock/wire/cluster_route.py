@@ -44,6 +44,7 @@ __all__ = [
     "MAX_HOPS",
     "ClusterRoute",
     "Routed",
+    "channel_on",
     "known",
     "probe",
     "read_map",
@@ -125,6 +126,15 @@ def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
         _PLAIN.add(address.identity)
     else:
         _MAPS[address.identity] = slot_map
+
+
+def channel_on(address: NodeAddress, channel: str) -> str:
+    """Wake-up ``channel`` (a lock key, NUL, ``w``, a listener id: wire/waking.py) as the
+    node at ``address`` publishes it: in cluster form on a cluster node, whose scripts name
+    it after the lock's tagged key. A node this process has not classified yet is taken as
+    plain (its releases then go unheard: the waiter's poll covers it). Classic pub/sub
+    reaches every member of a cluster, so the node's own address hears every shard."""
+    return channel if known(address)[1] is None else cluster_key(channel)
 
 
 def shards_reply_map(address: NodeAddress, reply: object, timeout: float) -> SlotMap:

@@ -548,7 +548,7 @@ class ConnectionSet:
         # The time spent asking Sentinels (only while opening a connection) comes off the wait.
         wait = timeout - self.asking if self.asking else timeout
         answer = self.wait_round(answer, self.clock() + max(0.0, wait))
-        if self.unsent or self.unclassified:
+        if self.unsent or self.unclassified or self.routes:
             self.deliver_rest()
         return answer
 
@@ -765,15 +765,15 @@ class ConnectionSet:
         answer, node, fallback, _ = slot
         assert answer is not None
         assert isinstance(fallback, Routed)
+        endpoint = (redirect.host or conn.address.host or "", redirect.port)
+        route = fallback.route
+        if not redirect.ask:
+            route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
         if answer.closed and not fallback.when_over:
             return
         if fallback.hops >= MAX_HOPS:
             answer.record(node, NodeError(f"redirected {fallback.hops} times; giving up"))
             return
-        endpoint = (redirect.host or conn.address.host or "", redirect.port)
-        route = fallback.route
-        if not redirect.ask:
-            route.moved(redirect.slot, endpoint)
         try:
             data = route.rewrite(fallback.original.build(), endpoint)
         except NodeError as exc:
@@ -915,7 +915,7 @@ class ConnectionSet:
             self._send_to(index, conn, command, ignored, now)
         if self.settling:
             self._send_held()
-        if self.unsent or self.unclassified:
+        if self.unsent or self.unclassified or self.routes:
             self.deliver_rest()
 
     def _send_to(
@@ -1010,7 +1010,7 @@ class ConnectionSet:
         lost) or reach it at any later time. Real time bounds the courier, not the injected
         clock: it is about sockets, not about a lease's validity.
         """
-        pending = [conn for conn in self.connections if conn is not None and _owes(conn)]
+        pending = [conn for conn in self.connections if conn is not None and self._owes(conn)]
         if not pending:
             self.unsent = False
             return
@@ -1041,13 +1041,25 @@ class ConnectionSet:
             self._courier.release()
             raise
 
+    def _owes(self, conn: NodeSocket) -> bool:
+        """Whether ``conn`` has bytes to write, holds commands until it learns whether its
+        node is a cluster (Handshake.classifying), or is a shard connection that owes the
+        reply to a clean-up (a release): a shard may answer that with MOVED or ASK after
+        the round is over, and the clean-up must then still reach the shard named. A
+        courier takes these to their nodes."""
+        if conn.out or (conn.classifying and conn.held):
+            return True
+        return conn.index in self.shard_of and any(
+            fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots
+        )
+
     def _deliver(self, deadline: float) -> None:
         """The courier: poll until the connections that had bytes unsent have written them
         and read every reply they owe, or ``deadline`` (time.monotonic). Reading the replies
         too: a socket closed with replies unread (its thread ended, the set was collected)
         sends a reset, not a close, and a reset may drop what the node had not read yet."""
         try:
-            watched = [conn for conn in self.connections if conn is not None and _owes(conn)]
+            watched = [conn for conn in self.connections if conn is not None and self._owes(conn)]
             before = [conn.flushed for conn in watched]
             born: list[NodeSocket] = []
             timed_out = False
@@ -1150,20 +1162,19 @@ class ConnectionSet:
                 continue
             index = conn.index
             if event & _POLLOUT:
+                polled = conn.sock
                 try:
                     conn.flush()
                 except NodeError as exc:
                     self._drop(index, str(exc))
                     continue
                 self._rearm(index, conn)
+                if conn.sock is not polled:
+                    # The connect failed and moved on to the node's next address: the rest
+                    # of this event (a hang-up, an error) was the old socket's.
+                    continue
             if event & _READABLE:
                 self._read(index, conn, event & HUNG_UP)
-
-
-def _owes(conn: NodeSocket) -> bool:
-    """Whether ``conn`` has bytes to write, or holds commands until it learns whether its
-    node is a cluster (Handshake.classifying): a courier takes them to the node."""
-    return bool(conn.out) or (conn.classifying and bool(conn.held))
 
 
 class ThreadConnections:

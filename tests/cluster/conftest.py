@@ -79,3 +79,56 @@ def on_every_node(nodes: list[LocalShardedNode], key: str, timeout: float = 10.0
                     break
             assert time.monotonic() < deadline, f"{key!r} not on {node} within {timeout} s"
             time.sleep(0.01)
+
+
+def subscribed(nodes: list[LocalShardedNode], name: str, timeout: float = 5.0) -> None:
+    """Wait until a waiter listens for releases of lock ``name`` on every cluster, on the
+    channel in cluster form (the lock's tagged key, NUL, ``w``, its listener id), which is
+    what the shards publish to: on the member each node's URL names, where the waiter's
+    pub/sub connection is (classic pub/sub reaches every member)."""
+    pattern = "{redlock:" + name + "}\x00w*"
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while True:
+            with node.client(node.masters[0]) as client:
+                if client.pubsub_channels(pattern):
+                    break
+            assert time.monotonic() < deadline, f"nobody listens for {name!r} on {node}"
+            time.sleep(0.005)
+
+
+def renewed_everywhere(
+    nodes: list[LocalShardedNode], key: str, above_ms: int, timeout: float = 10.0
+) -> None:
+    """Wait until ``key`` has more than ``above_ms`` ms left on its slot's master in every
+    cluster: a renewal returns at a quorum, the last node's may still be on its way."""
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while True:
+            with node.client(node.serving(key_slot(key))) as client:
+                if client.pttl(key) > above_ms:
+                    break
+            assert time.monotonic() < deadline, f"{key!r} not renewed on {node} in {timeout} s"
+            time.sleep(0.01)
+
+
+def renewed_on(nodes: list[LocalShardedNode], key: str, above_ms: int) -> int:
+    """On how many clusters ``key`` has more than ``above_ms`` ms left now."""
+    count = 0
+    for node in nodes:
+        with node.client(node.serving(key_slot(key))) as client:
+            count += int(client.pttl(key) > above_ms)
+    return count
+
+
+def gone_everywhere(nodes: list[LocalShardedNode], key: str, timeout: float = 10.0) -> None:
+    """Wait until ``key`` is gone from its slot's master in every cluster: a release returns
+    at a quorum, the last node's may still be on its way (following a MOVED or ASK)."""
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while True:
+            with node.client(node.serving(key_slot(key))) as client:
+                if not client.exists(key):
+                    break
+            assert time.monotonic() < deadline, f"{key!r} still on {node} after {timeout} s"
+            time.sleep(0.01)

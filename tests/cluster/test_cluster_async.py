@@ -12,7 +12,13 @@ from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
 from django_redlock.wire.scripts import NODE_KEY
-from tests.cluster.conftest import on_every_node
+from tests.cluster.conftest import (
+    gone_everywhere,
+    on_every_node,
+    renewed_everywhere,
+    renewed_on,
+    subscribed,
+)
 
 PREFIX = "redlock:"
 
@@ -35,16 +41,16 @@ def test_acquire_extend_release_and_contention(
                 sync.acquire(name, blocking=False)
         for name in names:
             key = cluster_key(PREFIX + name)
+            # Each acquire returned at a quorum: the last node's may follow.
+            await asyncio.to_thread(on_every_node, sharded3, key)
             for node in sharded3:
                 with node.client(node.owner_of(key_slot(key))) as client:
-                    assert client.exists(key) == 1
                     client.pexpire(key, 1000)
         for lease in leases:
             await lease.extend()
         key = cluster_key(PREFIX + names[0])
-        for node in sharded3:
-            with node.client(node.owner_of(key_slot(key))) as client:
-                assert client.pttl(key) > 20_000
+        assert renewed_on(sharded3, key, 20_000) >= 2
+        await asyncio.to_thread(renewed_everywhere, sharded3, key, 20_000)
         for lease in leases:
             await lease.release()
         for name in names[:10]:
@@ -92,7 +98,8 @@ def test_moved_slot_under_a_held_lease(migrating3: list[LocalShardedNode], uniqu
         holder = _amanager([node.url for node in nodes])
         other = _amanager([node.url for node in nodes])
         lease = await holder.acquire(name)
-        on_every_node(nodes, key)
+        # From a thread: the last node's request goes out on this loop meanwhile.
+        await asyncio.to_thread(on_every_node, nodes, key)
         for node in nodes:
             node.migrate(slot, node.masters[0])
             with node.client(node.masters[0]) as client:
@@ -100,13 +107,11 @@ def test_moved_slot_under_a_held_lease(migrating3: list[LocalShardedNode], uniqu
         with pytest.raises(LockContended):
             await other.acquire(name, blocking=False)
         await lease.extend()
-        for node in nodes:
-            with node.client(node.masters[0]) as client:
-                assert client.pttl(key) > 20_000
+        assert renewed_on(nodes, key, 20_000) >= 2  # a quorum, where the key is now
+        await lease.extend()  # a MOVED after the quorum taught where the key is
+        await asyncio.to_thread(renewed_everywhere, nodes, key, 20_000)
         await lease.release()
-        for node in nodes:
-            with node.client(node.masters[0]) as client:
-                assert client.exists(key) == 0
+        await asyncio.to_thread(gone_everywhere, nodes, key)
         await (await other.acquire(name, blocking=False)).release()
 
     asyncio.run(main())
@@ -154,3 +159,36 @@ def test_the_first_contact_never_runs_a_plain_command(
         with node.client(node.owner_of(key_slot(key))) as client:
             holding += client.exists(key)
     assert holding >= 2
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_its_poll(
+    sharded3: list[LocalShardedNode], unique: str
+) -> None:
+    """As the sync test: the waiter's poll is 30 s (±50%), only a release heard on the cluster's
+    pub/sub wakes it within the 5 s allowed."""
+    name = f"{unique}woken"
+    line = cluster_key(PREFIX + name + "\x00q")
+
+    def queued() -> int:
+        count = 0
+        for node in sharded3:
+            with node.client(node.serving(key_slot(line))) as client:
+                count += int(client.zcard(line) > 0)
+        return count
+
+    async def main() -> None:
+        holder = _amanager([node.url for node in sharded3])
+        waiter = AsyncLockManager([node.url for node in sharded3], ttl=30.0, retry_delay=30.0)
+        lease = await holder.acquire(name)
+
+        async def wait() -> None:
+            await (await waiter.acquire(name, timeout=60.0)).release()
+
+        task = asyncio.create_task(wait())
+        # Looked at from a thread: the waiter's task runs on this loop meanwhile.
+        await asyncio.to_thread(subscribed, sharded3, name)
+        assert queued() == 3, "the waiter is not in line"
+        await lease.release()
+        await asyncio.wait_for(task, 5.0)  # else it slept through the release
+
+    asyncio.run(main())

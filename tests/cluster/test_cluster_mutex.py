@@ -5,13 +5,20 @@ slot moved under a held lease (MOVED, ASK) without a second holder."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from django_redlock import LeaseNotExtended, LockContended, LockManager, LockNotAcquired
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
-from tests.cluster.conftest import on_every_node
+from tests.cluster.conftest import (
+    gone_everywhere,
+    on_every_node,
+    renewed_everywhere,
+    renewed_on,
+    subscribed,
+)
 
 PREFIX = "redlock:"
 
@@ -37,6 +44,8 @@ def test_hundreds_of_names_each_on_its_slots_owner(
     holder, other = _manager(sharded3), _manager(sharded3)
     names = [f"{unique}{index}" for index in range(300)]
     leases = [holder.acquire(name) for name in names]
+    for name in names:  # each acquire returned at a quorum: the last node's may follow
+        on_every_node(sharded3, cluster_key(PREFIX + name))
     try:
         expected: dict[str, set[bytes]] = {}
         for name in names:
@@ -56,6 +65,8 @@ def test_hundreds_of_names_each_on_its_slots_owner(
     finally:
         for lease in leases:
             lease.release()
+    for name in names:
+        gone_everywhere(sharded3, cluster_key(PREFIX + name))
     for node in sharded3:
         for keys in _lock_keys(node).values():
             assert not [
@@ -70,10 +81,7 @@ def test_hundreds_of_names_each_on_its_slots_owner(
 def test_a_users_hash_tag_is_kept(sharded3: list[LocalShardedNode], unique: str) -> None:
     name = f"{{{unique}tenant}}:order"
     with _manager(sharded3).lock(name):
-        key = (PREFIX + name).encode()
-        owner = sharded3[1].owner_of(key_slot(key))
-        with sharded3[1].client(owner) as client:
-            assert client.exists(key) == 1
+        on_every_node(sharded3, PREFIX + name)  # the key as written, in the user's slot
 
 
 def test_extend_renews_on_every_cluster(sharded3: list[LocalShardedNode], unique: str) -> None:
@@ -85,9 +93,8 @@ def test_extend_renews_on_every_cluster(sharded3: list[LocalShardedNode], unique
             with node.client(node.owner_of(key_slot(key))) as client:
                 assert client.pexpire(key, 1000)
         lease.extend()
-        for node in sharded3:
-            with node.client(node.owner_of(key_slot(key))) as client:
-                assert client.pttl(key) > 20_000
+        assert renewed_on(sharded3, key, 20_000) >= 2  # a quorum, at once
+        renewed_everywhere(sharded3, key, 20_000)
     finally:
         lease.release()
 
@@ -143,13 +150,11 @@ def test_moved_slot_under_a_held_lease(migrating3: list[LocalShardedNode], uniqu
     with pytest.raises(LockContended):
         other.acquire(name, blocking=False)
     lease.extend()
-    for node in nodes:
-        with node.client(node.masters[0]) as client:
-            assert client.pttl(key) > 20_000  # renewed where the key is now
+    assert renewed_on(nodes, key, 20_000) >= 2  # a quorum, where the key is now
+    lease.extend()  # a node's MOVED that came after the quorum taught where the key is
+    renewed_everywhere(nodes, key, 20_000)
     lease.release()
-    for node in nodes:
-        with node.client(node.masters[0]) as client:
-            assert client.exists(key) == 0
+    gone_everywhere(nodes, key)
     other.acquire(name, blocking=False).release()
 
 
@@ -189,11 +194,50 @@ def test_ask_during_a_migration_under_a_held_lease(
         with node.client(node.masters[1]) as client:
             client.pexpire(key, 2000)
     lease.extend()
-    for node in nodes:
-        with node.client(node.masters[1]) as client:
-            assert client.pttl(key) > 20_000
+    assert renewed_on(nodes, key, 20_000) >= 2  # a quorum, where the key is now
+    lease.extend()  # a node's MOVED that came after the quorum taught where the key is
+    renewed_everywhere(nodes, key, 20_000)
     lease.release()
-    for node in nodes:
-        with node.client(node.masters[1]) as client:
-            assert client.exists(key) == 0
+    gone_everywhere(nodes, key)
     other.acquire(name, blocking=False).release()
+
+
+# The poll fallback of these waiters is 30 s (retry_delay, ±50%): only a release heard on the
+# cluster's pub/sub wakes them within the seconds the test allows (tests/core/test_waiting.py).
+SLOW_POLL = 30.0
+PROMPT = 5.0
+
+
+def in_line(nodes: list[LocalShardedNode], name: str) -> int:
+    """On how many nodes a waiter is in line for ``name``."""
+    line = cluster_key(PREFIX + name + "\x00q")
+    count = 0
+    for node in nodes:
+        with node.client(node.serving(key_slot(line))) as client:
+            count += int(client.zcard(line) > 0)
+    return count
+
+
+def test_a_waiter_is_woken_by_the_release_not_by_its_poll(
+    sharded3: list[LocalShardedNode], unique: str
+) -> None:
+    name = f"{unique}woken"
+    holder = _manager(sharded3)
+    waiter = LockManager([node.url for node in sharded3], ttl=30.0, retry_delay=SLOW_POLL)
+    lease = holder.acquire(name)
+    got = threading.Event()
+
+    def wait() -> None:
+        waiter.acquire(name, timeout=60.0).release()
+        got.set()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    deadline = time.monotonic() + PROMPT
+    while in_line(sharded3, name) < 3:
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.005)
+    subscribed(sharded3, name)
+    lease.release()
+    assert got.wait(PROMPT), "the waiter slept through the release"
+    thread.join(PROMPT)
