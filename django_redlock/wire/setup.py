@@ -464,7 +464,9 @@ class Handshake:
             self.cluster_enabled = isinstance(reply, bytes) and b"cluster_enabled:1" in reply
         elif step == CLUSTER_MAP:
             self.classifying = False
-            if self.cluster_enabled:
+            # A map is a cluster's answer whatever INFO said (an ACL without +info); a plain
+            # node refuses the command.
+            if self.cluster_enabled or isinstance(reply, list):
                 # An error reply too (no CLUSTER SHARDS before Redis 7): the transport reads
                 # CLUSTER SLOTS then.
                 self.cluster_shards = reply

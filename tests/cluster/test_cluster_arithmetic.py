@@ -179,3 +179,26 @@ def test_slot_map_refuses_overlaps_and_finds_gaps() -> None:
         SlotMap.of([a, Shard(("h", 3), ranges=((50, 60),))])
     with pytest.raises(ValueError, match="within"):
         SlotMap.of([Shard(("h", 3), ranges=((0, SLOTS),))])
+
+
+def test_cluster_form_of_a_command() -> None:
+    """An acquire as a shard runs it: the shard's variant of the script (its own marker and
+    owner records), the key tagged, every argument byte for byte; its EVAL fallback too."""
+    from django_redlock.wire.cluster_route import cluster_form, command_slot
+    from django_redlock.wire.scripts import ACQUIRE, acquire_command
+
+    command, fallback = acquire_command("redlock:x", "a" * 40, 1000, "own er", 60_000)
+    tag = "1bz"
+    variant = ACQUIRE.for_shard(tag)
+    formed = cluster_form(command, tag)
+    assert variant.sha in formed
+    assert ACQUIRE.sha not in formed
+    assert b"$11\r\n{redlock:x}\r\n" in formed
+    assert formed.endswith(command[command.index(b"$40\r\n" + b"a" * 40) :])
+    assert formed.startswith(command[: command.index(b"\r\n")])  # the same argument count
+    assert command_slot(command) == key_slot("{redlock:x}")
+    evaled = cluster_form(fallback.build() if fallback else b"", tag)
+    assert variant.source in evaled
+    assert b"'\\0django_redlock:node{1bz}'" in variant.source
+    assert b"'\\0django_redlock:node'" not in variant.source
+    assert cluster_form(b"*1\r\n$4\r\nPING\r\n", tag) == b"*1\r\n$4\r\nPING\r\n"
