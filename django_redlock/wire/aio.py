@@ -285,7 +285,7 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
             self._fail(str(exc))
             return
-        if kind == CLUSTER_MAP and self.on_classified is not None:
+        if step == CLUSTER_MAP and self.on_classified is not None:
             self.on_classified(self)
             if self.cluster_shards is not None:
                 return  # a cluster member: what it held went to the shards

@@ -54,7 +54,7 @@ __all__ = [
 
 ASKING = encode_command(b"ASKING")
 ASKING_REPLY = -20
-"""The reply kind of an ``ASKING`` (a set-up reply, see wire/setup.py's kinds: nothing to
+"""The set-up step of an ``ASKING`` reply (see wire/setup.py's steps: nothing to
 learn from its ``OK``)."""
 MAX_HOPS = 5
 """Redirections one command may follow in one round: more means the cluster is being
