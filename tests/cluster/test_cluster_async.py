@@ -45,7 +45,7 @@ def test_acquire_extend_release_and_contention(
             await asyncio.to_thread(on_every_node, sharded3, key)
             for node in sharded3:
                 with node.client(node.owner_of(key_slot(key))) as client:
-                    client.pexpire(key, 1000)
+                    client.pexpire(key, 10_000)  # as if a third of the lease had passed
         for lease in leases:
             await lease.extend()
         key = cluster_key(PREFIX + names[0])
