@@ -32,6 +32,19 @@ from functools import partial
 from typing import Any
 
 from django_redlock.wire.acks import AckJoin, acked_round, wait_ms
+from django_redlock.wire.cluster import Redirect, parse_redirect
+from django_redlock.wire.cluster_route import (
+    ASKING,
+    ASKING_REPLY,
+    MAX_HOPS,
+    ClusterRoute,
+    Endpoint,
+    Routed,
+    channel_on,
+    known,
+    remember,
+    shards_reply_map,
+)
 from django_redlock.wire.errors import PENDING, NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import PRELOAD
@@ -43,14 +56,17 @@ from django_redlock.wire.resp import (
     make_reader,
 )
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
-from django_redlock.wire.scripts import Command, Commands, Fallback, fire_and_forget
+from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.sentinel import Watch, amaster_of, forget, watch
 from django_redlock.wire.setup import (
+    CLUSTER_MAP,
+    UNIDENTIFIED,
     Handshake,
     Hello,
     aresolve,
     is_replica_reply,
     login_commands,
+    shard_hello,
     tls_context,
     warm_tls,
 )
@@ -202,8 +218,18 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
     :class:`~django_redlock.wire.setup.Handshake`'s.
     """
 
-    def __init__(self, address: NodeAddress, hello: Hello) -> None:
-        super().__init__(address, hello, PRELOAD)
+    def __init__(
+        self,
+        address: NodeAddress,
+        hello: Hello | None,
+        preload: Sequence[Script] = PRELOAD,
+        classify: bool = False,
+    ) -> None:
+        super().__init__(address, hello, preload, classify)
+        # A shard of a cluster node: what follows a MOVED or ASK answer (LoopConnections).
+        self.redirect: Callable[[_AsyncConnection, Redirect, _Slot], None] | None = None
+        # A node not classified yet: told once the connection learns what its node is.
+        self.on_classified: Callable[[_AsyncConnection], None] | None = None
         self.transport: asyncio.Transport | None = None
         self.pending: deque[_Slot] = deque()
         self.parser = make_reader()
@@ -259,6 +285,10 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
             self._fail(str(exc))
             return
+        if step == CLUSTER_MAP and self.on_classified is not None:
+            self.on_classified(self)
+            if self.cluster_shards is not None:
+                return  # a cluster member: what it held went to the shards
         if out and self.transport is not None and self.broken is None:
             self.transport.write(out)
 
@@ -323,6 +353,11 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
         if answer is None:
             self._learn(index, reply)
             return
+        if self.redirect is not None and isinstance(fallback, Routed):
+            redirect = parse_redirect(str(reply))
+            if redirect is not None:
+                self.redirect(self, redirect, slot)
+                return
         action = on_reply(reply, fallback, answer.closed)
         if action == RECORD:
             _record(answer, index, NodeError(str(reply)))
@@ -356,6 +391,11 @@ class _AsyncConnection(Handshake, asyncio.Protocol):
             self.queued.append((command, slot, identify))
             return
         self.pending.append(slot)
+        if slot[0] is None and self.classifying:
+            # A set-up command (the question itself among them) is never held behind the
+            # answer to whether the node is a cluster.
+            transport.write(command)
+            return
         command = self.outgoing(command, identify)
         if not command:
             return  # held until the hello is answered
@@ -580,9 +620,10 @@ class LoopSubscriber:
                 oldest = next(unheard, None)
                 if oldest is not None:
                     del self.channels[oldest]
-                    for writer in self.writers:
+                    for index, writer in enumerate(self.writers):
                         if writer is not None:
-                            writer.write(encode_command(b"UNSUBSCRIBE", oldest))
+                            here = channel_on(self.addresses[index], oldest)
+                            writer.write(encode_command(b"UNSUBSCRIBE", here))
             loop = asyncio.get_running_loop()
             confirmations = []
             for index, writer in enumerate(self.writers):
@@ -590,7 +631,8 @@ class LoopSubscriber:
                     future: asyncio.Future[bool] = loop.create_future()
                     self.confirming[index].append(future)
                     confirmations.append(future)
-                    writer.write(encode_command(b"SUBSCRIBE", channel))
+                    here = channel_on(self.addresses[index], channel)
+                    writer.write(encode_command(b"SUBSCRIBE", here))
             if confirmations:
                 await asyncio.wait(confirmations, timeout=timeout)
             # Listed only now: a task that finds it listed may skip its extra try.
@@ -684,6 +726,21 @@ class LoopConnections:
         # timeout of the last round.
         self.delivery = 1.0
         self.connections: list[_AsyncConnection | None] = [None] * len(self.addresses)
+        # Cluster nodes, as the sync transport keeps them (see ConnectionSet): the shards'
+        # connections follow the nodes' in `connections`, `targets` says where each goes.
+        self.targets: list[NodeAddress] = list(self.addresses)
+        self.routes: dict[int, ClusterRoute] = {}
+        self.shard_of: dict[int, int] = {}
+        self.members: dict[tuple[int, Endpoint], int] = {}
+        self.unclassified: set[int] = set()
+        for index, address in enumerate(self.addresses):
+            if address.sentinel is not None or address.replica_acks:
+                continue
+            learned, slot_map = known(address)
+            if not learned:
+                self.unclassified.add(index)
+            elif slot_map is not None:
+                self.routes[index] = ClusterRoute(address, slot_map)
         self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
         # The rounds a task waits for (in outcome), and one timer for all their deadlines,
@@ -732,7 +789,22 @@ class LoopConnections:
         if conn is None or conn.broken is not None:
             if conn is not None:
                 conn.close()
-            conn = _AsyncConnection(self.addresses[index], self.hello)
+            node = self.shard_of.get(index)
+            if node is None:
+                classify = index in self.unclassified
+                conn = _AsyncConnection(self.targets[index], self.hello, classify=classify)
+                if classify:
+                    conn.on_classified = partial(self._classified, index)
+            else:
+                # A shard of a cluster node: its scripts and hello name the shard's records.
+                address = self.targets[index]
+                tag = self.routes[node].tag_of((address.host or "", address.port or 0)) or ""
+                conn = _AsyncConnection(
+                    address,
+                    shard_hello(self.hello, tag, self.addresses[node].label),
+                    tuple(script.for_shard(tag) for script in PRELOAD),
+                )
+                conn.redirect = self._redirect
             watched = self.watches.get(index)
             if watched is not None:
                 watched.ensure_running()  # (a forked child has no thread of its parent's)
@@ -808,6 +880,8 @@ class LoopConnections:
         """
         if self.watches:
             self._drop_switched()
+        if self.routes or self.unclassified:
+            return None  # a cluster node's command goes to a shard: the general way
         connections = self.connections
         stall = self.stall
         cap = stall.max_outstanding
@@ -879,11 +953,12 @@ class LoopConnections:
         connected are connected (or their login awaited), and the commands written. The
         round's deadline runs from after those awaits."""
         answer = _new_round(len(commands), yes_value, need, give_up, math.inf)
+        commands, at = await self._placed(answer, commands, timeout)
         stall = self.stall
         now = time.monotonic()
         judged = [
             conn
-            for conn, command in zip(self.connections, commands, strict=True)
+            for conn, command in zip(self._of(at), commands, strict=True)
             if command is not None and conn is not None and conn.pending
             if stall.judged(len(conn.pending), conn.age(now), queue_behind)
         ]
@@ -893,7 +968,7 @@ class LoopConnections:
             # while the replies came, and that is no fault of the node.
             await self._take_in(judged)
             now = time.monotonic()
-        for conn, command in zip(self.connections, commands, strict=True):
+        for conn, command in zip(self._of(at), commands, strict=True):
             # Only a node that owes replies can be past the stall reset (its age is 0 else).
             if (
                 command is not None
@@ -904,11 +979,11 @@ class LoopConnections:
                 # Open, but its oldest owed reply is long overdue (a black hole): replaced.
                 conn._fail("stalled connection reset")
         for index, command in enumerate(commands):
-            if command is not None and not _usable(self.connections[index]):
+            if command is not None and not _usable(self.connections[at[index]]):
                 # Connected in the background (or its login not over): the command waits
                 # in the connection's queue, and the round's deadline runs from now, as
                 # the sync transport's does. The caller never waits for a connect.
-                self.opened(index, timeout)
+                self.opened(at[index], timeout)
         cap = stall.max_outstanding
         now = time.monotonic()
         expect = self._expect
@@ -916,9 +991,10 @@ class LoopConnections:
             expect = partial(self._expect_acked, timeout_ms=wait_ms(timeout))
         for index, command in enumerate(commands):
             if command is None:
-                answer.results[index] = None
+                if answer.results[index] is PENDING:  # else refused: not placed
+                    answer.results[index] = None
                 continue
-            conn = self.connections[index]
+            conn = self.connections[at[index]]
             assert conn is not None
             if conn.broken is not None:
                 answer.refuse(index, NodeError(conn.broken))
@@ -970,8 +1046,9 @@ class LoopConnections:
                     await self._take_in(
                         [
                             conn
-                            for conn, reply in zip(self.connections, answer.results, strict=True)
-                            if conn is not None and reply is PENDING
+                            for index, reply in enumerate(answer.results)
+                            if reply is PENDING
+                            for conn in self._connections_of(index)
                         ],
                         answer.known,
                     )
@@ -1041,9 +1118,15 @@ class LoopConnections:
         for index, command in enumerate(commands):
             if command is None:
                 continue
-            conn = self.connections[index]
+            at = index
+            if index in self.routes:
+                try:
+                    at, command = self._place(index, command)
+                except NodeError:
+                    continue
+            conn = self.connections[at]
             if conn is None or conn.broken is not None:
-                conn = self.opened(index, self.delivery)
+                conn = self.opened(at, self.delivery)
             self._expect(conn, index, fire_and_forget(command), ignored, False, now)
 
     def open_count(self) -> int:
@@ -1087,4 +1170,139 @@ class LoopConnections:
             if conn is not None:
                 conn.close()
         self.connections = [None] * len(self.addresses)
+        self.targets = list(self.addresses)
+        self.shard_of.clear()
+        self.members.clear()
         self._subscriber.close()
+
+    # -- cluster nodes (wire/cluster_route.py; the sync transport's ConnectionSet likewise) --
+
+    def _classified(self, index: int, conn: _AsyncConnection) -> None:
+        """Node ``index``'s first connection learned what the node is: plain (nothing more
+        to do: it sends what it held), or a cluster member: the node is a cluster node from
+        now on, and what the connection held goes to the shards, each command in its
+        shard's form, with the reply slot it had; the connection is closed."""
+        if index not in self.unclassified:
+            return
+        address = self.addresses[index]
+        if conn.cluster_shards is None:
+            self.unclassified.discard(index)
+            remember(address, None)
+            return
+        held = conn.take_held()
+        slots = [conn.pending.pop() for _ in held][::-1]
+        try:
+            # A CLUSTER SHARDS reply (or, before Redis 7, CLUSTER SLOTS read here: blocking
+            # within the node timeout, once per process and node).
+            slot_map = shards_reply_map(address, conn.cluster_shards, self.delivery)
+        except NodeError as exc:
+            for answer, node, _, _ in slots:
+                if answer is not None:
+                    _record(answer, node, NodeError(str(exc)))
+            conn._fail(str(exc))
+            return
+        remember(address, slot_map)
+        self.unclassified.discard(index)
+        route = self.routes[index] = ClusterRoute(address, slot_map)
+        conn._fail("a cluster node: its commands go to its shards")
+        for (data, identify), (answer, node, fallback, asked) in zip(held, slots, strict=True):
+            try:
+                endpoint, placed, _ = route.place(data)
+            except NodeError as exc:
+                if answer is not None:
+                    _record(answer, node, exc)
+                continue
+            target = self.opened(self._member(index, endpoint), self.delivery)
+            routed = None if fallback is None else Routed.of(fallback, route, endpoint)
+            target.send(placed, (answer, node, routed, asked), identify)
+
+    async def _placed(
+        self, answer: _LoopRound, commands: Commands, timeout: float
+    ) -> tuple[list[Command | None], list[int]]:
+        """Each node's command as it goes (a cluster node's placed on its shard), and the
+        connection it goes on; a node that gets nothing has ``None`` (refused in ``answer``
+        when it could not be placed or classified)."""
+        for route in self.routes.values():
+            if route.stale:
+                with contextlib.suppress(NodeError):  # the old map stays in use
+                    route.refresh(await asyncio.to_thread(route.read, timeout))
+        placed: list[Command | None] = []
+        at: list[int] = []
+        for index, command in enumerate(commands):
+            target = index
+            if command is not None and index in self.routes:
+                try:
+                    target, command = self._place(index, command)
+                except NodeError as exc:
+                    answer.refuse(index, exc)
+                    command = None
+            placed.append(command)
+            at.append(target)
+        return placed, at
+
+    def _of(self, at: Sequence[int]) -> list[_AsyncConnection | None]:
+        return [self.connections[index] for index in at]
+
+    def _connections_of(self, index: int) -> list[_AsyncConnection]:
+        """Node ``index``'s connections: its own, and its shards' (a cluster node)."""
+        found = [self.connections[index]]
+        found += [self.connections[at] for at, node in self.shard_of.items() if node == index]
+        return [conn for conn in found if conn is not None]
+
+    def _place(self, index: int, command: Command) -> tuple[int, Command]:
+        """Cluster node ``index``'s ``command`` on its shard: the connection index and the
+        command in the shard's form (see ConnectionSet._place).
+
+        Raises:
+            NodeError: it cannot be placed (no master serves its slot, or the map is stale).
+        """
+        route = self.routes[index]
+        endpoint, data, _ = route.place(command[0])
+        fallback = command[1]
+        routed = None if fallback is None else Routed.of(fallback, route, endpoint)
+        return self._member(index, endpoint), (data, routed)
+
+    def _member(self, index: int, endpoint: Endpoint) -> int:
+        """The index of the connection to shard master ``endpoint`` of cluster node
+        ``index`` (a new entry, opened on first use)."""
+        at = self.members.get((index, endpoint))
+        if at is None:
+            at = len(self.connections)
+            self.connections.append(None)
+            self.targets.append(self.routes[index].member(endpoint))
+            self.shard_of[at] = index
+            self.members[(index, endpoint)] = at
+        return at
+
+    def _redirect(self, conn: _AsyncConnection, redirect: Redirect, slot: _Slot) -> None:
+        """A shard answered MOVED or ASK for ``slot``'s command: send it to the shard named
+        (see ConnectionSet._redirect, the same rule)."""
+        answer, node, fallback, _ = slot
+        assert answer is not None
+        assert isinstance(fallback, Routed)
+        endpoint = (redirect.host or conn.address.host or "", redirect.port)
+        route = fallback.route
+        if not redirect.ask:
+            route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
+        if answer.closed and not fallback.when_over:
+            return
+        if fallback.hops >= MAX_HOPS:
+            _record(answer, node, NodeError(f"redirected {fallback.hops} times; giving up"))
+            return
+        try:
+            data = route.rewrite(fallback.original.build(), endpoint)
+        except NodeError as exc:
+            _record(answer, node, exc)
+            return
+        target = self.opened(self._member(node, endpoint), self.delivery)
+        routed = Routed.of(fallback.original, route, endpoint, fallback.hops + 1)
+        now = time.monotonic()
+        identify = routed.identify
+        if redirect.ask:
+            # ASKING holds for the very next command only: the two go together, the command
+            # never held behind the hello (its identity left blank: the node checks itself).
+            target.send(ASKING, (None, ASKING_REPLY, None, now))
+            if identify:
+                data += UNIDENTIFIED
+                identify = False
+        target.send(data, (answer, node, routed, now), identify)

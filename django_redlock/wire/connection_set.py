@@ -39,6 +39,18 @@ from collections.abc import Callable, Sequence
 
 from django_redlock.wire import process
 from django_redlock.wire.acks import acked_round, wait_ms
+from django_redlock.wire.cluster import Redirect, parse_redirect
+from django_redlock.wire.cluster_route import (
+    ASKING,
+    ASKING_REPLY,
+    MAX_HOPS,
+    ClusterRoute,
+    Endpoint,
+    Routed,
+    known,
+    remember,
+    shards_reply_map,
+)
 from django_redlock.wire.errors import NodeError, NotSent
 from django_redlock.wire.node_socket import (
     HUNG_UP,
@@ -55,7 +67,15 @@ from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.sentinel import Watch, forget, watch
-from django_redlock.wire.setup import Hello, describe, is_replica_reply, warm_tls
+from django_redlock.wire.setup import (
+    CLUSTER_MAP,
+    UNIDENTIFIED,
+    Hello,
+    describe,
+    is_replica_reply,
+    shard_hello,
+    warm_tls,
+)
 from django_redlock.wire.stall import StallRule
 from django_redlock.wire.subscriber import Subscriber
 
@@ -116,6 +136,27 @@ class ConnectionSet:
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         self.pid = current_pid()
         self.connections: list[NodeSocket | None] = [None] * len(self.addresses)
+        # Where each connection goes: the nodes first, then (cluster nodes) one entry per
+        # shard master reached, appended as they are met (see _member).
+        self.targets: list[NodeAddress] = list(self.addresses)
+        # Cluster nodes (wire/cluster_route.py): node index -> its route; the node index of
+        # each shard connection; the shard connection of (node index, master).
+        self.routes: dict[int, ClusterRoute] = {}
+        self.shard_of: dict[int, int] = {}
+        self.members: dict[tuple[int, Endpoint], int] = {}
+        # Nodes not known yet to be plain or a cluster: their first connection asks, and
+        # holds every command until the answer (Handshake.classifying), so a lock's keys
+        # never take two forms on one node. Sentinel nodes are plain: Sentinel does not
+        # manage clusters; so are nodes with REPLICA_ACKS (not supported on clusters).
+        self.unclassified: set[int] = set()
+        for index, address in enumerate(self.addresses):
+            if address.sentinel is not None or address.replica_acks:
+                continue
+            learned, slot_map = known(address)
+            if not learned:
+                self.unclassified.add(index)
+            elif slot_map is not None:
+                self.routes[index] = ClusterRoute(address, slot_map)
         # One poll object for the set's life: every open socket stays registered, so a wait
         # costs one poll() call per wake-up and no per-call registration.
         self.poller = select.poll()
@@ -259,9 +300,26 @@ class ConnectionSet:
                         if reason is not None:
                             raise NodeError(reason)
         if conn is None:
-            address = self.addresses[index]
-            if address.sentinel is None:
-                conn = NodeSocket(address, self.clock, self.preload, self.hello)
+            address = self.targets[index]
+            node = self.shard_of.get(index)
+            if node is not None:
+                # A shard of a cluster node: its scripts and hello name the shard's records.
+                route = self.routes[node]
+                tag = route.tag_of((address.host or "", address.port or 0)) or ""
+                conn = NodeSocket(
+                    address,
+                    self.clock,
+                    tuple(script.for_shard(tag) for script in self.preload),
+                    shard_hello(self.hello, tag, self.addresses[node].label),
+                )
+            elif address.sentinel is None:
+                conn = NodeSocket(
+                    address,
+                    self.clock,
+                    self.preload,
+                    self.hello,
+                    classify=index in self.unclassified,
+                )
             else:
                 watched = self.watches[index]
                 watched.ensure_running()  # (a forked child has no thread of its parent's)
@@ -387,8 +445,19 @@ class ConnectionSet:
             except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
                 self._drop(index, str(exc))
                 return False
+            if slot_index == CLUSTER_MAP and index in self.unclassified:
+                if conn.cluster_shards is not None:
+                    self._adopt(index, conn)
+                    return False
+                self.unclassified.discard(index)
+                remember(self.addresses[index], None)
             return not out or self._write(index, conn, out)
         assert type(reply) is ReplyError
+        if index in self.shard_of and isinstance(fallback, Routed):
+            redirect = parse_redirect(str(reply))
+            if redirect is not None:
+                self._redirect(index, conn, redirect, slot)
+                return True
         action = on_reply(reply, fallback, answer.closed)
         if action == RESEND:
             assert fallback is not None  # on_reply resends only a fallback
@@ -479,7 +548,7 @@ class ConnectionSet:
         # The time spent asking Sentinels (only while opening a connection) comes off the wait.
         wait = timeout - self.asking if self.asking else timeout
         answer = self.wait_round(answer, self.clock() + max(0.0, wait))
-        if self.unsent:
+        if self.unsent or self.unclassified or self.routes:
             self.deliver_rest()
         return answer
 
@@ -512,6 +581,8 @@ class ConnectionSet:
         if self.watches:
             self._drop_switched()
         self.last_post = now
+        if self.routes:
+            return self._send_routed(answer, commands, now, identify, queue_behind)
         if self.acked and acked_round(commands):
             # Grants or renewals, and a node with REPLICA_ACKS: each such node's command goes
             # with its WAIT (wire/acks.py), on the general path. Never on a manager without
@@ -571,6 +642,168 @@ class ConnectionSet:
         answer.pending += index + 1 - others
         return answer
 
+    def _adopt(self, index: int, conn: NodeSocket) -> None:
+        """Node ``index``'s first connection found a cluster member: the node is a cluster
+        node from now on (for the whole process). What the connection held is sent to the
+        shards, each command in its shard's form, with the reply slots it had (so each
+        round counts it as before); the connection is dropped."""
+        address = self.addresses[index]
+        held = conn.take_held()
+        slots = [conn.slots.pop() for _ in held][::-1]
+        started = time.monotonic()
+        try:
+            slot_map = shards_reply_map(address, conn.cluster_shards, self.delivery)
+        except NodeError as exc:
+            for answer, node, _, _ in slots:
+                if answer is not None:
+                    answer.record(node, NodeError(str(exc)))
+            self._drop(index, str(exc))
+            return
+        finally:
+            self.asking += time.monotonic() - started
+        remember(address, slot_map)
+        self.unclassified.discard(index)
+        route = self.routes[index] = ClusterRoute(address, slot_map)
+        self._drop(index, "a cluster node: its commands go to its shards")
+        now = self.clock()
+        for (data, identify), (answer, node, fallback, asked) in zip(held, slots, strict=True):
+            try:
+                endpoint, placed, _ = route.place(data)
+                at = self._member(index, endpoint)
+                target = self._connection(at, now)
+            except NodeError as exc:
+                if answer is not None:
+                    answer.record(node, NodeError(str(exc)))
+                continue
+            routed = None if fallback is None else Routed.of(fallback, route, endpoint)
+            try:
+                target.send(placed, (answer, node, routed, asked), identify)
+            except NodeError as exc:
+                self._drop(at, str(exc))
+                continue
+            if target.out:
+                self._rearm(at, target)
+
+    def _send_routed(
+        self,
+        answer: Round,
+        commands: Commands,
+        now: float,
+        identify: bool,
+        queue_behind: bool,
+    ) -> Round:
+        """:meth:`send_round` with a cluster node among the nodes: each cluster node's command
+        goes to the shard master that serves its lock's slot (:meth:`_place`), the others'
+        as usual. Never taken by a manager of plain nodes."""
+        acked_ms = wait_ms(self.delivery) if self.acked and acked_round(commands) else 0
+        for index, command in enumerate(commands):
+            if command is None:
+                answer.results[index] = None
+                continue
+            if index not in self.routes:
+                self._send_one(answer, index, command, now, identify, queue_behind, acked_ms)
+                continue
+            try:
+                placed = self._place(index, command, strict=True)
+            except NodeError as exc:
+                answer.refuse(index, NotSent(str(exc)))
+                continue
+            assert placed is not None
+            at, routed = placed
+            self._send_one(answer, index, routed, now, identify, queue_behind, at=at)
+        return answer
+
+    def _place(
+        self, index: int, command: Command, strict: bool = False
+    ) -> tuple[int, Command] | None:
+        """Cluster node ``index``'s ``command`` placed on its shard: the shard connection's
+        index and the command in the shard's form, with a fallback that builds that form
+        too. None (or, ``strict``, :class:`NodeError`) when it cannot be placed."""
+        route = self.routes[index]
+        if route.stale:
+            self._refresh(index)
+        try:
+            endpoint, data, _ = route.place(command[0])
+        except NodeError:
+            if strict:
+                raise
+            return None
+        fallback = command[1]
+        routed = None if fallback is None else Routed.of(fallback, route, endpoint)
+        return self._member(index, endpoint), (data, routed)
+
+    def _member(self, index: int, endpoint: Endpoint) -> int:
+        """The index of the connection to shard master ``endpoint`` of cluster node
+        ``index`` (a new entry, opened on first use)."""
+        at = self.members.get((index, endpoint))
+        if at is None:
+            at = len(self.connections)
+            self.connections.append(None)
+            self.targets.append(self.routes[index].member(endpoint))
+            self.shard_of[at] = index
+            self.members[(index, endpoint)] = at
+        return at
+
+    def _refresh(self, index: int) -> None:
+        """Read cluster node ``index``'s slot map again (blocking, within the node timeout,
+        counted as :attr:`asking`); a failure leaves the old map (and MOVED answers) in use."""
+        route = self.routes[index]
+        started = time.monotonic()
+        try:
+            route.refresh(route.read(self.delivery))
+        except NodeError:
+            pass
+        finally:
+            self.asking += time.monotonic() - started
+
+    def _redirect(self, at: int, conn: NodeSocket, redirect: Redirect, slot: Slot) -> None:
+        """Shard connection ``at`` answered MOVED or ASK for ``slot``'s command: the member
+        did not run it. Send it, in the form of the shard named, to that shard (after
+        ``ASKING`` for an ASK), unless the round is over and the command is not one to send
+        late (an acquire: as for NOSCRIPT, see rounds.on_reply), or it has been redirected
+        :data:`~django_redlock.wire.cluster_route.MAX_HOPS` times already."""
+        answer, node, fallback, _ = slot
+        assert answer is not None
+        assert isinstance(fallback, Routed)
+        endpoint = (redirect.host or conn.address.host or "", redirect.port)
+        route = fallback.route
+        if not redirect.ask:
+            route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
+        if answer.closed and not fallback.when_over:
+            return
+        if fallback.hops >= MAX_HOPS:
+            answer.record(node, NodeError(f"redirected {fallback.hops} times; giving up"))
+            return
+        try:
+            data = route.rewrite(fallback.original.build(), endpoint)
+        except NodeError as exc:
+            answer.record(node, NodeError(str(exc)))
+            return
+        target = self._member(node, endpoint)
+        now = self.clock()
+        try:
+            moved = self._connection(target, now)
+        except NodeError as exc:
+            answer.record(node, NodeError(str(exc)))
+            return
+        routed = Routed.of(fallback.original, route, endpoint, fallback.hops + 1)
+        identify = routed.identify
+        try:
+            if redirect.ask:
+                # ASKING holds for the very next command only: the two go together, the
+                # command never held behind the hello (its identity left blank: the node
+                # checks itself).
+                moved.send(ASKING, (None, ASKING_REPLY, None, now))
+                if identify:
+                    data += UNIDENTIFIED
+                    identify = False
+            moved.send(data, (answer, node, routed, now), identify)
+        except NodeError as exc:
+            self._drop(target, str(exc))
+            return
+        if moved.out:
+            self._rearm(target, moved)
+
     def _drop_switched(self) -> None:
         """Drop each connection to a Sentinel node opened before a failover of its service
         that this process has heard of since (+switch-master): the old master may still be
@@ -589,12 +822,16 @@ class ConnectionSet:
         identify: bool,
         queue_behind: bool,
         acked_ms: int = 0,
+        at: int = -1,
     ) -> None:
         """Send ``command`` for ``answer`` to node ``index`` whatever state its connection is
         in (none yet, connecting, TLS, its hello unanswered, bytes buffered, owing many
         replies): :meth:`send_round` for all but the usual node. ``acked_ms``: a grant or
-        renewal, followed on a node with REPLICA_ACKS by a WAIT of that many ms."""
-        conn = self.connections[index]
+        renewal, followed on a node with REPLICA_ACKS by a WAIT of that many ms. ``at``: the
+        connection to use, when not the node's own (a shard of a cluster node)."""
+        if at < 0:
+            at = index
+        conn = self.connections[at]
         stall = self.stall
         if conn is None or (
             conn.slots
@@ -605,7 +842,7 @@ class ConnectionSet:
             and not (queue_behind and stall.room(len(conn.slots), now - conn.slots[0][3]))
         ):
             try:
-                conn = self._connection(index, now)
+                conn = self._connection(at, now)
             except NodeError as exc:
                 # Stored without its traceback: frames hold this set, and a cycle through
                 # them would leave the sockets to the garbage collector.
@@ -621,10 +858,10 @@ class ConnectionSet:
                 conn.send(body, slot, identify)
         except NodeError as exc:
             # Records the error for this slot (and any other still owed) on this node.
-            self._drop(index, str(exc))
+            self._drop(at, str(exc))
             return
         if conn.out:  # includes a connect or TLS handshake still under way
-            self._rearm(index, conn)
+            self._rearm(at, conn)
 
     def post(self, commands: Commands) -> None:
         """Send ``commands[i]`` to node ``i`` and read their replies later, unused (``None``
@@ -657,6 +894,13 @@ class ConnectionSet:
             if given is None:
                 continue
             command = fire_and_forget(given)
+            if index in self.routes:
+                placed = self._place(index, command)
+                if placed is not None:
+                    at, command = placed
+                    with contextlib.suppress(NodeError):  # best effort, as below
+                        self._send_to(at, self._connection(at, now), command, ignored, now, index)
+                continue
             conn = self.connections[index]
             if conn is not None and conn.slots:
                 if len(conn.slots) < stall.room_for:
@@ -671,14 +915,20 @@ class ConnectionSet:
             self._send_to(index, conn, command, ignored, now)
         if self.settling:
             self._send_held()
-        if self.unsent:
+        if self.unsent or self.unclassified or self.routes:
             self.deliver_rest()
 
     def _send_to(
-        self, index: int, conn: NodeSocket, command: Command, answer: Round, now: float
+        self,
+        index: int,
+        conn: NodeSocket,
+        command: Command,
+        answer: Round,
+        now: float,
+        node: int = -1,
     ) -> None:
         try:
-            conn.send(command[0], (answer, index, command[1], now))
+            conn.send(command[0], (answer, index if node < 0 else node, command[1], now))
         except NodeError as exc:
             self._drop(index, str(exc))
             return
@@ -760,7 +1010,7 @@ class ConnectionSet:
         lost) or reach it at any later time. Real time bounds the courier, not the injected
         clock: it is about sockets, not about a lease's validity.
         """
-        pending = [conn for conn in self.connections if conn is not None and conn.out]
+        pending = [conn for conn in self.connections if conn is not None and self._owes(conn)]
         if not pending:
             self.unsent = False
             return
@@ -791,18 +1041,31 @@ class ConnectionSet:
             self._courier.release()
             raise
 
+    def _owes(self, conn: NodeSocket) -> bool:
+        """Whether ``conn`` has bytes to write, holds commands until it learns whether its
+        node is a cluster (Handshake.classifying), or is a shard connection that owes the
+        reply to a clean-up (a release): a shard may answer that with MOVED or ASK after
+        the round is over, and the clean-up must then still reach the shard named. A
+        courier takes these to their nodes."""
+        if conn.out or (conn.classifying and conn.held):
+            return True
+        return conn.index in self.shard_of and any(
+            fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots
+        )
+
     def _deliver(self, deadline: float) -> None:
         """The courier: poll until the connections that had bytes unsent have written them
         and read every reply they owe, or ``deadline`` (time.monotonic). Reading the replies
         too: a socket closed with replies unread (its thread ended, the set was collected)
         sends a reset, not a close, and a reset may drop what the node had not read yet."""
         try:
-            watched = [conn for conn in self.connections if conn is not None and conn.out]
+            watched = [conn for conn in self.connections if conn is not None and self._owes(conn)]
             before = [conn.flushed for conn in watched]
+            born: list[NodeSocket] = []
             timed_out = False
             while not self._wanted and any(
                 (conn.out or conn.slots) and self.connections[conn.index] is conn
-                for conn in watched
+                for conn in (*watched, *born)
             ):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -811,6 +1074,14 @@ class ConnectionSet:
                 self._poll_once(remaining)  # the owner's bell ends it at once (_take_back)
                 if self.settling:
                     self._send_held()
+                if self.routes:
+                    # A cluster node's first connection may have handed its commands to
+                    # new shard connections meanwhile (_adopt): delivered too.
+                    born += [
+                        conn
+                        for conn in self.connections
+                        if conn is not None and conn.out and conn not in watched + born
+                    ]
             if not any(conn is not None and conn.out for conn in self.connections):
                 self.unsent = False
             if timed_out:
@@ -891,12 +1162,17 @@ class ConnectionSet:
                 continue
             index = conn.index
             if event & _POLLOUT:
+                polled = conn.sock
                 try:
                     conn.flush()
                 except NodeError as exc:
                     self._drop(index, str(exc))
                     continue
                 self._rearm(index, conn)
+                if conn.sock is not polled:
+                    # The connect failed and moved on to the node's next address: the rest
+                    # of this event (a hang-up, an error) was the old socket's.
+                    continue
             if event & _READABLE:
                 self._read(index, conn, event & HUNG_UP)
 

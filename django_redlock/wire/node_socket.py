@@ -68,8 +68,9 @@ class NodeSocket(Handshake):
         preload: Sequence[Script] = (),
         hello: Hello | None = None,
         timeout: float = SENTINEL_TIMEOUT,
+        classify: bool = False,
     ) -> None:
-        super().__init__(address, hello, preload)
+        super().__init__(address, hello, preload, classify)
         self.tls = address.tls
         self.clock = clock
         self.out = bytearray()
@@ -233,6 +234,8 @@ class NodeSocket(Handshake):
         Raises:
             NodeError: the connection failed.
         """
+        if self.classifying or self.cluster_shards is not None:
+            return  # not known to be plain: nothing may go yet (Handshake.classifying)
         command = self.outgoing(b"", False)
         if command:
             self.out += command

@@ -51,15 +51,45 @@ __all__ = [
 _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+# The literals that name a node's own records in the scripts: the restart marker, and the
+# owner records' ending. On a cluster node each shard keeps its own (Script.for_shard).
+_NODE_RECORDS = (b"'\\0django_redlock:node'", b"':django_redlock:node'")
+
+SCRIPTS_BY_SHA: dict[bytes, Script] = {}
+"""Every script this process loaded (:func:`load_script`), by its SHA1 digest: the cluster
+transport finds the script an EVALSHA names, to send its shard's variant instead."""
+
+
 class Script:
     """A Lua script sent as EVALSHA, with EVAL as the fallback on NOSCRIPT."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *, register: bool = True) -> None:
         # Set for HOT_SCRIPTS, which every new connection loads before anything else.
         self.preloaded = False
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
+        self._shards: dict[str, Script] = {}
+        if register:
+            SCRIPTS_BY_SHA[self.sha] = self
+
+    def for_shard(self, tag: str) -> Script:
+        """This script as one shard of a cluster node runs it: the node's records (restart
+        marker, owner records) named with the shard's hash ``tag`` (see
+        :func:`~django_redlock.wire.cluster.marker_tag`), so they live in a slot the shard
+        serves. A script may read and write keys of any slot its shard serves (scripts
+        without a ``#!lua`` flags line, on Redis 7 and Valkey: tests/cluster check both), not
+        of another shard's: one marker per shard, and a shard votes by its own rule.
+        Cached per tag."""
+        variant = self._shards.get(tag)
+        if variant is None:
+            source = self.source
+            for literal in _NODE_RECORDS:
+                source = source.replace(literal, literal[:-1] + b"{" + tag.encode() + b"}'")
+            variant = Script(source.decode(), register=False)
+            variant.preloaded = self.preloaded
+            self._shards[tag] = variant
+        return variant
 
     def evalsha(
         self, keys: Sequence[bytes | str], args: Sequence[bytes | str | int], trailing: int = 0

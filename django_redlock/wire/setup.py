@@ -48,6 +48,7 @@ __all__ = [
     "resolve",
     "role_of",
     "run_id_of",
+    "shard_hello",
     "tls_context",
     "warm_tls",
 ]
@@ -60,6 +61,8 @@ RUN_ID = -3  # INFO server: which server process this connection reached
 PERSISTENCE = -4  # CONFIG GET append*: whether that process is durable
 QUARANTINE = -5  # HGET <marker> q: the longest quarantine the node has seen
 REPLICATION = -6  # INFO replication: which replication history that process serves
+CLUSTER_INFO = -7  # INFO cluster: whether the node is a cluster member
+CLUSTER_MAP = -8  # CLUSTER SHARDS: its slot map, if it is one
 
 
 def _bulk(text: str) -> bytes:
@@ -97,6 +100,23 @@ class Hello:
         reached: two labels with one run_id are one server (see core/engine.py, Servers)."""
 
 
+def shard_hello(hello: Hello | None, tag: str, node: str) -> Hello | None:
+    """The hello of a connection to one shard of cluster node ``node`` (its label), whose
+    records carry hash ``tag`` (see wire/cluster.py's marker_tag): it reads that shard's
+    marker, and reports what it learns under the node's label (the quarantine is the longest
+    any shard has seen; two nodes that reach one shard's process are one server)."""
+    if hello is None:
+        return None
+    on_quarantine, on_server = hello.on_quarantine, hello.on_server
+    return Hello(
+        f"{hello.marker}{{{tag}}}",
+        lambda _label, ms: on_quarantine(node, ms),
+        None if on_server is None else (lambda _label, run_id: on_server(node, run_id)),
+    )
+
+
+HELLO_CLUSTER = encode_command(b"INFO", b"cluster")
+HELLO_SHARDS = encode_command(b"CLUSTER", b"SHARDS")
 HELLO_RUN_ID = encode_command(b"INFO", b"server")
 HELLO_REPLICATION = encode_command(b"INFO", b"replication")
 HELLO_PERSISTENCE = encode_command(b"CONFIG", b"GET", b"append*")
@@ -328,19 +348,33 @@ class Handshake:
     """
 
     def __init__(
-        self, address: NodeAddress, hello: Hello | None, preload: Sequence[Script] = ()
+        self,
+        address: NodeAddress,
+        hello: Hello | None,
+        preload: Sequence[Script] = (),
+        classify: bool = False,
     ) -> None:
         self.address = address
         self.hello = hello
         self.preload = tuple(preload)
         # The run_id and persistence arguments for `identify=True` commands (see Hello), and
-        # the commands held until they are known (None: not holding).
+        # the commands held until they are known (None: not holding), each with whether the
+        # identity completes it.
         self.identity = UNIDENTIFIED
         # A node with REPLICA_ACKS: what its grants and renewals are followed by (wire/acks.py).
         self.acks = AckState(address.replica_acks) if address.replica_acks else None
         self.run_id = ""
         self.history = ""
-        self.held: list[bytes] | None = None if hello is None else []
+        # A node not known yet to be plain or a cluster (wire/cluster_route.py): the
+        # connection asks (INFO cluster, CLUSTER SHARDS) before anything else, and holds
+        # every command until the answer, so that a lock's keys never take their plain form
+        # on a cluster node. `cluster_shards`: the CLUSTER SHARDS reply of a cluster member,
+        # for the transport, which then sends what was held to the shards.
+        self.classifying = classify and not address.replica_acks
+        self.cluster_enabled = False
+        self.cluster_shards: object = None
+        holding = hello is not None or self.classifying
+        self.held: list[tuple[bytes, bool]] | None = [] if holding else None
         self.loads_owed = 0  # SCRIPT LOAD replies still owed
         # The node answered as a replica (its hello, or a refusal): for a Sentinel node, the
         # Sentinel that named it is asked last next time (see wire/sentinel.py's forget).
@@ -356,6 +390,8 @@ class Handshake:
             NodeError: the credential provider failed.
         """
         commands = [(command, LOGIN) for command in login_commands(self.address)]
+        if self.classifying:
+            commands += [(HELLO_CLUSTER, CLUSTER_INFO), (HELLO_SHARDS, CLUSTER_MAP)]
         # Load the scripts first, so EVALSHA does not meet NOSCRIPT in normal operation: a
         # NOSCRIPT fallback is re-sent behind whatever was pipelined meanwhile, out of order.
         commands += self.reload_commands()
@@ -418,10 +454,25 @@ class Handshake:
         elif step == PERSISTENCE:
             # The identity is complete (INFO came first on this connection): from now on the
             # node can take the acquire hot path for this connection. The commands held
-            # meanwhile go out now, in order, after the replies that preceded them.
+            # meanwhile go out now, in order, after the replies that preceded them (unless
+            # the node is a cluster: the transport sends them to its shards).
             self.identity = identity_of(self.run_id, self.history, reply)
-            held, self.held = self.held or [], None
-            return b"".join(command + self.identity for command in held)
+            if self.classifying or self.cluster_shards is not None:
+                return b""
+            return self._release()
+        elif step == CLUSTER_INFO:
+            self.cluster_enabled = isinstance(reply, bytes) and b"cluster_enabled:1" in reply
+        elif step == CLUSTER_MAP:
+            self.classifying = False
+            # A map is a cluster's answer whatever INFO said (an ACL without +info); a plain
+            # node refuses the command.
+            if self.cluster_enabled or isinstance(reply, list):
+                # An error reply too (no CLUSTER SHARDS before Redis 7): the transport reads
+                # CLUSTER SLOTS then.
+                self.cluster_shards = reply
+                return b""
+            if self.hello is None or self.identity is not UNIDENTIFIED:
+                return self._release()
         elif step == QUARANTINE and self.hello is not None:
             self.hello.on_quarantine(self.address.label, quarantine_of(reply))
         return b""
@@ -449,10 +500,25 @@ class Handshake:
         held = self.held
         if held is None:
             return command + self.identity if identify else command
-        if identify:
-            held.append(command)
+        if identify or self.classifying or self.cluster_shards is not None:
+            held.append((command, identify))
             return b""
         if held:
-            command = b"".join(item + UNIDENTIFIED for item in held) + command
+            command = (
+                b"".join(item + UNIDENTIFIED if ident else item for item, ident in held) + command
+            )
             held.clear()
         return command
+
+    def _release(self) -> bytes:
+        """What was held, to write now (the identity completing what it should); nothing is
+        held from now on."""
+        held, self.held = self.held or [], None
+        return b"".join(command + self.identity if ident else command for command, ident in held)
+
+    def take_held(self) -> list[tuple[bytes, bool]]:
+        """The commands held on a connection that turned out to reach a cluster member, for
+        the transport to send to the shards (each with whether the identity completes it);
+        the connection holds nothing from now on."""
+        held, self.held = self.held or [], []
+        return held

@@ -14,6 +14,7 @@ import time
 import weakref
 from collections.abc import Callable, Sequence
 
+from django_redlock.wire.cluster_route import channel_on
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.node_socket import POLL_ERR, POLL_IN, NodeSocket, close_all
 from django_redlock.wire.nodes import NodeAddress
@@ -254,7 +255,8 @@ class Subscriber:
                 verb_here = b"SUBSCRIBE"
             else:
                 verb_here = verb
-            conn.out += encode_command(verb_here, *channels)
+            address = self.addresses[index]
+            conn.out += encode_command(verb_here, *(channel_on(address, c) for c in channels))
             if verb_here == b"SUBSCRIBE":
                 self.asked[index] += len(channels)
                 owed[index] = self.asked[index]

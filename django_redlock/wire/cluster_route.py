@@ -1,0 +1,380 @@
+"""Where a lock node's commands go when the node is a Redis/Valkey Cluster, and in what form.
+
+A node URL that reaches a cluster member is a cluster node: its first connection in this
+process asks (``INFO cluster``, ``CLUSTER SHARDS``: see ``Handshake.classifying`` in
+wire/setup.py) and holds every command until the answer, so a lock's keys never take their
+plain form on a cluster node; what it learns is remembered for the process (:func:`known`). A
+:class:`ClusterRoute` then places each command on the master that serves its lock's slot, in
+the cluster form (:meth:`ClusterRoute.place`):
+
+- every key the command names takes its cluster form (:func:`~django_redlock.wire.cluster.
+  cluster_key`: one slot per lock), and a node's own record (``NODE_KEY``) the shard's;
+- an EVALSHA or EVAL runs the shard's variant of its script
+  (:meth:`~django_redlock.wire.scripts.Script.for_shard`: the shard's restart marker and
+  owner records, in a slot it serves);
+- a command that names no key (PING, a node-wide script) goes to the member the URL names.
+
+The transport follows a ``MOVED`` (the slot has a new owner: :meth:`ClusterRoute.moved`) or
+an ``ASK`` (this one command, after ``ASKING``) within the round's node timeout. No I/O here
+but :func:`probe`'s, which the transport calls, blocking, within the node timeout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import redis
+
+from django_redlock.wire.cluster import (
+    SlotMap,
+    cluster_key,
+    key_slot,
+    marker_tag,
+    parse_shards,
+    parse_slots,
+)
+from django_redlock.wire.errors import NodeError
+from django_redlock.wire.nodes import NodeAddress
+from django_redlock.wire.resp import encode_command
+from django_redlock.wire.scripts import NODE_KEY, SCRIPTS_BY_SHA, Fallback, Script
+
+__all__ = [
+    "ASKING",
+    "ASKING_REPLY",
+    "MAX_HOPS",
+    "ClusterRoute",
+    "Routed",
+    "channel_on",
+    "known",
+    "probe",
+    "read_map",
+    "remember",
+    "shards_reply_map",
+]
+
+ASKING = encode_command(b"ASKING")
+ASKING_REPLY = -20
+"""The set-up step of an ``ASKING`` reply (see wire/setup.py's steps: nothing to
+learn from its ``OK``)."""
+MAX_HOPS = 5
+"""Redirections one command may follow in one round: more means the cluster is being
+reconfigured faster than it answers; the node counts as failed for that round."""
+
+Endpoint = tuple[str, int]
+
+
+def read_map(client: redis.Redis, asked_host: str) -> SlotMap:
+    """The slot map a member gives: ``CLUSTER SHARDS``, or ``CLUSTER SLOTS`` where the server
+    has no SHARDS (before Redis 7).
+
+    Raises:
+        redis.RedisError: the member failed or refused both.
+        ValueError: a reply of an unexpected shape.
+    """
+    try:
+        shards = client.execute_command("CLUSTER", "SHARDS")  # type: ignore[no-untyped-call]
+    except redis.ResponseError:
+        slots = client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+        return parse_slots(slots, asked_host)
+    return parse_shards(shards, asked_host)
+
+
+def probe(address: NodeAddress, timeout: float) -> SlotMap | None:
+    """Whether the node at ``address`` is a cluster member (``INFO cluster``:
+    ``cluster_enabled:1``) and, if it is, its slot map; None for a plain node.
+
+    Blocking, one connection of its own, within ``timeout`` seconds per reply.
+
+    Raises:
+        NodeError: the node could not be asked (unreachable, timed out, refused): whether it
+            is a cluster is not known, so nothing may be sent to it yet.
+    """
+    from django_redlock.wire.clients import client_for  # clients imports sentinel: no cycle
+
+    try:
+        with client_for(address, timeout) as client:
+            info = client.info("cluster")
+            if not int(info.get("cluster_enabled", 0)):
+                return None
+            return read_map(client, address.host or "127.0.0.1")
+    except (redis.RedisError, OSError, ValueError) as exc:
+        raise NodeError(f"could not tell whether the node is a cluster: {exc}") from None
+
+
+# Nodes this process found plain, and the slot maps of those it found clusters, by identity:
+# asked once per process, not once per thread (each thread has its own connections). A
+# plain dict: concurrent writers write the same answer.
+_PLAIN: set[tuple[object, ...]] = set()
+_MAPS: dict[tuple[object, ...], SlotMap] = {}
+
+
+def known(address: NodeAddress) -> tuple[bool, SlotMap | None]:
+    """What this process learned of the node at ``address``: ``(False, None)`` nothing yet,
+    ``(True, None)`` plain, ``(True, map)`` a cluster, with the slot map it had then
+    (MOVED answers correct it)."""
+    identity = address.identity
+    if identity in _PLAIN:
+        return True, None
+    slot_map = _MAPS.get(identity)
+    return slot_map is not None, slot_map
+
+
+def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
+    """Record that the node at ``address`` is plain (None) or a cluster with ``slot_map``:
+    every later connection of this process, in any thread or event loop, knows it at once."""
+    if slot_map is None:
+        _PLAIN.add(address.identity)
+    else:
+        _MAPS[address.identity] = slot_map
+
+
+def channel_on(address: NodeAddress, channel: str) -> str:
+    """Wake-up ``channel`` (a lock key, NUL, ``w``, a listener id: wire/waking.py) as the
+    node at ``address`` publishes it: in cluster form on a cluster node, whose scripts name
+    it after the lock's tagged key. A node this process has not classified yet is taken as
+    plain (its releases then go unheard: the waiter's poll covers it). Classic pub/sub
+    reaches every member of a cluster, so the node's own address hears every shard."""
+    return channel if known(address)[1] is None else cluster_key(channel)
+
+
+def shards_reply_map(address: NodeAddress, reply: object, timeout: float) -> SlotMap:
+    """The slot map of cluster node ``address`` from the ``CLUSTER SHARDS`` reply of its
+    first connection, or, when that was refused (before Redis 7), read with ``CLUSTER
+    SLOTS`` (blocking, within ``timeout``).
+
+    Raises:
+        NodeError: neither could be had.
+    """
+    if isinstance(reply, list):
+        try:
+            return parse_shards(reply, address.host or "127.0.0.1")
+        except ValueError:
+            pass
+    return ClusterRoute(address, SlotMap.of([])).read(timeout)
+
+
+class Routed(Fallback):
+    """The NOSCRIPT fallback of a command placed on a shard: the original command's
+    fallback, built in the form of that shard (:meth:`ClusterRoute.rewrite`). Also what a
+    MOVED or ASK re-sends (``original`` is built in the form of the shard named), with the
+    redirections followed so far (``hops``)."""
+
+    __slots__ = ("acked_yes", "endpoint", "hops", "original", "route")
+    acked_yes: tuple[object, ...]
+    endpoint: Endpoint
+    hops: int
+    original: Fallback
+    route: ClusterRoute
+
+    @classmethod
+    def of(
+        cls, original: Fallback, route: ClusterRoute, endpoint: Endpoint, hops: int = 0
+    ) -> Routed:
+        if isinstance(original, Routed):
+            original = original.original
+        routed = cls(
+            lambda: route.rewrite(original.build(), endpoint),
+            original.when_over,
+            original.eager,
+            original.identify,
+        )
+        routed.original = original
+        routed.route = route
+        routed.endpoint = endpoint
+        routed.hops = hops
+        routed.acked_yes = original.acked_yes
+        return routed
+
+
+def _bulk(data: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _read_bulk(data: bytes, at: int) -> tuple[bytes, int]:
+    """The bulk string at ``data[at:]`` and the offset after it.
+
+    Raises:
+        ValueError: not a complete bulk string there.
+    """
+    if data[at : at + 1] != b"$":
+        raise ValueError("not a bulk string")
+    end = data.index(b"\r\n", at)
+    size = int(data[at + 1 : end])
+    start = end + 2
+    if len(data) < start + size + 2:
+        raise ValueError("bulk string cut short")
+    return data[start : start + size], start + size + 2
+
+
+class ClusterRoute:
+    """One cluster node's slot map, and how its commands are placed on its shards.
+
+    Args:
+        seed: the node's address as configured (its login, TLS and database settings are
+            every member's).
+        slot_map: the map :func:`probe` read.
+    """
+
+    def __init__(self, seed: NodeAddress, slot_map: SlotMap) -> None:
+        self.seed = seed
+        self.endpoint: Endpoint = (seed.host or "127.0.0.1", seed.port or 6379)
+        self.map = slot_map
+        # Owners learned from MOVED since the map was read, by slot.
+        self.moved_to: dict[int, Endpoint] = {}
+        # A MOVED named a master the map does not have: the map is read again before the
+        # next round (by the transport), and until then that slot's commands fail.
+        self.stale = False
+        self._tags: dict[Endpoint, str] = {}
+        self._members: dict[Endpoint, NodeAddress] = {}
+        self._learn_tags()
+
+    def _learn_tags(self) -> None:
+        self._tags = {shard.master: marker_tag(shard) for shard in self.map.shards}
+
+    def read(self, timeout: float) -> SlotMap:
+        """The slot map as the seed member gives it now (blocking, ``timeout`` seconds).
+
+        Raises:
+            NodeError: it could not be read.
+        """
+        from django_redlock.wire.clients import client_for
+
+        try:
+            with client_for(self.seed, timeout) as client:
+                return read_map(client, self.endpoint[0])
+        except (redis.RedisError, OSError, ValueError) as exc:
+            raise NodeError(f"could not read the cluster's slot map: {exc}") from None
+
+    def refresh(self, slot_map: SlotMap) -> None:
+        """Take a newly read slot map (MOVED owners learned before it are dropped)."""
+        self.map = slot_map
+        self.moved_to.clear()
+        self.stale = False
+        self._learn_tags()
+
+    def member(self, endpoint: Endpoint) -> NodeAddress:
+        """The address of the member at ``endpoint``, with the seed's login and TLS."""
+        address = self._members.get(endpoint)
+        if address is None:
+            address = self._members[endpoint] = replace(
+                self.seed, host=endpoint[0], port=endpoint[1], path=None
+            )
+        return address
+
+    def owner(self, slot: int | None) -> Endpoint | None:
+        """The master that serves ``slot`` (None: a command with no key, for the seed), or
+        None when no master does."""
+        if slot is None:
+            # The member the URL names when it is a master, else any master: a command
+            # with no lock key reads or writes only the records of the shard it reaches.
+            if self.endpoint in self._tags or not self.map.shards:
+                return self.endpoint
+            return self.map.shards[0].master
+        return self.moved_to.get(slot) or self.map.master_of(slot)
+
+    def tag_of(self, endpoint: Endpoint) -> str | None:
+        """The hash tag of the records of the shard whose master is at ``endpoint`` (None:
+        not a master of the map)."""
+        return self._tags.get(endpoint)
+
+    def moved(self, slot: int, endpoint: Endpoint) -> None:
+        """A member answered MOVED: ``slot`` is served at ``endpoint`` from now on."""
+        self.moved_to[slot] = endpoint
+        if endpoint not in self._tags:
+            self.stale = True
+
+    def place(self, data: bytes) -> tuple[Endpoint, bytes, int | None]:
+        """Where command ``data`` goes and its bytes there: ``(master, bytes, slot)``.
+
+        Raises:
+            NodeError: no master serves the command's slot, or the map does not know the
+                master that does (read it again first).
+        """
+        slot = command_slot(data)
+        endpoint = self.owner(slot)
+        if endpoint is None:
+            raise NodeError(f"no master of the cluster serves slot {slot}")
+        return endpoint, self.rewrite(data, endpoint), slot
+
+    def rewrite(self, data: bytes, endpoint: Endpoint) -> bytes:
+        """``data`` in the form the master at ``endpoint`` runs it (see the module
+        docstring).
+
+        Raises:
+            NodeError: the map does not know that master (it is read again first).
+        """
+        tag = self.tag_of(endpoint)
+        if tag is None:
+            self.stale = True
+            raise NodeError("the cluster's slot map is out of date; reading it again")
+        return cluster_form(data, tag)
+
+
+def _script_command(data: bytes) -> tuple[bytes, bytes, int, int] | None:
+    """``(name, sha or source, array length, offset of the key count)`` of an EVALSHA or
+    EVAL, or None for any other command."""
+    if not data.startswith(b"*"):
+        return None
+    head_end = data.index(b"\r\n")
+    count = int(data[1:head_end])
+    name, at = _read_bulk(data, head_end + 2)
+    if name.upper() not in (b"EVALSHA", b"EVAL"):
+        return None
+    script, at = _read_bulk(data, at)
+    return name.upper(), script, count, at
+
+
+def command_slot(data: bytes) -> int | None:
+    """The slot that routes command ``data``: its first key's, in cluster form (a node's own
+    record does not route: it has the form of whichever shard the command reaches); None for
+    a command with no lock key."""
+    parsed = _script_command(data)
+    if parsed is None:
+        return None
+    at = parsed[3]
+    count_text, at = _read_bulk(data, at)
+    for _ in range(int(count_text)):
+        key, at = _read_bulk(data, at)
+        if key != _NODE_KEY:
+            return key_slot(cluster_key(key.decode("utf-8", "surrogateescape")))
+    return None
+
+
+_NODE_KEY = NODE_KEY.encode()
+
+
+def cluster_form(data: bytes, tag: str) -> bytes:
+    """Command ``data`` as the shard whose records carry ``tag`` runs it: the script
+    variant of that shard, every key in cluster form. Anything after the keys (the
+    arguments, and those the transport appends later, counted in the array header) is kept
+    byte for byte. A command that is not EVALSHA or EVAL is returned as it is."""
+    parsed = _script_command(data)
+    if parsed is None:
+        return data
+    name, script_field, count, at = parsed
+    if name == b"EVALSHA":
+        script = SCRIPTS_BY_SHA.get(script_field)
+        if script is None:
+            raise NodeError(f"unknown script {script_field.decode(errors='replace')}")
+        body = script.for_shard(tag).sha
+    else:
+        body = Script(script_field.decode(), register=False).for_shard(tag).source
+    count_text, at = _read_bulk(data, at)
+    keys = []
+    for _ in range(int(count_text)):
+        key, at = _read_bulk(data, at)
+        if key == _NODE_KEY:
+            keys.append(_bulk(_NODE_KEY + b"{" + tag.encode() + b"}"))
+        else:
+            tagged = cluster_key(key.decode("utf-8", "surrogateescape"))
+            keys.append(_bulk(tagged.encode("utf-8", "surrogateescape")))
+    return b"".join(
+        (
+            b"*%d\r\n" % count,
+            _bulk(name),
+            _bulk(body),
+            _bulk(count_text),
+            *keys,
+            data[at:],
+        )
+    )

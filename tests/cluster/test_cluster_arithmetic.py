@@ -1,0 +1,204 @@
+"""``wire/cluster.py`` against the servers themselves: the key slot as ``CLUSTER KEYSLOT``
+computes it, the lock keys of one lock in one slot, the slot map as both commands give it,
+and the redirections the members really send."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import redis
+
+from django_redlock.localshards import LocalShardedNode
+from django_redlock.wire.cluster import (
+    SLOTS,
+    Redirect,
+    Shard,
+    SlotMap,
+    cluster_key,
+    hash_tag,
+    key_slot,
+    parse_redirect,
+    parse_shards,
+    parse_slots,
+)
+from django_redlock.wire.primitives import READER_OWNERS, SEMAPHORE, slot_key
+from django_redlock.wire.scripts import GONE, LAPSE, LINE, READERS
+
+
+def _keys(count: int) -> list[bytes]:
+    """Keys a user could make, and the edge cases of hash tags: braces in every place,
+    empty tags, non-ASCII text, NUL-suffixed derived keys."""
+    rng = random.Random(42)
+    alphabet = "ab{}:\x00é中 -_0123456789"
+    keys = [
+        b"",
+        b"{",
+        b"}",
+        b"{}",
+        b"{}{a}",
+        b"{a}{b}",
+        b"a{b}c",
+        b"a{{b}}",
+        b"a{}b{c}",
+        b"redlock:orders:42",
+        "redlock:{tenant-é}:x".encode(),
+        b"123456789",  # the CRC16/XMODEM check value's input
+    ]
+    for _ in range(count):
+        length = rng.randrange(1, 24)
+        keys.append("".join(rng.choice(alphabet) for _ in range(length)).encode())
+    return keys
+
+
+def test_key_slot_is_the_servers_keyslot_on_many_keys(sharded3: list[LocalShardedNode]) -> None:
+    keys = _keys(2000)
+    with sharded3[0].client(sharded3[0].masters[0]) as client:
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("CLUSTER", "KEYSLOT", key)
+        expected = pipe.execute()
+    mismatched = [
+        (key, key_slot(key), want)
+        for key, want in zip(keys, expected, strict=True)
+        if key_slot(key) != want
+    ]
+    assert mismatched == []
+    assert key_slot(b"123456789") == 0x31C3 % SLOTS  # the XMODEM check value
+
+
+def test_hash_tag_rules() -> None:
+    assert hash_tag(b"a{b}c") == b"b"
+    assert hash_tag(b"{}{a}") is None  # the first { meets } at once: no tag
+    assert hash_tag(b"a{{b}}") == b"{b"
+    assert hash_tag(b"a{b") is None
+    assert hash_tag(b"plain") is None
+    assert key_slot("é") == key_slot("é".encode())
+
+
+_SUFFIXES = [LINE, LAPSE, READERS, GONE + "0" * 40, READER_OWNERS, SEMAPHORE + LINE, "\x00h"]
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("redlock:orders:42", "{redlock:orders:42}"),
+        ("redlock:{tenant}:42", "redlock:{tenant}:42"),  # the user's tag is kept
+        ("{app}redlock:x", "{app}redlock:x"),  # a tag in KEY_PREFIX too
+        ("redlock:a{}b", "{redlock:a{}b}"),  # an empty tag is no tag
+        ("redlock:a{b", "{redlock:a{b}"),
+        ("redlock:a}b", "{redlock:a}b}"),
+        ("redlock:x\x00q", "{redlock:x}\x00q"),  # a derived key keeps its lock's tag
+        ("\x00django_redlock:node", "\x00django_redlock:node"),  # not a lock key
+    ],
+)
+def test_cluster_key(key: str, expected: str) -> None:
+    assert cluster_key(key) == expected
+    assert cluster_key(cluster_key(key)) == cluster_key(key)  # applied twice: the same
+
+
+def test_every_key_of_a_lock_shares_its_slot_on_the_server(
+    sharded3: list[LocalShardedNode],
+) -> None:
+    """Hundreds of names, with every suffix the scripts derive: one slot per lock, as the
+    server computes it, and one command naming all of a lock's keys is not CROSSSLOT."""
+    node = sharded3[0]
+    names = [f"redlock:name-{index}" for index in range(300)] + [
+        "redlock:{t}:1",
+        "redlock:a{}b",
+        "redlock:é中",
+    ]
+    for name in names:
+        base = cluster_key(name)
+        derived = [cluster_key(name + suffix) for suffix in _SUFFIXES]
+        derived += [cluster_key(slot_key(name, slot)) for slot in (0, 7)]
+        slot = key_slot(base)
+        assert {key_slot(key) for key in derived} == {slot}
+        owner = node.owner_of(slot)
+        with node.client(owner) as client:
+            assert client.exists(base, *derived) == 0  # served here, one slot: no error
+        assert key_slot(name) == slot or "{" in name  # untagged names keep their own slot
+
+
+def test_slot_map_from_both_commands_agrees(sharded3: list[LocalShardedNode]) -> None:
+    node = sharded3[1]
+    with node.client(node.masters[2]) as client:
+        shards = parse_shards(client.execute_command("CLUSTER", "SHARDS"), "127.0.0.1")
+        slots = parse_slots(client.execute_command("CLUSTER", "SLOTS"), "127.0.0.1")
+    for slot in range(0, SLOTS, 97):
+        expected = ("127.0.0.1", node.owner_of(slot).port)
+        assert shards.master_of(slot) == expected
+        assert slots.master_of(slot) == expected
+
+
+def test_redirects_the_members_send_are_parsed(sharded3: list[LocalShardedNode]) -> None:
+    node = sharded3[2]
+    key = "redlock:moved-probe"
+    slot = key_slot(key)
+    owner = node.owner_of(slot)
+    other = next(master for master in node.masters if master is not owner)
+    with node.client(other) as client, pytest.raises(redis.ResponseError) as moved:
+        client.get(key)
+    # redis-py keeps the error text after its first word for MOVED: rebuild it as sent.
+    text = str(moved.value)
+    message = text if text.startswith("MOVED") else f"MOVED {text}"
+    assert owner.port is not None
+    assert parse_redirect(message) == Redirect(False, slot, "127.0.0.1", owner.port)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        ("MOVED 3999 127.0.0.1:6381", Redirect(False, 3999, "127.0.0.1", 6381)),
+        ("ASK 3999 127.0.0.1:6381", Redirect(True, 3999, "127.0.0.1", 6381)),
+        ("MOVED 1 :6380", Redirect(False, 1, None, 6380)),  # the member knows no host
+        ("MOVED 1 ::1:6380", Redirect(False, 1, "::1", 6380)),
+        ("MOVED 1 [::1]:6380", Redirect(False, 1, "::1", 6380)),
+        ("MOVED 1 cache.example.com:6379", Redirect(False, 1, "cache.example.com", 6379)),
+        ("MOVED 16384 h:1", None),
+        ("MOVED x h:1", None),
+        ("MOVED 1 h", None),
+        ("CROSSSLOT Keys in request don't hash to the same slot", None),
+        ("ERR something", None),
+    ],
+)
+def test_parse_redirect(message: str, expected: Redirect | None) -> None:
+    assert parse_redirect(message) == expected
+
+
+def test_slot_map_refuses_overlaps_and_finds_gaps() -> None:
+    a = Shard(("h", 1), ranges=((0, 99), (200, 299)))
+    b = Shard(("h", 2), ranges=((100, 150),))
+    slot_map = SlotMap.of([a, b])
+    assert slot_map.master_of(0) == ("h", 1)
+    assert slot_map.master_of(150) == ("h", 2)
+    assert slot_map.master_of(151) is None  # nobody serves it
+    assert slot_map.master_of(299) == ("h", 1)
+    assert slot_map.master_of(300) is None
+    with pytest.raises(ValueError, match="overlap"):
+        SlotMap.of([a, Shard(("h", 3), ranges=((50, 60),))])
+    with pytest.raises(ValueError, match="within"):
+        SlotMap.of([Shard(("h", 3), ranges=((0, SLOTS),))])
+
+
+def test_cluster_form_of_a_command() -> None:
+    """An acquire as a shard runs it: the shard's variant of the script (its own marker and
+    owner records), the key tagged, every argument byte for byte; its EVAL fallback too."""
+    from django_redlock.wire.cluster_route import cluster_form, command_slot
+    from django_redlock.wire.scripts import ACQUIRE, acquire_command
+
+    command, fallback = acquire_command("redlock:x", "a" * 40, 1000, "own er", 60_000)
+    tag = "1bz"
+    variant = ACQUIRE.for_shard(tag)
+    formed = cluster_form(command, tag)
+    assert variant.sha in formed
+    assert ACQUIRE.sha not in formed
+    assert b"$11\r\n{redlock:x}\r\n" in formed
+    assert formed.endswith(command[command.index(b"$40\r\n" + b"a" * 40) :])
+    assert formed.startswith(command[: command.index(b"\r\n")])  # the same argument count
+    assert command_slot(command) == key_slot("{redlock:x}")
+    evaled = cluster_form(fallback.build() if fallback else b"", tag)
+    assert variant.source in evaled
+    assert b"'\\0django_redlock:node{1bz}'" in variant.source
+    assert b"'\\0django_redlock:node'" not in variant.source
+    assert cluster_form(b"*1\r\n$4\r\nPING\r\n", tag) == b"*1\r\n$4\r\nPING\r\n"
