@@ -10,10 +10,10 @@ the options of the management commands.
 from __future__ import annotations
 
 import builtins
+import configparser
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -43,8 +43,9 @@ def test_every_python_block_compiles_as_printed(where, code):
 
 
 def extras() -> set[str]:
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-    return set(config["project"]["optional-dependencies"])
+    config = configparser.ConfigParser()
+    config.read(ROOT / "setup.cfg")
+    return set(config["options.extras_require"])
 
 
 def test_every_install_line_names_this_folder_and_extras_that_exist():
@@ -57,7 +58,7 @@ def test_every_install_line_names_this_folder_and_extras_that_exist():
         folder, _, rest = spec.partition("[")
         assert folder == ".", f"{spec!r}: run from the clone's top folder, as '.[extra]'"
         for extra in rest.rstrip("]").split(","):
-            assert extra in known, f"{spec!r}: no extra {extra!r} in pyproject.toml"
+            assert extra in known, f"{spec!r}: no extra {extra!r} in setup.cfg"
 
 
 def test_the_front_page_is_short_and_says_migrate_and_names_the_async_factory():
@@ -78,7 +79,7 @@ def test_every_link_between_pages_points_to_a_page():
 
 
 def test_the_readme_links_into_this_repository_and_to_files_that_exist():
-    """README.md is PyPI's page too (pyproject.toml's readme), where a relative link
+    """README.md is PyPI's page too (setup.cfg's long_description), where a relative link
     would be resolved against PyPI's site: its links are absolute, into the repository."""
     repo_url = re.search(r"^repo_url: (\S+)$", (ROOT / "mkdocs.yml").read_text(), re.MULTILINE)
     assert repo_url
