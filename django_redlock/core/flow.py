@@ -826,12 +826,7 @@ def plainly_refusing(results: Sequence[Any]) -> int:
 def quarantined_past(results: Sequence[Any], seconds: float) -> int:
     """How many nodes of a round refused as quarantined for longer than ``seconds`` (they
     said when they vote again, see :func:`quarantine_left`)."""
-    count = 0
-    for reply in results:
-        if reply is TIMED_OUT or isinstance(reply, NodeError):
-            found = _VOTES_AGAIN.match(str(reply))
-            count += found is not None and float(found[1]) > seconds
-    return count
+    return sum(1 for reply in results if (votes_again_in(reply) or 0.0) > seconds)
 
 
 def outage_error(error: LockNotAcquired, nodes: Nodes, quarantined: int = 0) -> LockNotAcquired:
@@ -901,6 +896,16 @@ def longer_quarantines(node_errors: Mapping[str, str]) -> dict[str, int]:
 _VOTES_AGAIN = re.compile(r"^QUARANTINED .*? votes again in (\d+) s")
 
 
+def votes_again_in(reply: object) -> float | None:
+    """Seconds until a node that refused as quarantined votes again, as its refusal says
+    (``scripts/node_rule.lua``); None for any other reply."""
+    if reply is TIMED_OUT or isinstance(reply, NodeError):
+        found = _VOTES_AGAIN.match(str(reply))
+        if found is not None:
+            return float(found[1])
+    return None
+
+
 def quarantine_left(quorum: int, results: Sequence[Any]) -> float | None:
     """Seconds until a quorum of nodes votes again, when nodes refused with QUARANTINED
     (``scripts/node_rule.lua`` says in how many seconds each votes again); None when no node
@@ -913,19 +918,10 @@ def quarantine_left(quorum: int, results: Sequence[Any]) -> float | None:
     node as never back made a caller with no deadline sleep out a 60 s quarantine while the
     nodes it needed were restarting: found by test_outage's caller that waits).
     """
-    ready: list[float] = []
-    quarantined = False
-    for reply in results:
-        found = None
-        if reply is TIMED_OUT or isinstance(reply, NodeError):
-            found = _VOTES_AGAIN.match(str(reply))
-        if found is None:
-            ready.append(0.0)
-        else:
-            quarantined = True
-            ready.append(float(found[1]))
-    if not quarantined:
+    said = [votes_again_in(reply) for reply in results]
+    if all(left is None for left in said):
         return None
+    ready = [0.0 if left is None else left for left in said]
     ready.sort()
     left = ready[quorum - 1]
     return left if left > 0 else None
