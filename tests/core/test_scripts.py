@@ -177,8 +177,10 @@ def test_hostile_names_are_data_not_code(cluster3):
         marks = [key for key in left if scripts.GONE.encode() in key]
         assert len(marks) == 5
         assert all(0 < client.pttl(key) <= 60_000 for key in marks)
-        rest = sorted(set(left) - set(marks))
-        assert rest == sorted([scripts.NODE_KEY.encode(), VOTERS_KEY.encode()])
+        rest = set(left) - set(marks)
+        # The voters record is written by the vote recorder's thread, maybe not yet.
+        assert scripts.NODE_KEY.encode() in rest
+        assert rest <= {scripts.NODE_KEY.encode(), VOTERS_KEY.encode()}
 
 
 @pytest.mark.parametrize("key", ["redlock:plain", "redlock:Ünï😀"])
