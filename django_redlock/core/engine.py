@@ -76,6 +76,7 @@ from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.primitives import PRELOAD
 from django_redlock.wire.scripts import NODE_KEY, PING, Command
+from django_redlock.wire.servers import Servers
 from django_redlock.wire.setup import Hello
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
@@ -143,42 +144,11 @@ def _after_fork_in_child() -> None:
     for engine in list(_ENGINES):
         engine._unrecorded = set(range(len(engine.addresses)))
         engine._voters.after_fork_in_child()
-        engine.servers._lock = threading.Lock()
+        engine.servers.after_fork_in_child()
         engine.quarantine._lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-class Servers:
-    """Which server process each node's connections reached (its run_id, from the hello), to
-    tell two addresses of one server apart from two nodes (issue 40): three databases of one
-    server listed as three nodes would make a "quorum" of one machine. Shared with the
-    connections, like :class:`Quarantine`.
-
-    ``same`` maps each node label whose server another label already reached to that label;
-    empty (the usual case: one test per acquire) while every node is its own server.
-    """
-
-    __slots__ = ("_lock", "by_run_id", "same")
-
-    def __init__(self) -> None:
-        self.by_run_id: dict[str, str] = {}
-        self.same: dict[str, str] = {}
-        self._lock = threading.Lock()
-
-    def report(self, node: str, run_id: str) -> None:
-        """Node ``node``'s connection reached the server process ``run_id``."""
-        with self._lock:
-            first = self.by_run_id.setdefault(run_id, node)
-            if first != node:
-                self.same[node] = first
-
-    def distinct(self, labels: Sequence[str], granted: Sequence[bool]) -> int:
-        """How many different servers are among the nodes that ``granted``."""
-        return len(
-            {self.same.get(label, label) for label, yes in zip(labels, granted, strict=True) if yes}
-        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,8 +292,10 @@ class Engine:
         )
         self.quarantine = Quarantine(math.ceil(self.max_ttl * 1000))
         # What every new connection (sync or asyncio) asks its node first (see Hello).
-        self.servers = Servers()
-        self.hello = Hello(NODE_KEY, self.quarantine.report, self.servers.report)
+        self.servers = Servers([address.label for address in self.addresses])
+        self.hello = Hello(
+            NODE_KEY, self.quarantine.report, self.servers.report, self.servers.twins
+        )
         self.quorum = len(self.addresses) // 2 + 1
         self.nodes = flow.Nodes(
             tuple(address.label for address in self.addresses),

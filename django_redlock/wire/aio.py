@@ -58,6 +58,7 @@ from django_redlock.wire.resp import (
 from django_redlock.wire.rounds import RECORD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.sentinel import Watch, amaster_of, forget, watch
+from django_redlock.wire.servers import keep_apart
 from django_redlock.wire.setup import (
     CLUSTER_MAP,
     UNIDENTIFIED,
@@ -721,6 +722,8 @@ class LoopConnections:
         # Whether a node has REPLICA_ACKS: only then are grants and renewals sent otherwise.
         self.acked = any(address.replica_acks for address in self.addresses)
         self.hello = hello
+        # Nodes whose server an earlier node reached: sent nothing (wire/servers.py).
+        self.twins: dict[int, str] = hello.twins
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         # How long a connection opened for a posted command may take (seconds): the node
         # timeout of the last round.
@@ -898,13 +901,16 @@ class LoopConnections:
         answer = _LoopRound(len(commands), yes_value, need, give_up)  # _new_round inlined
         answer.decided = None
         answer.deadline = asyncio.get_running_loop().time() + timeout
+        if self.twins:  # empty unless two nodes reached one server (wire/servers.py)
+            commands = keep_apart(answer, commands, self.twins)
         results = answer.results
         expect = self._expect
         if self.acked and acked_round(commands):
             expect = partial(self._expect_acked, timeout_ms=wait_ms(timeout))
         for index, command in enumerate(commands):
             if command is None:
-                results[index] = None
+                if results[index] is PENDING:  # else refused (a twin)
+                    results[index] = None
             else:
                 conn = connections[index]
                 assert conn is not None  # checked above
@@ -953,6 +959,8 @@ class LoopConnections:
         connected are connected (or their login awaited), and the commands written. The
         round's deadline runs from after those awaits."""
         answer = _new_round(len(commands), yes_value, need, give_up, math.inf)
+        if self.twins:  # empty unless two nodes reached one server (wire/servers.py)
+            commands = keep_apart(answer, commands, self.twins)
         commands, at = await self._placed(answer, commands, timeout)
         stall = self.stall
         now = time.monotonic()

@@ -51,7 +51,7 @@ from django_redlock.wire.cluster_route import (
     remember,
     shards_reply_map,
 )
-from django_redlock.wire.errors import NodeError, NotSent
+from django_redlock.wire.errors import PENDING, NodeError, NotSent
 from django_redlock.wire.node_socket import (
     HUNG_UP,
     POLL_ERR,
@@ -67,6 +67,7 @@ from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.sentinel import Watch, forget, watch
+from django_redlock.wire.servers import keep_apart
 from django_redlock.wire.setup import (
     CLUSTER_MAP,
     UNIDENTIFIED,
@@ -132,6 +133,8 @@ class ConnectionSet:
         warm_tls(self.addresses)  # now, not inside the first command's deadline
         self.preload = tuple(preload)
         self.hello = hello
+        # Nodes whose server an earlier node reached: sent nothing (wire/servers.py).
+        self.twins: dict[int, str] = {} if hello is None else hello.twins
         self.clock = clock
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         self.pid = current_pid()
@@ -568,6 +571,8 @@ class ConnectionSet:
         or by later rounds).
         """
         answer = Round(len(commands), yes_value, need, give_up)
+        if self.twins:  # empty unless two nodes reached one server (wire/servers.py)
+            commands = keep_apart(answer, commands, self.twins)
         now = self.clock()
         if self.pid != process.PID:
             self._forget_all()
@@ -590,8 +595,8 @@ class ConnectionSet:
             timeout_ms = wait_ms(self.delivery)
             for index, command in enumerate(commands):
                 if command is None:
-                    results = answer.results
-                    results[index] = None
+                    if answer.results[index] is PENDING:  # else refused (a twin)
+                        answer.results[index] = None
                 else:
                     self._send_one(answer, index, command, now, identify, queue_behind, timeout_ms)
             return answer
@@ -609,7 +614,8 @@ class ConnectionSet:
         index = -1  # no command: none sent
         for index, command in enumerate(commands):
             if command is None:
-                results[index] = None
+                if results[index] is PENDING:  # else refused (a twin)
+                    results[index] = None
                 others += 1
                 continue
             conn = connections[index]
@@ -698,7 +704,8 @@ class ConnectionSet:
         acked_ms = wait_ms(self.delivery) if self.acked and acked_round(commands) else 0
         for index, command in enumerate(commands):
             if command is None:
-                answer.results[index] = None
+                if answer.results[index] is PENDING:  # else refused (a twin)
+                    answer.results[index] = None
                 continue
             if index not in self.routes:
                 self._send_one(answer, index, command, now, identify, queue_behind, acked_ms)

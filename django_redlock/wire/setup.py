@@ -85,19 +85,24 @@ class Hello:
     q``) goes to ``on_quarantine(node label, ms)`` (0 when the node has none).
     """
 
-    __slots__ = ("marker", "on_quarantine", "on_server")
+    __slots__ = ("marker", "on_quarantine", "on_server", "twins")
 
     def __init__(
         self,
         marker: str,
         on_quarantine: Callable[[str, int], None],
         on_server: Callable[[str, str], None] | None = None,
+        twins: dict[int, str] | None = None,
     ) -> None:
         self.marker = marker
         self.on_quarantine = on_quarantine
         self.on_server = on_server
         """Told ``(node label, run_id)`` when a connection learns which server process it
-        reached: two labels with one run_id are one server (see core/engine.py, Servers)."""
+        reached: two labels with one run_id are one server (see wire/servers.py)."""
+        self.twins: dict[int, str] = {} if twins is None else twins
+        """The nodes (by index) whose server an earlier node reached, and that node's label
+        (``Servers.twins``, kept up to date by ``on_server``): the transports send them
+        nothing."""
 
 
 def shard_hello(hello: Hello | None, tag: str, node: str) -> Hello | None:
@@ -112,6 +117,7 @@ def shard_hello(hello: Hello | None, tag: str, node: str) -> Hello | None:
         f"{hello.marker}{{{tag}}}",
         lambda _label, ms: on_quarantine(node, ms),
         None if on_server is None else (lambda _label, run_id: on_server(node, run_id)),
+        hello.twins,
     )
 
 
