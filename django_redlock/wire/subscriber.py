@@ -165,8 +165,11 @@ class Subscriber:
         channel = wake_channel(key, self.listener)
         with self.lock:
             if waiter and waiter.encode() not in self.listens:
-                self.listens[waiter.encode()] = channel
+                # Counted before it is listed: an interruption (a signal's exception) between
+                # the two leaves the channel counted once too often (it stays subscribed),
+                # never a listed waiter its channel does not count (unregister's KeyError).
                 self.users[channel] = self.users.get(channel, 0) + 1
+                self.listens[waiter.encode()] = channel
             listed = self.channels.get(channel)
             if (
                 listed is not None
