@@ -58,6 +58,11 @@ from django_redlock.wire.resp import encode_command
 from django_redlock.wire.setup import history_of, identity_of
 
 BATCH = 500
+# The plain Redlock's renewal: KEYS[1] the key, ARGV[1] the token, ARGV[2] the ttl in ms.
+COMPARE_AND_PEXPIRE = (
+    b'if redis.call("get", KEYS[1]) == ARGV[1] then '
+    b'return redis.call("pexpire", KEYS[1], ARGV[2]) else return 0 end'
+)
 TTL_MS = 600_000  # long: nothing expires during a case, even under valgrind
 QUARANTINE_MS = 60_000
 LIFETIME_MS = 600_000  # long: no place in line lapses during a case
@@ -363,6 +368,42 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
             "evalsha",
             [],
             [release(k, token("a", i)) for i, k in enumerate(names)],
+            one,
+        )
+    )
+
+    # Renewal of a held lease (the auto-extender's and lease.extend()'s command), beside the
+    # plain Redlock's extend: a compare-and-PEXPIRE script (redis-py's Lock.extend, pottery).
+    names = keys("extend")
+    rows.append(
+        measure(
+            node,
+            "extend.lua, held lease renewed",
+            "evalsha",
+            [acquire(k, token("e", i)) for i, k in enumerate(names)],
+            [
+                scripts.extend_command(k, token("e", i), TTL_MS, OWNER)[0]
+                for i, k in enumerate(names)
+            ],
+            one,
+        )
+    )
+    sha = node.call("SCRIPT", "LOAD", COMPARE_AND_PEXPIRE)
+    assert isinstance(sha, bytes)
+    names = keys("min-extend")
+    rows.append(
+        measure(
+            node,
+            "minimal extend: EVALSHA compare-and-PEXPIRE",
+            "evalsha",
+            [
+                encode_command("SET", k, token("x", i), "NX", "PX", TTL_MS)
+                for i, k in enumerate(names)
+            ],
+            [
+                encode_command("EVALSHA", sha, 1, k, token("x", i), TTL_MS)
+                for i, k in enumerate(names)
+            ],
             one,
         )
     )
