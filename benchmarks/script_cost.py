@@ -497,6 +497,24 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
         body = b"local key = KEYS[1]\n" + b"redis.call('EXISTS', key)\n" * count + b"return 1"
         script_row(f"script of {count} EXISTS calls", body, keys(f"calls{count}"))
 
+    # What a script's included helpers cost before it does anything: each one's local
+    # functions are made anew on every call, the fast path's unused ones too (issue 43).
+    # An include that runs code of the script's own (hand_register.lua) is left out.
+    runs_code = re.compile(r"^(if|for|while|return)\b|^local \w+ = .*ARGV", re.MULTILINE)
+    for hot in ("acquire", "release", "extend"):
+        source = (scripts._SCRIPTS / f"{hot}.lua").read_text(encoding="utf-8")
+        included = [
+            name
+            for name in scripts._INCLUDE.findall(source)
+            if not runs_code.search(scripts._included(name))
+        ]
+        helpers = "\n".join(scripts._included(name) for name in included) + "\nreturn 1"
+        script_row(
+            f"{hot}.lua's {len(included)} includes alone, 1 key",
+            helpers.encode(),
+            keys(f"includes-{hot}"),
+        )
+
     # What an EVALSHA costs before the script does anything, by argument count (idea 4).
     for count in (1, 4, 8, 14):
         body = b"return 1 -- %d" % count
