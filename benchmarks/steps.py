@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 WARM_UP = 200
-PAIRS = 400
+PAIRS = 100  # per callgrind run (STEPS_PAIRS=...): the counts repeat, the run takes long
 TIMEOUT = 2.0  # seconds: the client is slow under valgrind, the servers are not
 TTL_MS = 10_000
 
