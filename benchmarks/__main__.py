@@ -48,8 +48,14 @@ which waits in the nodes' line and takes hand-off grants, and the holder's grant
   CPU per critical section at 8/32/64 waiters; beside redis-py and python-redis-lock where a
   figure applies to them. About 3 minutes, so only when asked: ``--only scale``.
 
-Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6, scale; all but scale by
-default) and ``--nodes 1,5``.
+- ``profile`` (``benchmarks/steps.py``): W1's pair (what each W2 worker repeats) in client
+  instructions, split by step (argument checks, building the requests, the rounds, parsing,
+  judging, the lease's bookkeeping, reporting, the release), ours beside the same-commands
+  floor, at each ``--nodes``. Needs valgrind and gcc; a quarter of an hour, so only when
+  asked: ``--only profile --nodes 1,5``.
+
+Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6, scale, profile; all but
+scale and profile by default) and ``--nodes 1,5``.
 
 Every contender gets clients with the same 50 ms socket timeout and no client retries.
 """
@@ -544,8 +550,9 @@ def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
     )
 
 
-WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6", "scale")
-DEFAULT_WORKLOADS = frozenset(WORKLOADS) - {"scale"}  # scale takes minutes: asked for only
+WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6", "scale", "profile")
+# scale takes minutes, profile (the pair by step, callgrind) a quarter of an hour: asked for only
+DEFAULT_WORKLOADS = frozenset(WORKLOADS) - {"scale", "profile"}
 
 
 def _workloads(text: str) -> set[str]:
@@ -579,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_workloads,
         default=set(DEFAULT_WORKLOADS),
         metavar="W[,W...]",
-        help=f"run these workloads only ({', '.join(WORKLOADS)}; default: all but scale)",
+        help=f"these workloads only ({', '.join(WORKLOADS)}; default: not scale, profile)",
     )
     parser.add_argument(
         "--nodes",
@@ -613,6 +620,11 @@ def main(argv: list[str] | None = None) -> int:
             w5(cluster3, args.w5_seconds)
         if "w6" in only:
             w6_w7(cluster5, args.seconds)
+        if "profile" in only:
+            from benchmarks.steps import profile
+
+            clusters = {1: [cluster5.urls[0]], 3: cluster3.urls, 5: cluster5.urls}
+            profile({n: clusters[n] for n in nodes})
         if "scale" in only:
             from benchmarks.scale import run as scale
 

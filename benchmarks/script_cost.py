@@ -58,6 +58,11 @@ from django_redlock.wire.resp import encode_command
 from django_redlock.wire.setup import history_of, identity_of
 
 BATCH = 500
+# The plain Redlock's renewal: KEYS[1] the key, ARGV[1] the token, ARGV[2] the ttl in ms.
+COMPARE_AND_PEXPIRE = (
+    b'if redis.call("get", KEYS[1]) == ARGV[1] then '
+    b'return redis.call("pexpire", KEYS[1], ARGV[2]) else return 0 end'
+)
 TTL_MS = 600_000  # long: nothing expires during a case, even under valgrind
 QUARANTINE_MS = 60_000
 LIFETIME_MS = 600_000  # long: no place in line lapses during a case
@@ -367,6 +372,42 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
         )
     )
 
+    # Renewal of a held lease (the auto-extender's and lease.extend()'s command), beside the
+    # plain Redlock's extend: a compare-and-PEXPIRE script (redis-py's Lock.extend, pottery).
+    names = keys("extend")
+    rows.append(
+        measure(
+            node,
+            "extend.lua, held lease renewed",
+            "evalsha",
+            [acquire(k, token("e", i)) for i, k in enumerate(names)],
+            [
+                scripts.extend_command(k, token("e", i), TTL_MS, OWNER)[0]
+                for i, k in enumerate(names)
+            ],
+            one,
+        )
+    )
+    sha = node.call("SCRIPT", "LOAD", COMPARE_AND_PEXPIRE)
+    assert isinstance(sha, bytes)
+    names = keys("min-extend")
+    rows.append(
+        measure(
+            node,
+            "minimal extend: EVALSHA compare-and-PEXPIRE",
+            "evalsha",
+            [
+                encode_command("SET", k, token("x", i), "NX", "PX", TTL_MS)
+                for i, k in enumerate(names)
+            ],
+            [
+                encode_command("EVALSHA", sha, 1, k, token("x", i), TTL_MS)
+                for i, k in enumerate(names)
+            ],
+            one,
+        )
+    )
+
     names = keys("blocking")
     rows.append(
         measure(
@@ -455,6 +496,24 @@ def run_cases(node: Node, calls: int, prefix: str) -> list[tuple[str, float, flo
     for count in (1, 4, 13):
         body = b"local key = KEYS[1]\n" + b"redis.call('EXISTS', key)\n" * count + b"return 1"
         script_row(f"script of {count} EXISTS calls", body, keys(f"calls{count}"))
+
+    # What a script's included helpers cost before it does anything: each one's local
+    # functions are made anew on every call, the fast path's unused ones too (issue 43).
+    # An include that runs code of the script's own (hand_register.lua) is left out.
+    runs_code = re.compile(r"^(if|for|while|return)\b|^local \w+ = .*ARGV", re.MULTILINE)
+    for hot in ("acquire", "release", "extend"):
+        source = (scripts._SCRIPTS / f"{hot}.lua").read_text(encoding="utf-8")
+        included = [
+            name
+            for name in scripts._INCLUDE.findall(source)
+            if not runs_code.search(scripts._included(name))
+        ]
+        helpers = "\n".join(scripts._included(name) for name in included) + "\nreturn 1"
+        script_row(
+            f"{hot}.lua's {len(included)} includes alone, 1 key",
+            helpers.encode(),
+            keys(f"includes-{hot}"),
+        )
 
     # What an EVALSHA costs before the script does anything, by argument count (idea 4).
     for count in (1, 4, 8, 14):

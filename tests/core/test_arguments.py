@@ -8,6 +8,7 @@ import pytest
 
 from django_redlock import LockManager
 from django_redlock.core.arguments import (
+    _CONTROL_CHARACTERS,
     DEFAULT_MAX_TTL,
     MAX_NAME_BYTES,
     MAX_TTL,
@@ -41,6 +42,25 @@ def manager() -> LockManager:
 def test_bad_names(manager, name, error, match):
     with pytest.raises(error, match=match):
         manager.acquire(name)
+
+
+def test_the_ascii_shortcut_refuses_exactly_the_control_characters():
+    # validate_name judges an ASCII name by str.isprintable instead of the regex: for every
+    # ASCII character, alone and inside a name, both must say the same.
+    for code in range(128):
+        character = chr(code)
+        control = _CONTROL_CHARACTERS.search(character) is not None
+        assert character.isprintable() is not control, hex(code)
+        for name in (character, f"job:{character}:1"):
+            if control:
+                with pytest.raises(ValueError, match="control characters"):
+                    validate_name(name)
+            else:
+                assert validate_name(name) == name
+    # Outside ASCII the regex still decides (C1 controls; a printable character passes).
+    with pytest.raises(ValueError, match="control characters"):
+        validate_name("caf\u00e9\x85")
+    assert validate_name("caf\u00e9 \u00a0x") == "caf\u00e9 \u00a0x"
 
 
 def test_names_are_nfc_normalised():
