@@ -21,6 +21,7 @@ but :func:`probe`'s, which the transport calls, blocking, within the node timeou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import redis
@@ -28,7 +29,10 @@ import redis
 from django_redlock.wire.cluster import (
     SlotMap,
     cluster_key,
+    cross_slot_message,
+    hash_tag,
     key_slot,
+    lock_slots,
     marker_tag,
     parse_shards,
     parse_slots,
@@ -43,11 +47,13 @@ __all__ = [
     "ASKING_REPLY",
     "MAX_HOPS",
     "ClusterRoute",
+    "CrossSlot",
     "Routed",
     "channel_on",
     "known",
     "probe",
     "read_map",
+    "refuse_across_slots",
     "remember",
     "shards_reply_map",
 ]
@@ -128,6 +134,45 @@ def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
         _MAPS[address.identity] = slot_map
 
 
+def refuse_across_slots(
+    addresses: Sequence[NodeAddress], keys: Sequence[str], timeout: float, ask: bool = True
+) -> None:
+    """Refuse a multi-lock over lock ``keys`` in more than one slot when a node of
+    ``addresses`` is a cluster: a cluster runs one script on one slot's keys only, so such a
+    node could never vote for it (names without one hash tag land in different slots).
+    Nothing is sent for it then.
+
+    Free when every node is known plain (no slot is computed). A node not classified yet is
+    asked (``ask``: :func:`probe`, blocking, within ``timeout``), only when the keys span
+    slots; one that cannot be asked is left to the transport, which refuses the command
+    there alone (:class:`CrossSlot`).
+
+    Raises:
+        ValueError: the keys span slots and a node is a cluster; the text names the slots and
+            the hash-tag fix.
+    """
+    kinds = [known(address) for address in addresses]
+    if all(found and slot_map is None for found, slot_map in kinds):
+        return
+    if len(lock_slots(keys)) < 2:
+        return
+    cluster = any(slot_map is not None for _, slot_map in kinds)
+    if not cluster and ask:
+        for address, (found, _) in zip(addresses, kinds, strict=True):
+            if found:
+                continue
+            try:
+                slot_map = probe(address, timeout)
+            except NodeError:
+                continue
+            remember(address, slot_map)
+            if slot_map is not None:
+                cluster = True
+                break
+    if cluster:
+        raise ValueError(cross_slot_message(keys))
+
+
 def channel_on(address: NodeAddress, channel: str) -> str:
     """Wake-up ``channel`` (a lock key, NUL, ``w``, a listener id: wire/waking.py) as the
     node at ``address`` publishes it: in cluster form on a cluster node, whose scripts name
@@ -151,6 +196,11 @@ def shards_reply_map(address: NodeAddress, reply: object, timeout: float) -> Slo
         except ValueError:
             pass
     return ClusterRoute(address, SlotMap.of([])).read(timeout)
+
+
+class CrossSlot(NodeError):
+    """A command whose lock keys lie in more than one slot of a cluster node: never sent
+    (the node would answer CROSSSLOT). The text names the slots and the hash-tag fix."""
 
 
 class Routed(Fallback):
@@ -347,7 +397,19 @@ def cluster_form(data: bytes, tag: str) -> bytes:
     """Command ``data`` as the shard whose records carry ``tag`` runs it: the script
     variant of that shard, every key in cluster form. Anything after the keys (the
     arguments, and those the transport appends later, counted in the array header) is kept
-    byte for byte. A command that is not EVALSHA or EVAL is returned as it is."""
+    byte for byte. A command that is not EVALSHA or EVAL is returned as it is.
+
+    The node's marker among the KEYS of a command that names lock keys too takes the form
+    ``{<the lock's tag>}`` then NODE_KEY, in the lock's slot (a cluster refuses a command
+    whose KEYS span slots), which the shard's variant reads as its own marker
+    (:meth:`~django_redlock.wire.scripts.Script.for_shard`); alone, it is the shard's marker
+    itself.
+
+    Raises:
+        NodeError: an EVALSHA of a script this process never loaded.
+        CrossSlot: the command's lock keys are in more than one slot (a multi-lock over
+            names without one hash tag): a cluster could not run it.
+    """
     parsed = _script_command(data)
     if parsed is None:
         return data
@@ -360,21 +422,44 @@ def cluster_form(data: bytes, tag: str) -> bytes:
     else:
         body = Script(script_field.decode(), register=False).for_shard(tag).source
     count_text, at = _read_bulk(data, at)
-    keys = []
+    tagged: list[bytes | None] = []
     for _ in range(int(count_text)):
         key, at = _read_bulk(data, at)
         if key == _NODE_KEY:
-            keys.append(_bulk(_NODE_KEY + b"{" + tag.encode() + b"}"))
+            tagged.append(None)
         else:
-            tagged = cluster_key(key.decode("utf-8", "surrogateescape"))
-            keys.append(_bulk(tagged.encode("utf-8", "surrogateescape")))
+            text = cluster_key(key.decode("utf-8", "surrogateescape"))
+            tagged.append(text.encode("utf-8", "surrogateescape"))
+    lock_tag = _one_tag([key for key in tagged if key is not None])
+    marker = (
+        _NODE_KEY + b"{" + tag.encode() + b"}"
+        if lock_tag is None
+        else b"{" + lock_tag + b"}" + _NODE_KEY
+    )
     return b"".join(
         (
             b"*%d\r\n" % count,
             _bulk(name),
             _bulk(body),
             _bulk(count_text),
-            *keys,
+            *(_bulk(marker if key is None else key) for key in tagged),
             data[at:],
         )
     )
+
+
+def _one_tag(keys: list[bytes]) -> bytes | None:
+    """The hash tag every key of ``keys`` (in cluster form: each has one) shares, or None
+    when there is no key.
+
+    Raises:
+        CrossSlot: keys of more than one slot (two tags that hash alike share one).
+    """
+    # One key per tag: derived keys (a lock's line, a semaphore's slots) share their lock's
+    # tag, so a command of one lock hashes one key, not all of them.
+    by_tag = {hash_tag(key) or key: key for key in keys}
+    if not by_tag:
+        return None
+    if len(by_tag) > 1 and len({key_slot(key) for key in by_tag.values()}) > 1:
+        raise CrossSlot(cross_slot_message(keys))
+    return next(iter(by_tag))

@@ -55,6 +55,27 @@ _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # owner records' ending. On a cluster node each shard keeps its own (Script.for_shard).
 _NODE_RECORDS = (b"'\\0django_redlock:node'", b"':django_redlock:node'")
 
+# The start of every shard variant: KEYS as the script reads them, each key that names the
+# marker in the lock's slot (``{<lock's tag>}`` then NODE_KEY, see cluster_route.cluster_form;
+# a lock key never ends so, names hold no control character) replaced by the shard's marker. A local
+# copy: the variant's code after it (and its included functions) reads the local. The
+# suffix is double-quoted so that the literal replacement above leaves it alone.
+_SHARD_PROLOGUE = b"""local KEYS = KEYS
+do
+    local copy
+    for i = 1, #KEYS do
+        if string.sub(KEYS[i], -20) == "\\0django_redlock:node" then
+            if copy == nil then
+                copy = {}
+                for j = 1, #KEYS do copy[j] = KEYS[j] end
+            end
+            copy[i] = '\\0django_redlock:node{<TAG>}'
+        end
+    end
+    if copy ~= nil then KEYS = copy end
+end
+"""
+
 SCRIPTS_BY_SHA: dict[bytes, Script] = {}
 """Every script this process loaded (:func:`load_script`), by its SHA1 digest: the cluster
 transport finds the script an EVALSHA names, to send its shard's variant instead."""
@@ -80,12 +101,19 @@ class Script:
         serves. A script may read and write keys of any slot its shard serves (scripts
         without a ``#!lua`` flags line, on Redis 7 and Valkey: tests/cluster check both), not
         of another shard's: one marker per shard, and a shard votes by its own rule.
-        Cached per tag."""
+        Cached per tag.
+
+        A script that takes the marker as one of its KEYS (a semaphore's, a read-write
+        lock's, a multi-lock's, a hand-off's acquire) gets it there in a form of the lock's
+        slot, ``{<the lock's tag>}`` then :data:`NODE_KEY` (a cluster refuses a command whose
+        KEYS span slots, CROSSSLOT, before the script runs): the variant starts by putting the
+        shard's marker in its place, in a local copy of KEYS."""
         variant = self._shards.get(tag)
         if variant is None:
             source = self.source
             for literal in _NODE_RECORDS:
                 source = source.replace(literal, literal[:-1] + b"{" + tag.encode() + b"}'")
+            source = _SHARD_PROLOGUE.replace(b"<TAG>", tag.encode()) + source
             variant = Script(source.decode(), register=False)
             variant.preloaded = self.preloaded
             self._shards[tag] = variant
