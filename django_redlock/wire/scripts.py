@@ -30,6 +30,7 @@ __all__ = [
     "LEAVE",
     "LINE",
     "LISTING",
+    "LISTING_SHARD",
     "NODE_KEY",
     "NODE_STATE",
     "OWNS",
@@ -297,6 +298,7 @@ DECLARE_FRESH = load_script("declare_fresh")
 PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
 HOLDER = load_script("holder")
 LISTING = load_script("listing")
+LISTING_SHARD = load_script("listing_shard")
 OWNS = load_script("owns")
 FORCE_RELEASE = load_script("force_release")
 
