@@ -4,7 +4,15 @@ cluster and merges each lock's keys across the nodes, in the names users gave.""
 
 from __future__ import annotations
 
-from django_redlock import LockManager
+import io
+import json
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_redlock import LockManager, QuorumUnreachable, get_manager
+from django_redlock.core.health import declare_fresh, status
 from django_redlock.core.listing import plain_key
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
@@ -85,3 +93,85 @@ def test_a_cluster_with_a_shard_down_is_unreachable_for_the_listing(
     finally:
         for node in nodes:
             node.stop()
+
+
+def test_status_judges_every_shard(sharded3: list[LocalShardedNode]) -> None:
+    manager = _manager(sharded3)
+    report = status(manager, timeout=1.0, record=False)
+    assert (report.voting, report.healthy) == (3, True)
+    for node, cluster in zip(report.nodes, sharded3, strict=True):
+        assert node.votes, node
+        assert node.role == "cluster of 3 shards"
+        assert [shard.master for shard in node.shards] == [
+            f"127.0.0.1:{master.port}" for master in cluster.masters
+        ]
+        assert [shard.slots for shard in node.shards] == [
+            f"{low}-{high}" for low, high in cluster.ranges
+        ]
+        assert all(shard.votes and shard.role == "master" for shard in node.shards)
+        assert len(set(filter(None, (shard.run_id for shard in node.shards)))) == 3
+    shards = report.as_dict()["nodes"][0]["shards"]
+    assert [shard["votes"] for shard in shards] == [True, True, True]
+
+
+def _restarted(node: LocalShardedNode, shard: int) -> None:
+    """Kill shard ``shard``'s master and start it again, empty: it rejoins the cluster with
+    its slots (nodes.conf), its data and its marker gone."""
+    node.masters[shard].restart()
+    node.wait_formed()
+
+
+def test_a_restarted_shard_is_quarantined_alone_until_declared(unique: str) -> None:
+    nodes = [LocalShardedNode(2, name=f"q{index}").start() for index in range(3)]
+    try:
+        manager = _manager(nodes)
+        cluster = nodes[0]
+        names = {
+            cluster.owner_of(key_slot(cluster_key(PREFIX + f"{unique}{index}"))).name: (
+                f"{unique}{index}"
+            )
+            for index in range(40)
+        }
+        on_restarted, on_other = names[cluster.masters[1].name], names[cluster.masters[0].name]
+        manager.acquire(on_restarted).release()  # every node classified, every shard voted
+        _restarted(cluster, 1)
+        report = status(manager, timeout=1.0, record=False)
+        first = report.nodes[0]
+        assert first.vote == "quarantined"
+        assert [shard.vote for shard in first.shards] == ["votes", "quarantined"]
+        assert f"127.0.0.1:{cluster.masters[1].port}" in first.vote_detail
+        assert [node.vote for node in report.nodes[1:]] == ["votes", "votes"]
+        alone = LockManager([cluster.url], ttl=30.0, node_timeout=0.5)
+        alone.acquire(on_other, blocking=False).release()  # its other shard votes
+        with pytest.raises(QuorumUnreachable, match=r"(?i)quarantin"):
+            alone.acquire(on_restarted, blocking=False)
+        (declared,) = declare_fresh([manager.addresses[0]], timeout=1.0)
+        assert declared.declared, declared
+        assert str(cluster.masters[1].port) in declared.detail
+        assert status(manager, timeout=1.0, record=False).nodes[0].votes
+        alone.acquire(on_restarted, blocking=False).release()
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def test_redlock_status_shows_each_shard(
+    sharded3: list[LocalShardedNode], unique: str, settings: Any
+) -> None:
+    settings.REDLOCK = {"NODES": [node.url for node in sharded3]}
+    lease = get_manager().acquire(f"{unique}shown")
+    for node in sharded3:
+        on_every_node([node], cluster_key(PREFIX + f"{unique}shown"))
+    out = io.StringIO()
+    call_command("redlock_status", "--prefix", unique, stdout=out)
+    text = out.getvalue()
+    for node in sharded3:
+        for master, (low, high) in zip(node.masters, node.ranges, strict=True):
+            assert f"shard 127.0.0.1:{master.port}  slots {low}-{high}  votes  master" in text
+    assert f"{unique}shown  3/3 nodes" in text
+    out = io.StringIO()
+    call_command("redlock_status", "--json", "--prefix", unique, stdout=out)
+    payload = json.loads(out.getvalue())
+    assert [len(node["shards"]) for node in payload["nodes"]] == [3, 3, 3]
+    assert [lock["name"] for lock in payload["locks"]] == [f"{unique}shown"]
+    lease.release()
