@@ -22,8 +22,8 @@ from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.core.witness import record_votes
 from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
-from django_redlock.wire.cluster import Shard, SlotMap
-from django_redlock.wire.cluster_route import ClusterRoute, known, probe, remember
+from django_redlock.wire.cluster import Shard, SlotMap, key_slot, marker_tag
+from django_redlock.wire.cluster_route import ClusterRoute, current_map
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
@@ -156,15 +156,14 @@ class Report:
         }
 
 
-def _scripts_denied(client: redis.Redis, prefix: str, shard: str = "") -> str | None:
+def _scripts_denied(client: redis.Redis, prefix: str, probe_key: str = "") -> str | None:
     """Why this connection's user may not run the lock scripts on keys under ``prefix``
     (an ACL without EVALSHA/EVAL, or without those keys), or None when it may.
 
     Runs the read-only holder script on a key no lock uses: EVALSHA first (NOSCRIPT means it
     is allowed but not loaded yet), then EVAL, which the library falls back to.
     """
-    # On a cluster shard, a key of a slot it serves (its records' tag), still under prefix.
-    probe_key = prefix + (f"{{{shard}}}" if shard else "") + "\x00acl-probe"
+    probe_key = probe_key or prefix + "\x00acl-probe"
     for attempt in ("evalsha", "eval"):
         try:
             if attempt == "evalsha":
@@ -273,11 +272,24 @@ def unreachable(exc: redis.RedisError, timeout: float) -> str:
     return reason
 
 
+def _probe_key(prefix: str, shard: Shard) -> str:
+    """A key of the ACL probe on cluster ``shard``: in the form of a lock key there
+    (``{<prefix>…}``, which the ACL's key patterns must allow) and in a slot the shard
+    serves (a probe elsewhere would be answered MOVED)."""
+    for number in range(100_000):
+        key = f"{{{prefix}\x00acl-probe-{number}}}"
+        slot = key_slot(key)
+        if any(low <= slot <= high for low, high in shard.ranges):
+            return key
+    return prefix + "\x00acl-probe"  # not reached: every range holds some such slot
+
+
 def _look(
-    address: NodeAddress, manager: LockNodes, timeout: float, shard: str = ""
+    address: NodeAddress, manager: LockNodes, timeout: float, shard: Shard | None = None
 ) -> _Seen | _Down:
     """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
-    could not be read. ``shard``: as for :func:`_node_rule`."""
+    could not be read. ``shard``: the cluster shard whose master ``address`` is."""
+    tag = "" if shard is None else marker_tag(shard)
     try:
         with client_for(address, timeout) as client:
             started = time.perf_counter()
@@ -288,8 +300,9 @@ def _look(
             seconds, micros = client.time()
             local_after = time.time()
             persistence = _persistence(client)
-            stored = client.hget(marker_key(shard), "q")
-            denied = _scripts_denied(client, manager.key_prefix, shard)
+            stored = client.hget(marker_key(tag), "q")
+            probe_key = "" if shard is None else _probe_key(manager.key_prefix, shard)
+            denied = _scripts_denied(client, manager.key_prefix, probe_key)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         # A Sentinel node's master may have moved: the next look asks the Sentinels again
         # (a long-lived process that shows the page but takes no lock would keep it forever).
@@ -448,7 +461,7 @@ def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) ->
         for shard in slot_map.shards:
             tag = route.tag_of(shard.master) or ""
             members.append((index, route.member(shard.master), tag, shard))
-    seen = each_node(members, lambda member: _look(member[1], manager, timeout, member[2]))
+    seen = each_node(members, lambda member: _look(member[1], manager, timeout, member[3]))
     quarantine = max(
         [manager.quarantine_ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
     )
@@ -494,18 +507,13 @@ def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) ->
 
 
 def _kind(address: NodeAddress, timeout: float) -> SlotMap | None:
-    """The slot map of a cluster node, or None for a plain one (or one that could not be
-    asked: its look then says why). Asked once per process (``INFO cluster``), as the
-    transport does."""
-    found, slot_map = known(address)
-    if found:
-        return slot_map
+    """The slot map of a cluster node as its members give it now, or None for a plain one
+    (or one that could not be asked: its look then says why; see
+    :func:`~django_redlock.wire.cluster_route.current_map`)."""
     try:
-        slot_map = probe(address, timeout)
+        return current_map(address, timeout)
     except NodeError:
         return None
-    remember(address, slot_map)
-    return slot_map
 
 
 def _slots_text(shard: Shard) -> str:

@@ -23,7 +23,8 @@ import redis
 from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.wire.clients import client_for
 from django_redlock.wire.cluster import SlotMap, cluster_key, hash_tag, key_slot
-from django_redlock.wire.cluster_route import ClusterRoute, known, read_map, remember
+from django_redlock.wire.cluster_route import ClusterRoute, current_map, known, remember
+from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import READER_OWNERS
 from django_redlock.wire.scripts import LISTING, LISTING_SHARD, READERS
@@ -421,17 +422,23 @@ def _view(
     address: NodeAddress, client: redis.Redis, timeout: float, stack: contextlib.ExitStack
 ) -> _Plain | _Cluster | None:
     """Node ``address`` as the listing reads it: plain, or a cluster (one client per shard
-    master, opened in ``stack``); None when it could not be told (unreachable). A node this
-    process has not classified yet is asked on ``client`` (``INFO cluster``)."""
+    master, opened in ``stack``, by the slot map its members give now); None when it could
+    not be told (unreachable). A node this process has not classified yet is asked on
+    ``client`` (``INFO cluster``)."""
     found, slot_map = known(address)
+    if found and slot_map is None:
+        return _Plain(client)
     if not found:
         try:
             if not int(client.info("cluster").get("cluster_enabled", 0)):
                 remember(address, None)
                 return _Plain(client)
-            slot_map = read_map(client, address.host or "127.0.0.1")
         except (redis.RedisError, ValueError):
             return None
+    try:
+        slot_map = current_map(address, timeout)
+    except NodeError:
+        return None
     if slot_map is None:
         return _Plain(client)
     route = ClusterRoute(address, slot_map)

@@ -21,6 +21,8 @@ but :func:`probe`'s, which the transport calls, blocking, within the node timeou
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -45,11 +47,13 @@ from django_redlock.wire.scripts import NODE_KEY, SCRIPTS_BY_SHA, Fallback, Scri
 __all__ = [
     "ASKING",
     "ASKING_REPLY",
+    "MAP_AFTER_FAILURE",
     "MAX_HOPS",
     "ClusterRoute",
     "CrossSlot",
     "Routed",
     "channel_on",
+    "current_map",
     "known",
     "probe",
     "read_map",
@@ -62,6 +66,12 @@ ASKING = encode_command(b"ASKING")
 ASKING_REPLY = -20
 """The set-up step of an ``ASKING`` reply (see wire/setup.py's steps: nothing to
 learn from its ``OK``)."""
+MAP_AFTER_FAILURE = 1.0
+"""Seconds since the slot map was read after which a failed connection to a shard master
+has the map read again before the next round (:meth:`ClusterRoute.failed`): a master that
+died is replaced by a promoted replica, which no MOVED announces while the old address
+answers nothing. At most once a second, so a shard down for long costs no round more than
+one map read a second."""
 MAX_HOPS = 5
 """Redirections one command may follow in one round: more means the cluster is being
 reconfigured faster than it answers; the node counts as failed for that round."""
@@ -132,6 +142,29 @@ def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
         _PLAIN.add(address.identity)
     else:
         _MAPS[address.identity] = slot_map
+
+
+def current_map(address: NodeAddress, timeout: float) -> SlotMap | None:
+    """For operators (a status, a listing): the slot map of the node at ``address`` as its
+    members give it now, or None for a plain node; a node this process has not classified
+    yet is asked (:func:`probe`). A cluster's map is read afresh each time (a failover since
+    the process learned it moved a shard's master), from the seed or, when it does not
+    answer, another member; the last one known when none answers.
+
+    Raises:
+        NodeError: a node not classified yet could not be asked.
+    """
+    found, slot_map = known(address)
+    if not found:
+        slot_map = probe(address, timeout)
+        remember(address, slot_map)
+        return slot_map
+    if slot_map is None:
+        return None
+    route = ClusterRoute(address, slot_map)
+    with contextlib.suppress(NodeError):  # none answered: the last map known
+        route.refresh(route.read(timeout))
+    return route.map
 
 
 def refuse_across_slots(
@@ -276,31 +309,52 @@ class ClusterRoute:
         self.stale = False
         self._tags: dict[Endpoint, str] = {}
         self._members: dict[Endpoint, NodeAddress] = {}
+        self.read_at = time.monotonic()
         self._learn_tags()
 
     def _learn_tags(self) -> None:
         self._tags = {shard.master: marker_tag(shard) for shard in self.map.shards}
 
     def read(self, timeout: float) -> SlotMap:
-        """The slot map as the seed member gives it now (blocking, ``timeout`` seconds).
+        """The slot map as the seed member gives it now, or when it does not answer (a master
+        that died, say) the first other member of the map that does (blocking, ``timeout``
+        seconds per member asked).
 
         Raises:
-            NodeError: it could not be read.
+            NodeError: no member gave it.
         """
         from django_redlock.wire.clients import client_for
 
-        try:
-            with client_for(self.seed, timeout) as client:
-                return read_map(client, self.endpoint[0])
-        except (redis.RedisError, OSError, ValueError) as exc:
-            raise NodeError(f"could not read the cluster's slot map: {exc}") from None
+        others = [
+            endpoint
+            for shard in self.map.shards
+            for endpoint in (shard.master, *shard.replicas)
+            if endpoint != self.endpoint
+        ]
+        failure: Exception | None = None
+        for address in (self.seed, *(self.member(endpoint) for endpoint in others)):
+            try:
+                with client_for(address, timeout) as client:
+                    return read_map(client, address.host or self.endpoint[0])
+            except (redis.RedisError, OSError, ValueError) as exc:
+                failure = failure or exc
+        raise NodeError(f"could not read the cluster's slot map: {failure}") from None
+
+    def failed(self) -> None:
+        """A connection to one of this node's shard masters failed (refused, lost, stalled):
+        the map is read again before the next round, unless it was read less than
+        :data:`MAP_AFTER_FAILURE` seconds ago."""
+        if time.monotonic() - self.read_at >= MAP_AFTER_FAILURE:
+            self.stale = True
 
     def refresh(self, slot_map: SlotMap) -> None:
         """Take a newly read slot map (MOVED owners learned before it are dropped)."""
         self.map = slot_map
         self.moved_to.clear()
         self.stale = False
+        self.read_at = time.monotonic()
         self._learn_tags()
+        remember(self.seed, slot_map)  # a connection set made later starts from this one
 
     def member(self, endpoint: Endpoint) -> NodeAddress:
         """The address of the member at ``endpoint``, with the seed's login and TLS."""
