@@ -474,7 +474,9 @@ def cluster_form(data: bytes, tag: str) -> bytes:
             raise NodeError(f"unknown script {script_field.decode(errors='replace')}")
         body = script.for_shard(tag).sha
     else:
-        body = Script(script_field.decode(), register=False).for_shard(tag).source
+        script = Script(script_field.decode(), register=False)
+        body = script.for_shard(tag).source
+        script = SCRIPTS_BY_SHA.get(script.sha, script)
     count_text, at = _read_bulk(data, at)
     tagged: list[bytes | None] = []
     for _ in range(int(count_text)):
@@ -484,6 +486,12 @@ def cluster_form(data: bytes, tag: str) -> bytes:
         else:
             text = cluster_key(key.decode("utf-8", "surrogateescape"))
             tagged.append(text.encode("utf-8", "surrogateescape"))
+    if script.cluster_keys and tagged and tagged[0] is not None:
+        # Declared too (Script.cluster_keys); the script still reads only KEYS[1].
+        first = tagged[0]
+        tagged += [first + suffix.encode() for suffix in script.cluster_keys]
+        count += len(script.cluster_keys)
+        count_text = b"%d" % len(tagged)
     lock_tag = _one_tag([key for key in tagged if key is not None])
     marker = (
         _NODE_KEY + b"{" + tag.encode() + b"}"

@@ -88,6 +88,10 @@ class Script:
     def __init__(self, source: str, *, register: bool = True) -> None:
         # Set for HOT_SCRIPTS, which every new connection loads before anything else.
         self.preloaded = False
+        # Keys the script derives from KEYS[1] (suffixes) that a cluster node's command
+        # declares too (wire/cluster_route.py: cluster_form), so that the server refuses it
+        # while a slot migration has split them between two shards (see ACQUIRE below).
+        self.cluster_keys: tuple[str, ...] = ()
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
@@ -284,6 +288,12 @@ READERS = "\x00r"
 GONE = "\x00x"
 """After a lock key, then a waiter's hand-off token: the mark of a waiter whose acquire is over
 on that node, which refuses its late tries (``scripts/hand_gone.lua``)."""
+# On a cluster node the acquire declares the keys its decision reads too: during a slot's
+# migration a key the script only derives is read on whichever shard runs it, so a lock key
+# absent on the source (ASK) would be decided on the target without the readers still on the
+# source (a write grant beside live readers). Declared, a split or missing key makes the
+# server answer TRYAGAIN: a no vote for that round. Plain nodes send one key, as before.
+ACQUIRE.cluster_keys = (LINE, LAPSE, READERS)
 # One key, as the acquire's: the script names the line and lapse keys after it.
 _RELEASE_HEAD = RELEASE.head(1, 2)
 _RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends

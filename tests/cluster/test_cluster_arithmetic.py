@@ -193,9 +193,16 @@ def test_cluster_form_of_a_command() -> None:
     formed = cluster_form(command, tag)
     assert variant.sha in formed
     assert ACQUIRE.sha not in formed
-    assert b"$11\r\n{redlock:x}\r\n" in formed
+    # The lock key, then the keys the acquire reads that the cluster must see declared
+    # (a split migration is refused: TRYAGAIN), all in the lock's slot.
+    declared = b"".join(
+        b"$%d\r\n%s\r\n" % (len(key), key)
+        for key in (b"{redlock:x}", b"{redlock:x}\x00q", b"{redlock:x}\x00e", b"{redlock:x}\x00r")
+    )
+    assert b"$1\r\n4\r\n" + declared + b"$40\r\n" + b"a" * 40 in formed
     assert formed.endswith(command[command.index(b"$40\r\n" + b"a" * 40) :])
-    assert formed.startswith(command[: command.index(b"\r\n")])  # the same argument count
+    assert formed.startswith(b"*17\r\n")
+    assert command.startswith(b"*14\r\n")  # three more arguments, the identity's counted
     assert command_slot(command) == key_slot("{redlock:x}")
     evaled = cluster_form(fallback.build() if fallback else b"", tag)
     assert variant.source in evaled

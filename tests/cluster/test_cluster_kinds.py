@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from django_redlock import LockContended, LockLost, LockManager
+from django_redlock import LockContended, LockLost, LockManager, LockNotAcquired
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, hash_tag, key_slot
@@ -253,3 +253,40 @@ def test_every_kind_with_the_asyncio_manager(sharded3: list[LocalShardedNode], u
     sync.semaphore(f"{unique}asem", 1).acquire(blocking=False).release()
     sync.rwlock(f"{unique}arw").write(blocking=False).release()
     sync.lock_many([f"{{{tag}}}1", f"{{{tag}}}2"], blocking=False).release()
+
+
+def test_no_write_beside_readers_while_their_slot_migrates(
+    migrating3: list[LocalShardedNode], unique: str
+) -> None:
+    """A reader holds the read-write lock; its slot starts migrating on every cluster, the
+    keys not moved yet. The lock key is absent on the source, which answers ASK for a command
+    that declares it alone; on the importing shard, which lacks the readers, the acquire
+    script would start and stop at its first key that is not there (an error after what it
+    wrote so far). The acquire declares the keys it reads too on a cluster node: the server
+    refuses it before it runs (TRYAGAIN), a no vote, and nobody takes the lock beside the
+    reader."""
+    nodes = migrating3
+    name = f"{unique}split"
+    key = cluster_key(PREFIX + name)
+    slot = key_slot(key)
+    reader, other = _manager(nodes), _manager(nodes)
+    lease = reader.rwlock(name).read(blocking=False)
+    on_every_node(nodes, cluster_key(PREFIX + name + "\x00r"))
+    for node in nodes:
+        source = node.serving(slot)
+        target = next(master for master in node.masters if master is not source)
+        node.begin_migration(slot, source, target)
+    with pytest.raises((LockContended, LockNotAcquired), match="TRYAGAIN"):
+        other.acquire(name, blocking=False)
+    with pytest.raises((LockContended, LockNotAcquired), match="TRYAGAIN"):
+        other.rwlock(name).write(blocking=False)
+    for node in nodes:
+        source = node.serving(slot)
+        target = next(master for master in node.masters if master is not source)
+        node.move_keys(slot, source, target)
+        node.finish_migration(slot, target)
+    with pytest.raises(LockContended):
+        other.acquire(name, blocking=False)  # the readers moved with their slot
+    lease.release()
+    gone_everywhere(nodes, cluster_key(PREFIX + name + "\x00r"))
+    other.acquire(name, blocking=False).release()
