@@ -475,8 +475,9 @@ def cluster_form(data: bytes, tag: str) -> bytes:
         body = script.for_shard(tag).sha
     else:
         script = Script(script_field.decode(), register=False)
-        body = script.for_shard(tag).source
+        # The loaded script of that text, whose variants know how a cluster sends it.
         script = SCRIPTS_BY_SHA.get(script.sha, script)
+        body = script.for_shard(tag).source
     count_text, at = _read_bulk(data, at)
     tagged: list[bytes | None] = []
     for _ in range(int(count_text)):
@@ -498,13 +499,21 @@ def cluster_form(data: bytes, tag: str) -> bytes:
         if lock_tag is None
         else b"{" + lock_tag + b"}" + _NODE_KEY
     )
+    keys = [_bulk(marker if key is None else key) for key in tagged]
+    if script.cluster_one_key and len(keys) > 1:
+        # The first key declared; the others, after their count, lead the arguments
+        # (Script.cluster_one_key: the shard variant reads them as keys again).
+        more = len(keys) - 1
+        count += 1
+        count_text = b"1"
+        keys = [keys[0], _bulk(b"%d" % more), *keys[1:]]
     return b"".join(
         (
             b"*%d\r\n" % count,
             _bulk(name),
             _bulk(body),
             _bulk(count_text),
-            *(_bulk(marker if key is None else key) for key in tagged),
+            *keys,
             data[at:],
         )
     )

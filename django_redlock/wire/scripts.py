@@ -77,6 +77,20 @@ do
 end
 """
 
+# The start of the shard variant of a script that declares its first key alone on a cluster
+# node (Script.cluster_one_key): the command carries its other keys at the head of ARGV,
+# after their count (cluster_route.cluster_form), and the variant reads KEYS and ARGV as
+# the plain script does. Before the marker's prologue, which then reads these KEYS.
+_ONE_KEY_PROLOGUE = b"""local KEYS, ARGV = KEYS, ARGV
+do
+    local more = tonumber(ARGV[1])
+    local keys, argv = {KEYS[1]}, {}
+    for i = 1, more do keys[i + 1] = ARGV[i + 1] end
+    for i = more + 2, #ARGV do argv[#argv + 1] = ARGV[i] end
+    KEYS, ARGV = keys, argv
+end
+"""
+
 SCRIPTS_BY_SHA: dict[bytes, Script] = {}
 """Every script this process loaded (:func:`load_script`), by its SHA1 digest: the cluster
 transport finds the script an EVALSHA names, to send its shard's variant instead."""
@@ -92,6 +106,9 @@ class Script:
         # declares too (wire/cluster_route.py: cluster_form), so that the server refuses it
         # while a slot migration has split them between two shards (see ACQUIRE below).
         self.cluster_keys: tuple[str, ...] = ()
+        # Declares its first key alone on a cluster node, its other keys sent as arguments
+        # (see EXTEND below); the shard variant reads them as keys again.
+        self.cluster_one_key = False
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
@@ -119,6 +136,8 @@ class Script:
             for literal in _NODE_RECORDS:
                 source = source.replace(literal, literal[:-1] + b"{" + tag.encode() + b"}'")
             source = _SHARD_PROLOGUE.replace(b"<TAG>", tag.encode()) + source
+            if self.cluster_one_key:
+                source = _ONE_KEY_PROLOGUE + source
             variant = Script(source.decode(), register=False)
             variant.preloaded = self.preloaded
             self._shards[tag] = variant
@@ -294,6 +313,14 @@ on that node, which refuses its late tries (``scripts/hand_gone.lua``)."""
 # source (a write grant beside live readers). Declared, a split or missing key makes the
 # server answer TRYAGAIN: a no vote for that round. Plain nodes send one key, as before.
 ACQUIRE.cluster_keys = (LINE, LAPSE, READERS)
+# A renewal on a cluster node declares the lock key alone (its readers' key goes as an
+# argument): while the lock's slot migrates, the server then sends it where the key is (the
+# source, or after ASK the importing shard), so a holder renews through a migration; with
+# both declared it answered TRYAGAIN until the slot was handed over, as the readers' key is
+# absent nearly always. Safe: renewing reads and writes the lock key only; re-creating a lost
+# key reads the readers first, and a script that reaches a key not on its shard stops there
+# with an error before it writes anything.
+EXTEND.cluster_one_key = True
 # One key, as the acquire's: the script names the line and lapse keys after it.
 _RELEASE_HEAD = RELEASE.head(1, 2)
 _RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends

@@ -242,3 +242,22 @@ def test_cluster_form_names_the_marker_in_the_locks_slot() -> None:
     spread, _ = acquire_many_command(["redlock:a", "redlock:b"], "a" * 40, 1000, "o", 1)
     with pytest.raises(CrossSlot, match=r"slot 3573: '\{redlock:a\}'.*hash tag"):
         cluster_form(spread, "1bz")
+
+
+def test_cluster_form_of_a_renewal_declares_the_lock_key_alone() -> None:
+    """A renewal on a cluster node declares the lock key alone (the server then sends it
+    where that key is during a migration); its readers' key leads the arguments, after its
+    count, in the EVALSHA and in its EVAL fallback, and the shard's variant reads them as the
+    plain script's KEYS and ARGV."""
+    from django_redlock.wire.cluster_route import cluster_form
+    from django_redlock.wire.scripts import EXTEND, extend_command
+
+    command, fallback = extend_command("redlock:x", "a" * 40, 1000, "own")
+    assert command.startswith(b"*8\r\n")
+    tail = b"$1\r\n1\r\n$11\r\n{redlock:x}\r\n$1\r\n1\r\n$13\r\n{redlock:x}\x00r\r\n$40\r\n"
+    formed = cluster_form(command, "0")
+    assert formed.startswith(b"*9\r\n")
+    assert EXTEND.for_shard("0").sha + b"\r\n" + tail in formed
+    evaled = cluster_form(fallback.build() if fallback else b"", "0")
+    assert EXTEND.for_shard("0").source + b"\r\n" + tail in evaled
+    assert EXTEND.for_shard("0").source.startswith(b"local KEYS, ARGV = KEYS, ARGV\n")
