@@ -9,6 +9,7 @@ report.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from collections.abc import Sequence
@@ -22,8 +23,14 @@ from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.core.witness import record_votes
 from django_redlock.exceptions import NODE_HINT, is_restarted
 from django_redlock.wire.clients import client_for
-from django_redlock.wire.cluster import Shard, SlotMap, key_slot, marker_tag
-from django_redlock.wire.cluster_route import ClusterRoute, current_map
+from django_redlock.wire.cluster import SLOTS, Shard, SlotMap, key_slot, marker_tag
+from django_redlock.wire.cluster_route import (
+    ClusterRoute,
+    current_map,
+    known,
+    read_map,
+    remember,
+)
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import DECLARE_FRESH, HOLDER, NODE_KEY, NODE_STATE
@@ -286,9 +293,25 @@ def _probe_key(prefix: str, shard: Shard) -> str:
 
 def _look(
     address: NodeAddress, manager: LockNodes, timeout: float, shard: Shard | None = None
-) -> _Seen | _Down:
+) -> _Seen | _Down | SlotMap:
+    """:func:`_look_at`; a configured node known as a cluster whose member the URL names
+    does not answer (a master that failed over) is judged by the map its other members give
+    (see :func:`~django_redlock.wire.cluster_route.current_map`)."""
+    look = _look_at(address, manager, timeout, shard)
+    if shard is None and isinstance(look, _Down) and known(address)[1] is not None:
+        with contextlib.suppress(NodeError):
+            slot_map = current_map(address, timeout)
+            if slot_map is not None:
+                return slot_map
+    return look
+
+
+def _look_at(
+    address: NodeAddress, manager: LockNodes, timeout: float, shard: Shard | None = None
+) -> _Seen | _Down | SlotMap:
     """First pass: the node's INFO, clock, persistence and longest quarantine, or why it
-    could not be read. ``shard``: the cluster shard whose master ``address`` is."""
+    could not be read; for a configured node that is a cluster member (its INFO says so),
+    its slot map instead (each shard master is then looked at, ``shard`` saying which)."""
     tag = "" if shard is None else marker_tag(shard)
     try:
         with client_for(address, timeout) as client:
@@ -296,6 +319,10 @@ def _look(
             client.ping()
             latency = (time.perf_counter() - started) * 1000
             info = client.info()
+            if shard is None and int(info.get("cluster_enabled", 0) or 0):
+                slot_map = read_map(client, address.host or "127.0.0.1")
+                remember(address, slot_map)  # what the transport would learn
+                return slot_map
             local_before = time.time()
             seconds, micros = client.time()
             local_after = time.time()
@@ -450,18 +477,33 @@ def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) ->
     nodes that vote are recorded on the others (best effort, see ``core/witness.py``).
     """
     addresses = manager.addresses
-    kinds = each_node(addresses, lambda address: _kind(address, timeout))
-    # Every server to look at: a plain node, or each shard master of a cluster node.
+    first = each_node(addresses, lambda address: _look(address, manager, timeout, None))
+    # Every server judged: a plain node, or each shard master of a cluster node (looked at
+    # in a second pass, all at once: a plain node costs nothing more).
+    kinds: list[SlotMap | None] = []
     members: list[tuple[int, NodeAddress, str, Shard | None]] = []
-    for index, (address, slot_map) in enumerate(zip(addresses, kinds, strict=True)):
-        if slot_map is None:
+    for index, (address, look) in enumerate(zip(addresses, first, strict=True)):
+        if not isinstance(look, SlotMap):
+            kinds.append(None)
             members.append((index, address, "", None))
             continue
-        route = ClusterRoute(address, slot_map)
-        for shard in slot_map.shards:
+        kinds.append(look)
+        route = ClusterRoute(address, look)
+        for shard in look.shards:
             tag = route.tag_of(shard.master) or ""
             members.append((index, route.member(shard.master), tag, shard))
-    seen = each_node(members, lambda member: _look(member[1], manager, timeout, member[3]))
+    shards = each_node(
+        [member for member in members if member[3] is not None],
+        lambda member: _look(member[1], manager, timeout, member[3]),
+    )
+    found = iter(shards)
+    seen: list[_Seen | _Down] = []
+    for index, _, _, part in members:
+        look = next(found) if part is not None else first[index]
+        # A shard master's look never gives a map (only a configured node's does).
+        if isinstance(look, SlotMap):
+            look = _Down("a cluster member, not a shard master")
+        seen.append(look)
     quarantine = max(
         [manager.quarantine_ms, *(item.quarantine_ms for item in seen if isinstance(item, _Seen))]
     )
@@ -506,14 +548,17 @@ def status(manager: LockNodes, *, timeout: float = 0.25, record: bool = True) ->
     return Report(nodes=nodes, quorum=manager.quorum, voting=voting, quarantine_ms=quarantine)
 
 
-def _kind(address: NodeAddress, timeout: float) -> SlotMap | None:
-    """The slot map of a cluster node as its members give it now, or None for a plain one
-    (or one that could not be asked: its look then says why; see
-    :func:`~django_redlock.wire.cluster_route.current_map`)."""
-    try:
-        return current_map(address, timeout)
-    except NodeError:
-        return None
+def _unserved(slot_map: SlotMap) -> str:
+    """The slot ranges no shard of ``slot_map`` serves (``"0-5460,…"``), or ""."""
+    gaps = []
+    nxt = 0
+    for low, high in sorted(r for shard in slot_map.shards for r in shard.ranges):
+        if low > nxt:
+            gaps.append((nxt, low - 1))
+        nxt = max(nxt, high + 1)
+    if nxt < SLOTS:
+        gaps.append((nxt, SLOTS - 1))
+    return ",".join(f"{low}-{high}" if high != low else str(low) for low, high in gaps)
 
 
 def _slots_text(shard: Shard) -> str:
@@ -550,14 +595,15 @@ def _cluster_status(
         )
     statuses = [node for _, node in shards]
     up = [node for node in statuses if node.reachable]
-    if not slot_map.shards:
-        problems = ["a cluster whose slots no master serves (cluster_state not ok?)"]
-    else:
-        problems = [
-            f"shard {part.master} (slots {part.slots}): {problem}"
-            for part in parts
-            for problem in part.problems
-        ]
+    problems = [
+        f"shard {part.master} (slots {part.slots}): {problem}"
+        for part in parts
+        for problem in part.problems
+    ]
+    orphans = _unserved(slot_map)
+    if orphans:
+        # A shard whose master failed and no replica took over: its locks get no vote here.
+        problems.append(f"slots {orphans} have no master online (a shard down, not failed over)")
     # A warning every shard has (no aof, say) is said once.
     warned: dict[str, list[str]] = {}
     for part, node in zip(parts, statuses, strict=True):
@@ -570,7 +616,7 @@ def _cluster_status(
         for warning, masters in warned.items()
     ]
     quarantined = [part for part in parts if part.vote == "quarantined"]
-    if len(up) < len(statuses) or not statuses:
+    if len(up) < len(statuses) or not statuses or orphans:
         vote = "down"
     elif quarantined:
         vote = "quarantined"
@@ -590,7 +636,7 @@ def _cluster_status(
     lefts = [part.quarantine_left_s or 0.0 for part in quarantined]
     return NodeStatus(
         node=address.label,
-        reachable=bool(statuses) and len(up) == len(statuses),
+        reachable=bool(statuses) and len(up) == len(statuses) and not orphans,
         latency_ms=max((node.latency_ms or 0.0 for node in up), default=None),
         server=None if first is None else first.server,
         version=None if first is None else first.version,
@@ -631,7 +677,10 @@ class Declaration:
 
 
 def _declare(address: NodeAddress, timeout: float) -> Declaration:
-    slot_map = _kind(address, timeout)
+    try:
+        slot_map = current_map(address, timeout)  # a status has classified it, as a rule
+    except NodeError:
+        slot_map = None  # not reached: the declaration below says why
     if slot_map is not None:
         return _declare_shards(address, slot_map, timeout)
     label = address.label
