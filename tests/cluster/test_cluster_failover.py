@@ -7,6 +7,7 @@ quarantine has passed."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 
@@ -19,6 +20,7 @@ from django_redlock import (
     LockNotAcquired,
     QuorumUnreachable,
 )
+from django_redlock.aredlock import AsyncLockManager
 from django_redlock.core.health import status
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
@@ -150,3 +152,34 @@ def test_a_shard_failover_during_a_held_lease(failing: list[LocalShardedNode]) -
     assert not lease.lost
     lease.release()
     rival.acquire(name, blocking=False).release()
+
+
+def test_the_asyncio_manager_finds_the_promoted_master(
+    failing: list[LocalShardedNode],
+) -> None:
+    """The asyncio transport learns of a promotion as the sync one does: its broken shard
+    connection has the map read again (in a thread; here from another member, as the dead
+    master is the one the node's URL names), and the promoted shard's refusal is its
+    quarantine, not a refused connection; the cluster's other shards grant."""
+    first = failing[0]
+    name = _name_on(first, 0, "async-held-")
+    other_shard = _name_on(first, 1, "async-other-")
+
+    async def main() -> None:
+        alone = AsyncLockManager([first.url], ttl=MAX_TTL, max_ttl=MAX_TTL, node_timeout=0.5)
+        await (await alone.acquire(name)).release()  # classified, every shard voted
+        await asyncio.to_thread(_promoted, first, 0)
+        # The first tries meet the dead master's address (the one the URL names: the map is
+        # then read from another member); then the promoted one answers, quarantined.
+        deadline = time.monotonic() + 10.0
+        while True:
+            with pytest.raises(QuorumUnreachable) as refused:
+                await alone.acquire(name, blocking=False)
+            text = str(refused.value)
+            if "quarantin" in text.lower():
+                break
+            assert time.monotonic() < deadline, text
+            await asyncio.sleep(0.1)
+        await (await alone.acquire(other_shard, blocking=False)).release()
+
+    asyncio.run(main())
