@@ -192,10 +192,13 @@ def list_locks(
         ordered = sorted(wanted, key=_sort_key)
         plain = [key for key in ordered if not key.endswith(READERS_SUFFIX)]
         readers = [key for key in ordered if key.endswith(READERS_SUFFIX)]
+        # Cluster nodes read each key in its cluster form, on the shard of its slot: both
+        # computed once for every such node.
+        forms = _Forms(plain, readers) if any(isinstance(v, _Cluster) for v in views) else None
         reads = each_node(
             list(zip(views, walks, strict=True)),
             lambda pair: (
-                None if pair[0] is None or pair[1] is None else pair[0].read(plain, readers)
+                None if pair[0] is None or pair[1] is None else pair[0].read(plain, readers, forms)
             ),
         )
     unreachable = [
@@ -302,7 +305,7 @@ class _Plain:
     def walk(self, pattern: str, key_prefix: str) -> set[bytes] | None:
         return _walk(self.client, pattern)
 
-    def read(self, plain: list[bytes], readers: list[bytes]) -> _Read | None:
+    def read(self, plain: list[bytes], readers: list[bytes], forms: _Forms | None) -> _Read | None:
         return _read(self.client, plain, readers)
 
 
@@ -323,6 +326,7 @@ class _Cluster:
         # has a hash tag already: one SCAN per shard finds both ("*" before the pattern),
         # and the plain form's prefix is checked on each.
         wanted = re.compile(_glob_regex(pattern), re.DOTALL)
+        literal = _literal_prefix(pattern)  # no search text: a prefix test per key
         keys: set[bytes] = set()
         for client, _ in self.shards:
             walk = _walk(client, "*" + pattern)
@@ -330,21 +334,25 @@ class _Cluster:
                 return None
             for key in walk:
                 plain = plain_key(key, key_prefix)
-                if plain is not None and wanted.match(plain):
+                if plain is None:
+                    continue
+                if plain.startswith(literal) if literal is not None else wanted.match(plain):
                     keys.add(plain)
         return keys
 
-    def read(self, plain: list[bytes], readers: list[bytes]) -> _Read | None:
+    def read(self, plain: list[bytes], readers: list[bytes], forms: _Forms | None) -> _Read | None:
+        if forms is None:
+            forms = _Forms(plain, readers)
         by_shard: list[tuple[list[int], list[bytes], list[int], list[bytes]]] = [
             ([], [], [], []) for _ in self.shards
         ]
-        for at, key in enumerate(plain):
-            shard = self._shard(key)
+        for at, (key, slot) in enumerate(zip(forms.plain, forms.plain_slots, strict=True)):
+            shard = self._shard(slot)
             if shard is not None:
                 by_shard[shard][0].append(at)
                 by_shard[shard][1].append(key)
-        for at, key in enumerate(readers):
-            shard = self._shard(key)
+        for at, (key, slot) in enumerate(zip(forms.readers, forms.reader_slots, strict=True)):
+            shard = self._shard(slot)
             if shard is not None:
                 by_shard[shard][2].append(at)
                 by_shard[shard][3].append(key)
@@ -368,9 +376,20 @@ class _Cluster:
                 sets[at] = (members, found)
         return _Read(owners=owners, ttls=ttls, readers=sets, now_ms=0)
 
-    def _shard(self, key: bytes) -> int | None:
-        master = self.map.master_of(key_slot(_cluster_bytes(key)))
+    def _shard(self, slot: int) -> int | None:
+        master = self.map.master_of(slot)
         return None if master is None else self.index.get(master)
+
+
+class _Forms:
+    """The listing's keys (``plain`` lock keys, ``readers`` sets) in cluster form, and the
+    slot of each: what every cluster node of the listing reads them by."""
+
+    def __init__(self, plain: list[bytes], readers: list[bytes]) -> None:
+        self.plain = [_cluster_bytes(key) for key in plain]
+        self.plain_slots = [key_slot(key) for key in self.plain]
+        self.readers = [_cluster_bytes(key) for key in readers]
+        self.reader_slots = [key_slot(key) for key in self.readers]
 
 
 def _cluster_bytes(key: bytes) -> bytes:
@@ -391,6 +410,24 @@ def plain_key(key: bytes, key_prefix: str) -> bytes | None:
     if prefix and key.startswith(prefix):
         return key
     return None
+
+
+def _literal_prefix(pattern: str) -> bytes | None:
+    """The text a SCAN MATCH glob of this module matches at the start of a key when it is
+    that text (escaped) and one final ``*``, else None."""
+    out = []
+    at = 0
+    while at < len(pattern) - 1:
+        char = pattern[at]
+        if char == "\\":
+            out.append(pattern[at + 1 : at + 2])
+            at += 2
+            continue
+        if char in "*?[":
+            return None
+        out.append(char)
+        at += 1
+    return "".join(out).encode() if pattern.endswith("*") and at == len(pattern) - 1 else None
 
 
 def _glob_regex(pattern: str) -> bytes:
@@ -468,16 +505,14 @@ def _read(
     ``readers`` sets (members and owners), in one pipeline; None when it could not be read
     (also when its ACL user may not run scripts: such a node cannot hold locks either).
 
-    ``shard``: the records' tag of the cluster shard ``client`` reaches (the keys are then
-    read in their cluster form, by ``listing_shard.lua``'s variant for that shard)."""
+    ``shard``: the records' tag of the cluster shard ``client`` reaches (the keys, then in
+    their cluster form, are read by ``listing_shard.lua``'s variant for that shard)."""
     try:
         pipe = client.pipeline(transaction=False)
         pipe.time()
         script = LISTING if shard is None else LISTING_SHARD.for_shard(shard)
         for index in range(0, len(plain), _BATCH):
             batch = plain[index : index + _BATCH]
-            if shard is not None:
-                batch = [_cluster_bytes(key) for key in batch]
             # Cluster shards take the keys as ARGV (no KEYS: one slot per call otherwise).
             counted = 0 if shard is not None else len(batch)
             # The first call is an EVAL, which also caches the script on the node, so the
@@ -487,9 +522,7 @@ def _read(
             else:
                 pipe.evalsha(script.sha.decode(), counted, *batch)
         for key in readers:
-            owners_key = key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX
-            if shard is not None:
-                key, owners_key = _cluster_bytes(key), _cluster_bytes(owners_key)
+            owners_key = key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX  # the same form
             pipe.zrange(key, 0, -1, withscores=True)
             pipe.hgetall(owners_key)
         replies = pipe.execute(raise_on_error=False)

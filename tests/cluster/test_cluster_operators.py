@@ -13,7 +13,7 @@ from django.core.management import call_command
 
 from django_redlock import LockManager, QuorumUnreachable, get_manager
 from django_redlock.core.health import declare_fresh, status
-from django_redlock.core.listing import plain_key
+from django_redlock.core.listing import _literal_prefix, escape_glob, plain_key
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
 from tests.cluster.conftest import on_every_node
@@ -30,6 +30,15 @@ def test_plain_key_undoes_the_cluster_form() -> None:
         assert plain_key(cluster_key(key).encode(), PREFIX) == key.encode()
     assert plain_key(b"{other:job}", PREFIX) is None
     assert plain_key(b"other:{t}job", PREFIX) is None
+
+
+def test_a_listing_pattern_that_is_a_prefix_is_tested_as_one() -> None:
+    """A cluster node's walk finds keys with a looser pattern (either form of a lock key)
+    and tests each key's plain form: by its prefix when the pattern is one and ``*``."""
+    assert _literal_prefix(escape_glob("redlock:a*b[?") + "*") == b"redlock:a*b[?"
+    assert _literal_prefix(escape_glob("redlock:x\\") + "*") == b"redlock:x\\"
+    assert _literal_prefix(escape_glob("redlock:x*")) is None  # no final glob star
+    assert _literal_prefix("redlock:*[aA]*") is None  # a search text
 
 
 def test_locks_lists_every_shard_of_every_cluster(
