@@ -11,7 +11,13 @@ import time
 
 import pytest
 
-from django_redlock import LockContended, LockLost, LockManager, LockNotAcquired
+from django_redlock import (
+    LockContended,
+    LockLost,
+    LockManager,
+    LockNotAcquired,
+    QuorumUnreachable,
+)
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, hash_tag, key_slot
@@ -290,3 +296,30 @@ def test_no_write_beside_readers_while_their_slot_migrates(
     lease.release()
     gone_everywhere(nodes, cluster_key(PREFIX + name + "\x00r"))
     other.acquire(name, blocking=False).release()
+
+
+def test_lock_many_across_slots_on_clusters_this_process_never_contacted(unique: str) -> None:
+    """The first contact is that lock_many: the asyncio manager (which does not block its
+    loop to ask) is refused by the transport on each cluster node, sending nothing, the
+    reason naming the slots; the sync manager asks the nodes first and refuses at once."""
+    nodes = [LocalShardedNode(1, name=f"n{index}").start() for index in range(3)]
+    try:
+        names = [f"{unique}a", f"{unique}b"]
+        assert key_slot(cluster_key(PREFIX + names[0])) != key_slot(cluster_key(PREFIX + names[1]))
+
+        async def main() -> None:
+            manager = AsyncLockManager([node.url for node in nodes], ttl=30.0)
+            with pytest.raises(QuorumUnreachable, match="hash tag"):
+                await manager.lock_many(names, blocking=False)
+
+        asyncio.run(main())
+        fresh = [LocalShardedNode(1, name=f"o{index}").start() for index in range(3)]
+        nodes += fresh
+        with pytest.raises(ValueError, match="hash tag"):
+            _manager(fresh).lock_many(names, blocking=False)
+        for node in nodes:
+            with node.client(node.masters[0]) as client:
+                assert not list(client.scan_iter(match=f"*{unique}*"))
+    finally:
+        for node in nodes:
+            node.stop()
