@@ -60,6 +60,7 @@ from django_redlock.procedures.effects import Round
 from django_redlock.procedures.lease import adopt, extend, owned
 from django_redlock.wire import process
 from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.cluster_route import refuse_across_slots
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.rounds import Round as RoundState
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
@@ -599,6 +600,10 @@ class AsyncLockManager(EngineConfigured):
         """
         checked = validate_names(names)
         shape = Many([self.engine.key_prefix + name for name in checked])
+        engine = self.engine
+        # Only the nodes this process classified already: asking one would block the loop
+        # (the transport then refuses the command on an unclassified cluster node alone).
+        refuse_across_slots(engine.addresses, shape.keys, engine.node_timeout, ask=False)
         lease = await self.acquire_shape(" + ".join(checked), shape, **options)
         lease.names = tuple(checked)
         return lease

@@ -22,10 +22,14 @@ import redis
 
 from django_redlock.core.fanout import LockNodes, each_node
 from django_redlock.wire.clients import client_for
+from django_redlock.wire.cluster import SlotMap, cluster_key, hash_tag, key_slot
+from django_redlock.wire.cluster_route import ClusterRoute, current_map, known, remember
+from django_redlock.wire.errors import NodeError
+from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.primitives import READER_OWNERS
-from django_redlock.wire.scripts import LISTING, READERS
+from django_redlock.wire.scripts import LISTING, LISTING_SHARD, READERS
 
-__all__ = ["LockInfo", "LockListing", "escape_glob", "list_locks"]
+__all__ = ["LockInfo", "LockListing", "escape_glob", "list_locks", "plain_key"]
 
 
 _GLOB = str.maketrans({char: "\\" + char for char in "*?[]\\"})
@@ -163,8 +167,13 @@ def list_locks(
             None if address.label in skip else stack.enter_context(client_for(address, timeout))
             for address in manager.addresses
         ]
+        views = each_node(
+            list(zip(manager.addresses, clients, strict=True)),
+            lambda pair: None if pair[1] is None else _view(pair[0], pair[1], timeout, stack),
+        )
         walks = each_node(
-            clients, lambda client: None if client is None else _walk(client, pattern)
+            views,
+            lambda view: None if view is None else view.walk(pattern, manager.key_prefix),
         )
         found: set[bytes] = set()
         wanted: set[bytes] = set()
@@ -183,10 +192,13 @@ def list_locks(
         ordered = sorted(wanted, key=_sort_key)
         plain = [key for key in ordered if not key.endswith(READERS_SUFFIX)]
         readers = [key for key in ordered if key.endswith(READERS_SUFFIX)]
+        # Cluster nodes read each key in its cluster form, on the shard of its slot: both
+        # computed once for every such node.
+        forms = _Forms(plain, readers) if any(isinstance(v, _Cluster) for v in views) else None
         reads = each_node(
-            list(zip(clients, walks, strict=True)),
+            list(zip(views, walks, strict=True)),
             lambda pair: (
-                None if pair[0] is None or pair[1] is None else _read(pair[0], plain, readers)
+                None if pair[0] is None or pair[1] is None else pair[0].read(plain, readers, forms)
             ),
         )
     unreachable = [
@@ -284,6 +296,196 @@ def _walk(client: redis.Redis, pattern: str) -> set[bytes] | None:
     return keys
 
 
+class _Plain:
+    """A plain node, as a listing reads it: one client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+
+    def walk(self, pattern: str, key_prefix: str) -> set[bytes] | None:
+        return _walk(self.client, pattern)
+
+    def read(self, plain: list[bytes], readers: list[bytes], forms: _Forms | None) -> _Read | None:
+        return _read(self.client, plain, readers)
+
+
+class _Cluster:
+    """A cluster node, as a listing reads it: one client per shard master, each lock's keys
+    read on the shard that serves its slot, in the cluster form (wire/cluster.py), the
+    listing's keys in the plain form (the form of plain nodes, so they merge across nodes).
+    A shard that cannot be read makes the whole node unreachable for the listing (its locks
+    would be counted missing)."""
+
+    def __init__(self, shards: list[tuple[redis.Redis, str]], slot_map: SlotMap) -> None:
+        self.shards = shards
+        self.map = slot_map
+        self.index = {shard.master: at for at, shard in enumerate(slot_map.shards)}
+
+    def walk(self, pattern: str, key_prefix: str) -> set[bytes] | None:
+        # A lock's cluster key is its plain key wrapped in braces, or the plain key when it
+        # has a hash tag already: one SCAN per shard finds both ("*" before the pattern),
+        # and the plain form's prefix is checked on each.
+        wanted = re.compile(_glob_regex(pattern), re.DOTALL)
+        literal = _literal_prefix(pattern)  # no search text: a prefix test per key
+        keys: set[bytes] = set()
+        for client, _ in self.shards:
+            walk = _walk(client, "*" + pattern)
+            if walk is None:
+                return None
+            for key in walk:
+                plain = plain_key(key, key_prefix)
+                if plain is None:
+                    continue
+                if plain.startswith(literal) if literal is not None else wanted.match(plain):
+                    keys.add(plain)
+        return keys
+
+    def read(self, plain: list[bytes], readers: list[bytes], forms: _Forms | None) -> _Read | None:
+        if forms is None:
+            forms = _Forms(plain, readers)
+        by_shard: list[tuple[list[int], list[bytes], list[int], list[bytes]]] = [
+            ([], [], [], []) for _ in self.shards
+        ]
+        for at, (key, slot) in enumerate(zip(forms.plain, forms.plain_slots, strict=True)):
+            shard = self._shard(slot)
+            if shard is not None:
+                by_shard[shard][0].append(at)
+                by_shard[shard][1].append(key)
+        for at, (key, slot) in enumerate(zip(forms.readers, forms.reader_slots, strict=True)):
+            shard = self._shard(slot)
+            if shard is not None:
+                by_shard[shard][2].append(at)
+                by_shard[shard][3].append(key)
+        owners: list[bytes | None] = [None] * len(plain)
+        ttls = [-2] * len(plain)  # a key of a slot no shard serves: absent
+        sets: list[tuple[Any, Any]] = [([], {})] * len(readers)
+        for (client, tag), (at_plain, keys, at_readers, sets_here) in zip(
+            self.shards, by_shard, strict=True
+        ):
+            if not keys and not sets_here:
+                continue
+            read = _read(client, keys, sets_here, tag)
+            if read is None or read.now_ms is None:
+                return None
+            for at, owner, ttl in zip(at_plain, read.owners, read.ttls, strict=True):
+                owners[at], ttls[at] = owner, ttl
+            for at, (members, found) in zip(at_readers, read.readers, strict=True):
+                # Each shard's expiries are on its own clock: kept as ms left (now 0).
+                if isinstance(members, list):
+                    members = [(token, float(expiry) - read.now_ms) for token, expiry in members]
+                sets[at] = (members, found)
+        return _Read(owners=owners, ttls=ttls, readers=sets, now_ms=0)
+
+    def _shard(self, slot: int) -> int | None:
+        master = self.map.master_of(slot)
+        return None if master is None else self.index.get(master)
+
+
+class _Forms:
+    """The listing's keys (``plain`` lock keys, ``readers`` sets) in cluster form, and the
+    slot of each: what every cluster node of the listing reads them by."""
+
+    def __init__(self, plain: list[bytes], readers: list[bytes]) -> None:
+        self.plain = [_cluster_bytes(key) for key in plain]
+        self.plain_slots = [key_slot(key) for key in self.plain]
+        self.readers = [_cluster_bytes(key) for key in readers]
+        self.reader_slots = [key_slot(key) for key in self.readers]
+
+
+def _cluster_bytes(key: bytes) -> bytes:
+    return cluster_key(key.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
+def plain_key(key: bytes, key_prefix: str) -> bytes | None:
+    """The plain form of lock key ``key`` as a cluster node stores it (``{<base>}<rest>``,
+    or the key itself when its base has a hash tag: :func:`~django_redlock.wire.cluster.
+    cluster_key`), or None when it is not a key of ``key_prefix``. With an empty prefix, a
+    name that is a whole tag (``{x}``) reads as ``x`` (cluster_key's one ambiguity)."""
+    prefix = key_prefix.encode()
+    if key.startswith(b"{" + prefix):
+        cut = key.find(b"\x00")
+        head, rest = (key, b"") if cut < 0 else (key[:cut], key[cut:])
+        if head.endswith(b"}") and hash_tag(head[1:-1]) is None:
+            return head[1:-1] + rest
+    if prefix and key.startswith(prefix):
+        return key
+    return None
+
+
+def _literal_prefix(pattern: str) -> bytes | None:
+    """The text a SCAN MATCH glob of this module matches at the start of a key when it is
+    that text (escaped) and one final ``*``, else None."""
+    out = []
+    at = 0
+    while at < len(pattern) - 1:
+        char = pattern[at]
+        if char == "\\":
+            out.append(pattern[at + 1 : at + 2])
+            at += 2
+            continue
+        if char in "*?[":
+            return None
+        out.append(char)
+        at += 1
+    return "".join(out).encode() if pattern.endswith("*") and at == len(pattern) - 1 else None
+
+
+def _glob_regex(pattern: str) -> bytes:
+    """The regular expression of SCAN MATCH glob ``pattern`` as this module writes them
+    (escapes, ``*``, ``[xX]`` classes), on bytes."""
+    out = []
+    at = 0
+    data = pattern.encode()
+    while at < len(data):
+        char = data[at : at + 1]
+        if char == b"\\":
+            out.append(re.escape(data[at + 1 : at + 2]))
+            at += 2
+            continue
+        if char == b"*":
+            out.append(b".*")
+        elif char == b"[":
+            end = data.index(b"]", at)
+            out.append(data[at : end + 1])
+            at = end + 1
+            continue
+        else:
+            out.append(re.escape(char))
+        at += 1
+    return b"".join(out) + b"\\Z"
+
+
+def _view(
+    address: NodeAddress, client: redis.Redis, timeout: float, stack: contextlib.ExitStack
+) -> _Plain | _Cluster | None:
+    """Node ``address`` as the listing reads it: plain, or a cluster (one client per shard
+    master, opened in ``stack``, by the slot map its members give now); None when it could
+    not be told (unreachable). A node this process has not classified yet is asked on
+    ``client`` (``INFO cluster``)."""
+    found, slot_map = known(address)
+    if found and slot_map is None:
+        return _Plain(client)
+    if not found:
+        try:
+            if not int(client.info("cluster").get("cluster_enabled", 0)):
+                remember(address, None)
+                return _Plain(client)
+        except (redis.RedisError, ValueError):
+            return None
+    try:
+        slot_map = current_map(address, timeout)
+    except NodeError:
+        return None
+    if slot_map is None:
+        return _Plain(client)
+    route = ClusterRoute(address, slot_map)
+    shards = []
+    for shard in slot_map.shards:
+        tag = route.tag_of(shard.master) or ""
+        shards.append((stack.enter_context(client_for(route.member(shard.master), timeout)), tag))
+    return _Cluster(shards, slot_map)
+
+
 @dataclass
 class _Read:
     """What one node said about the listing's keys."""
@@ -296,24 +498,33 @@ class _Read:
     now_ms: int | None  # the node's clock (readers' expiries are on it)
 
 
-def _read(client: redis.Redis, plain: list[bytes], readers: list[bytes]) -> _Read | None:
+def _read(
+    client: redis.Redis, plain: list[bytes], readers: list[bytes], shard: str | None = None
+) -> _Read | None:
     """One node's answers about ``plain`` keys (owner and ms left, by ``listing.lua``) and
     ``readers`` sets (members and owners), in one pipeline; None when it could not be read
-    (also when its ACL user may not run scripts: such a node cannot hold locks either)."""
+    (also when its ACL user may not run scripts: such a node cannot hold locks either).
+
+    ``shard``: the records' tag of the cluster shard ``client`` reaches (the keys, then in
+    their cluster form, are read by ``listing_shard.lua``'s variant for that shard)."""
     try:
         pipe = client.pipeline(transaction=False)
         pipe.time()
+        script = LISTING if shard is None else LISTING_SHARD.for_shard(shard)
         for index in range(0, len(plain), _BATCH):
             batch = plain[index : index + _BATCH]
+            # Cluster shards take the keys as ARGV (no KEYS: one slot per call otherwise).
+            counted = 0 if shard is not None else len(batch)
             # The first call is an EVAL, which also caches the script on the node, so the
             # rest of the same pipeline can be EVALSHA without a NOSCRIPT round trip.
             if index == 0:
-                pipe.eval(LISTING.source.decode(), len(batch), *batch)
+                pipe.eval(script.source.decode(), counted, *batch)
             else:
-                pipe.evalsha(LISTING.sha.decode(), len(batch), *batch)
+                pipe.evalsha(script.sha.decode(), counted, *batch)
         for key in readers:
+            owners_key = key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX  # the same form
             pipe.zrange(key, 0, -1, withscores=True)
-            pipe.hgetall(key[: -len(READERS_SUFFIX)] + OWNERS_SUFFIX)
+            pipe.hgetall(owners_key)
         replies = pipe.execute(raise_on_error=False)
     except redis.RedisError:
         return None

@@ -72,6 +72,7 @@ from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.procedures.acquire import acquire
 from django_redlock.procedures.lease import adopt
 from django_redlock.wire import process
+from django_redlock.wire.cluster_route import refuse_across_slots
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import NODE_KEY
 
@@ -464,6 +465,8 @@ class LockManager(EngineConfigured):
         """
         checked = validate_names(names)
         shape = Many([self.key_prefix + name for name in checked])
+        engine = self.engine
+        refuse_across_slots(engine.addresses, shape.keys, engine.node_timeout)
         lease = self.acquire_shape(" + ".join(checked), shape, **options)
         lease.names = tuple(checked)
         return lease

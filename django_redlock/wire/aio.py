@@ -790,9 +790,11 @@ class LoopConnections:
         (:class:`_AsyncConnection`)."""
         conn = self.connections[index]
         if conn is None or conn.broken is not None:
+            node = self.shard_of.get(index)
             if conn is not None:
                 conn.close()
-            node = self.shard_of.get(index)
+                if node is not None:  # a cluster shard's master: its slots may have a new one
+                    self.routes[node].failed()
             if node is None:
                 classify = index in self.unclassified
                 conn = _AsyncConnection(self.targets[index], self.hello, classify=classify)

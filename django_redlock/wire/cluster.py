@@ -26,8 +26,10 @@ __all__ = [
     "Shard",
     "SlotMap",
     "cluster_key",
+    "cross_slot_message",
     "hash_tag",
     "key_slot",
+    "lock_slots",
     "parse_redirect",
     "parse_shards",
     "parse_slots",
@@ -103,6 +105,34 @@ def cluster_key(key: str) -> str:
     if not base or hash_tag(base.encode()) is not None:
         return key
     return "{" + base + "}" + rest
+
+
+def lock_slots(keys: Sequence[str]) -> dict[int, list[str]]:
+    """The lock keys ``keys`` by the slot each takes on a cluster node (its cluster form's),
+    in slot order; each key's list keeps the order of ``keys``."""
+    slots: dict[int, list[str]] = {}
+    for key in keys:
+        slots.setdefault(key_slot(cluster_key(key)), []).append(key)
+    return dict(sorted(slots.items()))
+
+
+def cross_slot_message(keys: Sequence[str] | Sequence[bytes]) -> str:
+    """Why the lock keys ``keys`` (plain or in cluster form: the slot is the same) cannot be
+    taken together on a cluster node, naming their slots and the hash-tag fix."""
+    texts = [key.decode("utf-8", "replace") if isinstance(key, bytes) else key for key in keys]
+    # A command's keys include those derived from each lock key (its line, after a NUL).
+    slots = lock_slots([key for key in texts if "\x00" not in key] or texts)
+    shown = "; ".join(
+        f"slot {slot}: {', '.join(repr(key) for key in found[:3])}"
+        + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        for slot, found in list(slots.items())[:5]
+    )
+    more = f"; and {len(slots) - 5} more slots" if len(slots) > 5 else ""
+    return (
+        f"the locks are in {len(slots)} slots of a cluster node ({shown}{more}), and a "
+        "cluster runs one script on the keys of one slot only: give the names one hash "
+        "tag, the same text in braces, e.g. '{order-42}:items' and '{order-42}:invoice'"
+    )
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ but :func:`probe`'s, which the transport calls, blocking, within the node timeou
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 
 import redis
@@ -28,7 +31,10 @@ import redis
 from django_redlock.wire.cluster import (
     SlotMap,
     cluster_key,
+    cross_slot_message,
+    hash_tag,
     key_slot,
+    lock_slots,
     marker_tag,
     parse_shards,
     parse_slots,
@@ -41,13 +47,17 @@ from django_redlock.wire.scripts import NODE_KEY, SCRIPTS_BY_SHA, Fallback, Scri
 __all__ = [
     "ASKING",
     "ASKING_REPLY",
+    "MAP_AFTER_FAILURE",
     "MAX_HOPS",
     "ClusterRoute",
+    "CrossSlot",
     "Routed",
     "channel_on",
+    "current_map",
     "known",
     "probe",
     "read_map",
+    "refuse_across_slots",
     "remember",
     "shards_reply_map",
 ]
@@ -56,6 +66,12 @@ ASKING = encode_command(b"ASKING")
 ASKING_REPLY = -20
 """The set-up step of an ``ASKING`` reply (see wire/setup.py's steps: nothing to
 learn from its ``OK``)."""
+MAP_AFTER_FAILURE = 1.0
+"""Seconds since the slot map was read after which a failed connection to a shard master
+has the map read again before the next round (:meth:`ClusterRoute.failed`): a master that
+died is replaced by a promoted replica, which no MOVED announces while the old address
+answers nothing. At most once a second, so a shard down for long costs no round more than
+one map read a second."""
 MAX_HOPS = 5
 """Redirections one command may follow in one round: more means the cluster is being
 reconfigured faster than it answers; the node counts as failed for that round."""
@@ -128,6 +144,68 @@ def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
         _MAPS[address.identity] = slot_map
 
 
+def current_map(address: NodeAddress, timeout: float) -> SlotMap | None:
+    """For operators (a status, a listing): the slot map of the node at ``address`` as its
+    members give it now, or None for a plain node; a node this process has not classified
+    yet is asked (:func:`probe`). A cluster's map is read afresh each time (a failover since
+    the process learned it moved a shard's master), from the seed or, when it does not
+    answer, another member; the last one known when none answers.
+
+    Raises:
+        NodeError: a node not classified yet could not be asked.
+    """
+    found, slot_map = known(address)
+    if not found:
+        slot_map = probe(address, timeout)
+        remember(address, slot_map)
+        return slot_map
+    if slot_map is None:
+        return None
+    route = ClusterRoute(address, slot_map)
+    with contextlib.suppress(NodeError):  # none answered: the last map known
+        route.refresh(route.read(timeout))
+    return route.map
+
+
+def refuse_across_slots(
+    addresses: Sequence[NodeAddress], keys: Sequence[str], timeout: float, ask: bool = True
+) -> None:
+    """Refuse a multi-lock over lock ``keys`` in more than one slot when a node of
+    ``addresses`` is a cluster: a cluster runs one script on one slot's keys only, so such a
+    node could never vote for it (names without one hash tag land in different slots).
+    Nothing is sent for it then.
+
+    Free when every node is known plain (no slot is computed). A node not classified yet is
+    asked (``ask``: :func:`probe`, blocking, within ``timeout``), only when the keys span
+    slots; one that cannot be asked is left to the transport, which refuses the command
+    there alone (:class:`CrossSlot`).
+
+    Raises:
+        ValueError: the keys span slots and a node is a cluster; the text names the slots and
+            the hash-tag fix.
+    """
+    kinds = [known(address) for address in addresses]
+    if all(found and slot_map is None for found, slot_map in kinds):
+        return
+    if len(lock_slots(keys)) < 2:
+        return
+    cluster = any(slot_map is not None for _, slot_map in kinds)
+    if not cluster and ask:
+        for address, (found, _) in zip(addresses, kinds, strict=True):
+            if found:
+                continue
+            try:
+                slot_map = probe(address, timeout)
+            except NodeError:
+                continue
+            remember(address, slot_map)
+            if slot_map is not None:
+                cluster = True
+                break
+    if cluster:
+        raise ValueError(cross_slot_message(keys))
+
+
 def channel_on(address: NodeAddress, channel: str) -> str:
     """Wake-up ``channel`` (a lock key, NUL, ``w``, a listener id: wire/waking.py) as the
     node at ``address`` publishes it: in cluster form on a cluster node, whose scripts name
@@ -151,6 +229,11 @@ def shards_reply_map(address: NodeAddress, reply: object, timeout: float) -> Slo
         except ValueError:
             pass
     return ClusterRoute(address, SlotMap.of([])).read(timeout)
+
+
+class CrossSlot(NodeError):
+    """A command whose lock keys lie in more than one slot of a cluster node: never sent
+    (the node would answer CROSSSLOT). The text names the slots and the hash-tag fix."""
 
 
 class Routed(Fallback):
@@ -226,31 +309,52 @@ class ClusterRoute:
         self.stale = False
         self._tags: dict[Endpoint, str] = {}
         self._members: dict[Endpoint, NodeAddress] = {}
+        self.read_at = time.monotonic()
         self._learn_tags()
 
     def _learn_tags(self) -> None:
         self._tags = {shard.master: marker_tag(shard) for shard in self.map.shards}
 
     def read(self, timeout: float) -> SlotMap:
-        """The slot map as the seed member gives it now (blocking, ``timeout`` seconds).
+        """The slot map as the seed member gives it now, or when it does not answer (a master
+        that died, say) the first other member of the map that does (blocking, ``timeout``
+        seconds per member asked).
 
         Raises:
-            NodeError: it could not be read.
+            NodeError: no member gave it.
         """
         from django_redlock.wire.clients import client_for
 
-        try:
-            with client_for(self.seed, timeout) as client:
-                return read_map(client, self.endpoint[0])
-        except (redis.RedisError, OSError, ValueError) as exc:
-            raise NodeError(f"could not read the cluster's slot map: {exc}") from None
+        others = [
+            endpoint
+            for shard in self.map.shards
+            for endpoint in (shard.master, *shard.replicas)
+            if endpoint != self.endpoint
+        ]
+        failure: Exception | None = None
+        for address in (self.seed, *(self.member(endpoint) for endpoint in others)):
+            try:
+                with client_for(address, timeout) as client:
+                    return read_map(client, address.host or self.endpoint[0])
+            except (redis.RedisError, OSError, ValueError) as exc:
+                failure = failure or exc
+        raise NodeError(f"could not read the cluster's slot map: {failure}") from None
+
+    def failed(self) -> None:
+        """A connection to one of this node's shard masters failed (refused, lost, stalled):
+        the map is read again before the next round, unless it was read less than
+        :data:`MAP_AFTER_FAILURE` seconds ago."""
+        if time.monotonic() - self.read_at >= MAP_AFTER_FAILURE:
+            self.stale = True
 
     def refresh(self, slot_map: SlotMap) -> None:
         """Take a newly read slot map (MOVED owners learned before it are dropped)."""
         self.map = slot_map
         self.moved_to.clear()
         self.stale = False
+        self.read_at = time.monotonic()
         self._learn_tags()
+        remember(self.seed, slot_map)  # a connection set made later starts from this one
 
     def member(self, endpoint: Endpoint) -> NodeAddress:
         """The address of the member at ``endpoint``, with the seed's login and TLS."""
@@ -347,7 +451,19 @@ def cluster_form(data: bytes, tag: str) -> bytes:
     """Command ``data`` as the shard whose records carry ``tag`` runs it: the script
     variant of that shard, every key in cluster form. Anything after the keys (the
     arguments, and those the transport appends later, counted in the array header) is kept
-    byte for byte. A command that is not EVALSHA or EVAL is returned as it is."""
+    byte for byte. A command that is not EVALSHA or EVAL is returned as it is.
+
+    The node's marker among the KEYS of a command that names lock keys too takes the form
+    ``{<the lock's tag>}`` then NODE_KEY, in the lock's slot (a cluster refuses a command
+    whose KEYS span slots), which the shard's variant reads as its own marker
+    (:meth:`~django_redlock.wire.scripts.Script.for_shard`); alone, it is the shard's marker
+    itself.
+
+    Raises:
+        NodeError: an EVALSHA of a script this process never loaded.
+        CrossSlot: the command's lock keys are in more than one slot (a multi-lock over
+            names without one hash tag): a cluster could not run it.
+    """
     parsed = _script_command(data)
     if parsed is None:
         return data
@@ -358,16 +474,39 @@ def cluster_form(data: bytes, tag: str) -> bytes:
             raise NodeError(f"unknown script {script_field.decode(errors='replace')}")
         body = script.for_shard(tag).sha
     else:
-        body = Script(script_field.decode(), register=False).for_shard(tag).source
+        script = Script(script_field.decode(), register=False)
+        # The loaded script of that text, whose variants know how a cluster sends it.
+        script = SCRIPTS_BY_SHA.get(script.sha, script)
+        body = script.for_shard(tag).source
     count_text, at = _read_bulk(data, at)
-    keys = []
+    tagged: list[bytes | None] = []
     for _ in range(int(count_text)):
         key, at = _read_bulk(data, at)
         if key == _NODE_KEY:
-            keys.append(_bulk(_NODE_KEY + b"{" + tag.encode() + b"}"))
+            tagged.append(None)
         else:
-            tagged = cluster_key(key.decode("utf-8", "surrogateescape"))
-            keys.append(_bulk(tagged.encode("utf-8", "surrogateescape")))
+            text = cluster_key(key.decode("utf-8", "surrogateescape"))
+            tagged.append(text.encode("utf-8", "surrogateescape"))
+    if script.cluster_keys and tagged and tagged[0] is not None:
+        # Declared too (Script.cluster_keys); the script still reads only KEYS[1].
+        first = tagged[0]
+        tagged += [first + suffix.encode() for suffix in script.cluster_keys]
+        count += len(script.cluster_keys)
+        count_text = b"%d" % len(tagged)
+    lock_tag = _one_tag([key for key in tagged if key is not None])
+    marker = (
+        _NODE_KEY + b"{" + tag.encode() + b"}"
+        if lock_tag is None
+        else b"{" + lock_tag + b"}" + _NODE_KEY
+    )
+    keys = [_bulk(marker if key is None else key) for key in tagged]
+    if script.cluster_one_key and len(keys) > 1:
+        # The first key declared; the others, after their count, lead the arguments
+        # (Script.cluster_one_key: the shard variant reads them as keys again).
+        more = len(keys) - 1
+        count += 1
+        count_text = b"1"
+        keys = [keys[0], _bulk(b"%d" % more), *keys[1:]]
     return b"".join(
         (
             b"*%d\r\n" % count,
@@ -378,3 +517,20 @@ def cluster_form(data: bytes, tag: str) -> bytes:
             data[at:],
         )
     )
+
+
+def _one_tag(keys: list[bytes]) -> bytes | None:
+    """The hash tag every key of ``keys`` (in cluster form: each has one) shares, or None
+    when there is no key.
+
+    Raises:
+        CrossSlot: keys of more than one slot (two tags that hash alike share one).
+    """
+    # One key per tag: derived keys (a lock's line, a semaphore's slots) share their lock's
+    # tag, so a command of one lock hashes one key, not all of them.
+    by_tag = {hash_tag(key) or key: key for key in keys}
+    if not by_tag:
+        return None
+    if len(by_tag) > 1 and len({key_slot(key) for key in by_tag.values()}) > 1:
+        raise CrossSlot(cross_slot_message(keys))
+    return next(iter(by_tag))

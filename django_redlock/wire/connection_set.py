@@ -269,6 +269,9 @@ class ConnectionSet:
         # A Sentinel node's connection lost, stalled or met a replica: where its master is
         # may have changed, so the next connection asks the Sentinels again.
         forget(conn.address, stale=conn.met_replica)
+        node = self.shard_of.get(index)
+        if node is not None:  # a cluster shard's master: its slots may have a new one
+            self.routes[node].failed()
         for answer, index_, _, _ in conn.slots:
             if answer is not None:
                 answer.record(index_, NodeError(reason))
@@ -309,12 +312,16 @@ class ConnectionSet:
                 # A shard of a cluster node: its scripts and hello name the shard's records.
                 route = self.routes[node]
                 tag = route.tag_of((address.host or "", address.port or 0)) or ""
-                conn = NodeSocket(
-                    address,
-                    self.clock,
-                    tuple(script.for_shard(tag) for script in self.preload),
-                    shard_hello(self.hello, tag, self.addresses[node].label),
-                )
+                try:
+                    conn = NodeSocket(
+                        address,
+                        self.clock,
+                        tuple(script.for_shard(tag) for script in self.preload),
+                        shard_hello(self.hello, tag, self.addresses[node].label),
+                    )
+                except NodeError:
+                    route.failed()
+                    raise
             elif address.sentinel is None:
                 conn = NodeSocket(
                     address,

@@ -30,6 +30,7 @@ __all__ = [
     "LEAVE",
     "LINE",
     "LISTING",
+    "LISTING_SHARD",
     "NODE_KEY",
     "NODE_STATE",
     "OWNS",
@@ -55,6 +56,41 @@ _SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 # owner records' ending. On a cluster node each shard keeps its own (Script.for_shard).
 _NODE_RECORDS = (b"'\\0django_redlock:node'", b"':django_redlock:node'")
 
+# The start of every shard variant: KEYS as the script reads them, each key that names the
+# marker in the lock's slot (``{<lock's tag>}`` then NODE_KEY, see cluster_route.cluster_form;
+# a lock key never ends so, names hold no control character) replaced by the shard's marker. A local
+# copy: the variant's code after it (and its included functions) reads the local. The
+# suffix is double-quoted so that the literal replacement above leaves it alone.
+_SHARD_PROLOGUE = b"""local KEYS = KEYS
+do
+    local copy
+    for i = 1, #KEYS do
+        if string.sub(KEYS[i], -20) == "\\0django_redlock:node" then
+            if copy == nil then
+                copy = {}
+                for j = 1, #KEYS do copy[j] = KEYS[j] end
+            end
+            copy[i] = '\\0django_redlock:node{<TAG>}'
+        end
+    end
+    if copy ~= nil then KEYS = copy end
+end
+"""
+
+# The start of the shard variant of a script that declares its first key alone on a cluster
+# node (Script.cluster_one_key): the command carries its other keys at the head of ARGV,
+# after their count (cluster_route.cluster_form), and the variant reads KEYS and ARGV as
+# the plain script does. Before the marker's prologue, which then reads these KEYS.
+_ONE_KEY_PROLOGUE = b"""local KEYS, ARGV = KEYS, ARGV
+do
+    local more = tonumber(ARGV[1])
+    local keys, argv = {KEYS[1]}, {}
+    for i = 1, more do keys[i + 1] = ARGV[i + 1] end
+    for i = more + 2, #ARGV do argv[#argv + 1] = ARGV[i] end
+    KEYS, ARGV = keys, argv
+end
+"""
+
 SCRIPTS_BY_SHA: dict[bytes, Script] = {}
 """Every script this process loaded (:func:`load_script`), by its SHA1 digest: the cluster
 transport finds the script an EVALSHA names, to send its shard's variant instead."""
@@ -66,6 +102,13 @@ class Script:
     def __init__(self, source: str, *, register: bool = True) -> None:
         # Set for HOT_SCRIPTS, which every new connection loads before anything else.
         self.preloaded = False
+        # Keys the script derives from KEYS[1] (suffixes) that a cluster node's command
+        # declares too (wire/cluster_route.py: cluster_form), so that the server refuses it
+        # while a slot migration has split them between two shards (see ACQUIRE below).
+        self.cluster_keys: tuple[str, ...] = ()
+        # Declares its first key alone on a cluster node, its other keys sent as arguments
+        # (see EXTEND below); the shard variant reads them as keys again.
+        self.cluster_one_key = False
         self.source = source.encode()
         self.sha = hashlib.sha1(self.source, usedforsecurity=False).hexdigest().encode()
         self._evalsha_head = encode_parts((b"EVALSHA", self.sha))
@@ -80,12 +123,21 @@ class Script:
         serves. A script may read and write keys of any slot its shard serves (scripts
         without a ``#!lua`` flags line, on Redis 7 and Valkey: tests/cluster check both), not
         of another shard's: one marker per shard, and a shard votes by its own rule.
-        Cached per tag."""
+        Cached per tag.
+
+        A script that takes the marker as one of its KEYS (a semaphore's, a read-write
+        lock's, a multi-lock's, a hand-off's acquire) gets it there in a form of the lock's
+        slot, ``{<the lock's tag>}`` then :data:`NODE_KEY` (a cluster refuses a command whose
+        KEYS span slots, CROSSSLOT, before the script runs): the variant starts by putting the
+        shard's marker in its place, in a local copy of KEYS."""
         variant = self._shards.get(tag)
         if variant is None:
             source = self.source
             for literal in _NODE_RECORDS:
                 source = source.replace(literal, literal[:-1] + b"{" + tag.encode() + b"}'")
+            source = _SHARD_PROLOGUE.replace(b"<TAG>", tag.encode()) + source
+            if self.cluster_one_key:
+                source = _ONE_KEY_PROLOGUE + source
             variant = Script(source.decode(), register=False)
             variant.preloaded = self.preloaded
             self._shards[tag] = variant
@@ -255,6 +307,20 @@ READERS = "\x00r"
 GONE = "\x00x"
 """After a lock key, then a waiter's hand-off token: the mark of a waiter whose acquire is over
 on that node, which refuses its late tries (``scripts/hand_gone.lua``)."""
+# On a cluster node the acquire declares the keys its decision reads too: during a slot's
+# migration a key the script only derives is read on whichever shard runs it, so a lock key
+# absent on the source (ASK) would be decided on the target without the readers still on the
+# source (a write grant beside live readers). Declared, a split or missing key makes the
+# server answer TRYAGAIN: a no vote for that round. Plain nodes send one key, as before.
+ACQUIRE.cluster_keys = (LINE, LAPSE, READERS)
+# A renewal on a cluster node declares the lock key alone (its readers' key goes as an
+# argument): while the lock's slot migrates, the server then sends it where the key is (the
+# source, or after ASK the importing shard), so a holder renews through a migration; with
+# both declared it answered TRYAGAIN until the slot was handed over, as the readers' key is
+# absent nearly always. Safe: renewing reads and writes the lock key only; re-creating a lost
+# key reads the readers first, and a script that reaches a key not on its shard stops there
+# with an error before it writes anything.
+EXTEND.cluster_one_key = True
 # One key, as the acquire's: the script names the line and lapse keys after it.
 _RELEASE_HEAD = RELEASE.head(1, 2)
 _RELEASE_HEAD_IDENTIFIED = RELEASE.head(1, 4)  # + the identity the transport appends
@@ -269,6 +335,7 @@ DECLARE_FRESH = load_script("declare_fresh")
 PING: Command = (b"*1\r\n$4\r\nPING\r\n", None)
 HOLDER = load_script("holder")
 LISTING = load_script("listing")
+LISTING_SHARD = load_script("listing_shard")
 OWNS = load_script("owns")
 FORCE_RELEASE = load_script("force_release")
 

@@ -23,7 +23,7 @@ from django_redlock.wire.cluster import (
     parse_slots,
 )
 from django_redlock.wire.primitives import READER_OWNERS, SEMAPHORE, slot_key
-from django_redlock.wire.scripts import GONE, LAPSE, LINE, READERS
+from django_redlock.wire.scripts import GONE, LAPSE, LINE, NODE_STATE, READERS
 
 
 def _keys(count: int) -> list[bytes]:
@@ -193,12 +193,71 @@ def test_cluster_form_of_a_command() -> None:
     formed = cluster_form(command, tag)
     assert variant.sha in formed
     assert ACQUIRE.sha not in formed
-    assert b"$11\r\n{redlock:x}\r\n" in formed
+    # The lock key, then the keys the acquire reads that the cluster must see declared
+    # (a split migration is refused: TRYAGAIN), all in the lock's slot.
+    declared = b"".join(
+        b"$%d\r\n%s\r\n" % (len(key), key)
+        for key in (b"{redlock:x}", b"{redlock:x}\x00q", b"{redlock:x}\x00e", b"{redlock:x}\x00r")
+    )
+    assert b"$1\r\n4\r\n" + declared + b"$40\r\n" + b"a" * 40 in formed
     assert formed.endswith(command[command.index(b"$40\r\n" + b"a" * 40) :])
-    assert formed.startswith(command[: command.index(b"\r\n")])  # the same argument count
+    assert formed.startswith(b"*17\r\n")
+    assert command.startswith(b"*14\r\n")  # three more arguments, the identity's counted
     assert command_slot(command) == key_slot("{redlock:x}")
     evaled = cluster_form(fallback.build() if fallback else b"", tag)
     assert variant.source in evaled
     assert b"'\\0django_redlock:node{1bz}'" in variant.source
     assert b"'\\0django_redlock:node'" not in variant.source
     assert cluster_form(b"*1\r\n$4\r\nPING\r\n", tag) == b"*1\r\n$4\r\nPING\r\n"
+
+
+def test_cluster_form_names_the_marker_in_the_locks_slot() -> None:
+    """A command that takes the node's marker among its KEYS (a semaphore's acquire) names it
+    in the lock's slot, so that its KEYS share one (the cluster refuses them otherwise); the
+    shard's variant of the script reads its own marker there. Lock keys of several slots in
+    one command (a multi-lock without one hash tag) are never sent: CrossSlot names them."""
+    from django_redlock.wire.cluster_route import CrossSlot, cluster_form
+    from django_redlock.wire.primitives import (
+        SEMAPHORE_ACQUIRE,
+        acquire_many_command,
+        semaphore_acquire_command,
+    )
+    from django_redlock.wire.scripts import NODE_KEY
+
+    command, _ = semaphore_acquire_command("redlock:s", 2, "a" * 40, 1000, "o", 60_000)
+    formed = cluster_form(command, "1bz")
+    marker = ("{redlock:s}" + NODE_KEY).encode()
+    assert b"$%d\r\n%s\r\n" % (len(marker), marker) in formed
+    assert key_slot(marker) == key_slot("{redlock:s}\x00s0")
+    variant = SEMAPHORE_ACQUIRE.for_shard("1bz")
+    assert variant.sha in formed
+    assert variant.source.startswith(b"local KEYS = KEYS\n")
+    assert b"'\\0django_redlock:node{1bz}'" in variant.source
+    alone = cluster_form(NODE_STATE.evalsha((NODE_KEY,), (1, "")), "1bz")
+    assert b"\x00django_redlock:node{1bz}\r\n" in alone
+    tagged, _ = acquire_many_command(["redlock:{t}a", "redlock:{t}b"], "a" * 40, 1000, "o", 1)
+    assert b"$%d\r\n{t}%s\r\n" % (3 + len(NODE_KEY), NODE_KEY.encode()) in cluster_form(
+        tagged, "1bz"
+    )
+    spread, _ = acquire_many_command(["redlock:a", "redlock:b"], "a" * 40, 1000, "o", 1)
+    with pytest.raises(CrossSlot, match=r"slot 3573: '\{redlock:a\}'.*hash tag"):
+        cluster_form(spread, "1bz")
+
+
+def test_cluster_form_of_a_renewal_declares_the_lock_key_alone() -> None:
+    """A renewal on a cluster node declares the lock key alone (the server then sends it
+    where that key is during a migration); its readers' key leads the arguments, after its
+    count, in the EVALSHA and in its EVAL fallback, and the shard's variant reads them as the
+    plain script's KEYS and ARGV."""
+    from django_redlock.wire.cluster_route import cluster_form
+    from django_redlock.wire.scripts import EXTEND, extend_command
+
+    command, fallback = extend_command("redlock:x", "a" * 40, 1000, "own")
+    assert command.startswith(b"*8\r\n")
+    tail = b"$1\r\n1\r\n$11\r\n{redlock:x}\r\n$1\r\n1\r\n$13\r\n{redlock:x}\x00r\r\n$40\r\n"
+    formed = cluster_form(command, "0")
+    assert formed.startswith(b"*9\r\n")
+    assert EXTEND.for_shard("0").sha + b"\r\n" + tail in formed
+    evaled = cluster_form(fallback.build() if fallback else b"", "0")
+    assert EXTEND.for_shard("0").source + b"\r\n" + tail in evaled
+    assert EXTEND.for_shard("0").source.startswith(b"local KEYS, ARGV = KEYS, ARGV\n")

@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from django_redlock import LeaseNotExtended, LockContended, LockManager, LockNotAcquired
+from django_redlock import LockContended, LockManager, LockNotAcquired
+from django_redlock.localnodes import LocalNode
 from django_redlock.localshards import LocalShardedNode
 from django_redlock.wire.cluster import cluster_key, key_slot
 from tests.cluster.conftest import (
@@ -158,15 +159,35 @@ def test_moved_slot_under_a_held_lease(migrating3: list[LocalShardedNode], uniqu
     other.acquire(name, blocking=False).release()
 
 
+def _pttl_asking(node: LocalShardedNode, member: LocalNode, key: str) -> int:
+    """``key``'s ms left on ``member``, read after ASKING (an importing slot's keys)."""
+    with node.client(member) as client:
+        client.execute_command("ASKING")
+        return int(client.pttl(key))
+
+
+def _renewed_asking(
+    nodes: list[LocalShardedNode], shard: int, key: str, above_ms: int, timeout: float = 10.0
+) -> None:
+    """Wait until ``key`` has more than ``above_ms`` ms left on master ``shard`` of every
+    cluster, read after ASKING: a renewal returns at a quorum, the last node's may follow."""
+    deadline = time.monotonic() + timeout
+    for node in nodes:
+        while _pttl_asking(node, node.masters[shard], key) <= above_ms:
+            assert time.monotonic() < deadline, f"{key!r} not renewed on {node}"
+            time.sleep(0.01)
+
+
 def test_ask_during_a_migration_under_a_held_lease(
     migrating3: list[LocalShardedNode], unique: str
 ) -> None:
-    """The lock's key has moved to the importing shard, the slot not yet handed over: the
-    source answers ASK, and the holder follows it (after ASKING) to the importing shard,
-    which cannot decide a lock script whose other keys are not there yet (the servers
-    refuse a multi-key request during a slot's migration): a no vote, never a grant. Nobody
-    else takes the lock, the lease keeps its keys and validity, and once the slot is handed
-    over the holder renews and releases on the new owner."""
+    """The lock's slot migrates from shard 2 to shard 1 on every cluster while the lease is
+    held. A renewal declares the lock key alone on a cluster node, so the server sends it
+    where the key is: to the source while the key has not moved, then, once it has, after
+    ASK to the importing shard; the holder renews through the migration. Nobody else takes
+    the lock meanwhile (an acquire declares the keys it reads, which the migration splits:
+    TRYAGAIN, a no vote), and once the slot is handed over the holder renews and releases on
+    the new owner."""
     nodes = migrating3
     name, slot = _name_in(nodes[0], 2, unique, avoid=nodes[0].ranges[2][0])
     key = cluster_key(PREFIX + name)
@@ -176,20 +197,27 @@ def test_ask_during_a_migration_under_a_held_lease(
     for node in nodes:
         source, target = node.masters[2], node.masters[1]
         node.begin_migration(slot, source, target)
-        assert node.move_keys(slot, source, target) >= 1
+        with node.client(source) as client:
+            client.pexpire(key, 10_000)  # as if a third of the lease had passed
+    lease.extend()  # the slot migrating, the key still on the source
+    assert renewed_on(nodes, key, 20_000) >= 2
+    renewed_everywhere(nodes, key, 20_000)
     with pytest.raises(LockNotAcquired):
         other.acquire(name, blocking=False)
-    before = lease.validity
-    with pytest.raises(LeaseNotExtended):
-        lease.extend()
-    assert not lease.lost
-    assert 0 < lease.validity <= before
+    for node in nodes:
+        source, target = node.masters[2], node.masters[1]
+        assert node.move_keys(slot, source, target) >= 1
+        with node.client(target) as client:
+            client.execute_command("ASKING")
+            client.pexpire(key, 10_000)
+    lease.extend()  # the key on the importing shard: the source answers ASK
+    assert sum(_pttl_asking(node, node.masters[1], key) > 20_000 for node in nodes) >= 2
+    _renewed_asking(nodes, 1, key, 20_000)
+    with pytest.raises(LockNotAcquired):
+        other.acquire(name, blocking=False)
     followed = holder.engine.connections.get().members
     for index, node in enumerate(nodes):
         assert (index, ("127.0.0.1", node.masters[1].port)) in followed  # the ASK
-        with node.client(node.masters[1]) as client:
-            client.execute_command("ASKING")
-            assert client.exists(key) == 1  # the lease's key, untouched
         node.finish_migration(slot, node.masters[1])
         with node.client(node.masters[1]) as client:
             client.pexpire(key, 2000)

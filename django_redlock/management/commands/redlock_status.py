@@ -29,7 +29,15 @@ The ``--json`` output is a stable schema::
                 "misconfigured": bool (answered with a refusal: never heals by waiting),
                 "service": str|null (a node reached through Sentinel: the service name),
                 "resolved": str|null (its master's "host:port" as the Sentinels told it;
-                null when none answered)}],
+                null when none answered),
+                "shards": [{"master": str ("host:port"), "slots": str ("0-5460,…"),
+                            "reachable": bool, "votes": bool, "role": str|null,
+                            "replicas": [str], "promoted": bool, "run_id": str|null,
+                            "uptime_s": int|null, "quarantine_left_s": float|null,
+                            "vote": str, "vote_detail": str, "votes_at": float|null,
+                            "problems": [str]}] (a cluster node's shards, each judged by
+                            its own restart rule; the node votes when every shard does;
+                            empty for a plain node)}],
      "locks": [{"name": str, "nodes": int, "total": int, "partial": bool,
                 "ttl_min": float|null, "ttl_max": float|null, "owner": {...},
                 "kind": "lock"|"semaphore"|"read", "slot": int|null}],
@@ -147,6 +155,29 @@ class Command(BaseCommand):
             master = node.resolved or "not told (no Sentinel answered)"
             self.stdout.write(f"    sentinel service {node.service}: master {master}")
 
+    def _print_shards(self, node: Any) -> None:
+        """For a cluster node: each shard's master, slots, role and vote (by its own rule)."""
+        for shard in node.shards:
+            if not shard.reachable:
+                state = "DOWN"
+            elif shard.vote == "quarantined":
+                state = "QUARANTINED" + (
+                    f" until {_clock(shard.votes_at)}" if shard.votes_at is not None else ""
+                )
+            elif shard.problems:
+                state = "DOES NOT VOTE"
+            else:
+                state = "votes"
+            role = (shard.role or "?") + (" (promoted)" if shard.promoted else "")
+            if shard.replicas:
+                count = len(shard.replicas)
+                role += f", {count} replica{'s' if count != 1 else ''}"
+            line = f"    shard {shard.master}  slots {shard.slots}  {state}  {role}"
+            if shard.uptime_s is not None:
+                line += f"  up {shard.uptime_s} s"
+            style = self.style.SUCCESS if shard.votes else self.style.ERROR
+            self.stdout.write(style(line))
+
     def _print(self, report: Any, listing: Any) -> None:
         self.stdout.write("Nodes:")
         for node in report.nodes:
@@ -178,6 +209,7 @@ class Command(BaseCommand):
             style = self.style.SUCCESS if node.votes else self.style.ERROR
             self.stdout.write(style(line))
             self._print_sentinel(node)
+            self._print_shards(node)
             if node.vote == "quarantined":
                 self.stdout.write(self.style.ERROR(f"    {node.vote_detail}"))
             for problem in node.problems:
