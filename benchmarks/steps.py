@@ -87,11 +87,11 @@ OURS: dict[str, tuple[str, ...]] = {
         "secrets:token_hex",
     ),
     "round": (
-        "django_redlock.wire.connection_set:ConnectionSet.run",
-        "django_redlock.wire.connection_set:ConnectionSet.send_round",
-        "django_redlock.wire.connection_set:ConnectionSet.wait_round",
-        "django_redlock.wire.connection_set:ConnectionSet._poll_once",
-        "django_redlock.wire.connection_set:ThreadConnections.get",
+        "django_redlock.wire.sync.connections:ConnectionSet.run",
+        "django_redlock.wire.sync.connections:ConnectionSet.send_round",
+        "django_redlock.wire.sync.connections:ConnectionSet.wait_round",
+        "django_redlock.wire.sync.connections:ConnectionSet._poll_once",
+        "django_redlock.wire.sync.connections:ThreadConnections.get",
         "django_redlock.wire.rounds:Round.__init__",
     ),
     "judge": (

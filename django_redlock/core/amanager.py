@@ -5,7 +5,7 @@ It holds the same engine as :class:`~django_redlock.redlock.LockManager`
 (``django_redlock.core.engine``: configuration, re-entry registry, observer, the steps
 around a round; ``AsyncLockManager.sharing(sync)`` shares one), runs the same flow
 (``django_redlock.core.flow``, whose actions say what to do between rounds), and reports the
-same way; only the transport differs: the asyncio one (``django_redlock.wire.aio``), per
+same way; only the transport differs: the asyncio one (``django_redlock.wire.asyncio``), per
 event loop, with no thread hop per call. It imports nothing of the sync manager's module.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
@@ -59,7 +59,7 @@ from django_redlock.procedures.acquire import acquire
 from django_redlock.procedures.effects import Round
 from django_redlock.procedures.lease import adopt, extend, owned
 from django_redlock.wire import process
-from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.asyncio.connections import LoopConnections
 from django_redlock.wire.cluster_route import refuse_across_slots
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.rounds import Round as RoundState

@@ -1,5 +1,5 @@
 """The asyncio driver: carries out a procedure's effects (``django_redlock.procedures``) on
-the asyncio transport (``wire.aio``: one event loop's connections and subscriber), awaiting
+the asyncio transport (``wire.asyncio``: one event loop's connections and subscriber), awaiting
 what waits. It decides nothing: every step is the procedure's.
 
 Cancellation: a ``CancelledError`` raised while an effect is awaited is thrown into the
@@ -25,7 +25,7 @@ from django_redlock.procedures.effects import (
     Wait,
     unwind,
 )
-from django_redlock.wire.aio import LoopConnections
+from django_redlock.wire.asyncio.connections import LoopConnections
 from django_redlock.wire.rounds import Round as RoundState
 
 __all__ = ["drive", "finish_round", "retrieve"]

@@ -12,7 +12,7 @@ code took it.
 The engine is also the host of both lease types (:class:`~django_redlock.core.lease.LeaseHost`):
 their clock, reporter and nodes, and the *sync* renewal round that the extender thread runs
 for sync and asyncio leases alike. So it holds the sync transport
-(``wire.connection_set``), which the sync manager's rounds use too; the asyncio manager keeps
+(``wire.sync.connections``), which the sync manager's rounds use too; the asyncio manager keeps
 its own per-loop connections.
 
 It imports no Django and neither manager module.
@@ -72,13 +72,13 @@ from django_redlock.core.sync_driver import drive
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
 from django_redlock.procedures.lease import extend, owned
-from django_redlock.wire.connection_set import ConnectionSet, ThreadConnections
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.primitives import PRELOAD
 from django_redlock.wire.scripts import NODE_KEY, PING, Command
 from django_redlock.wire.servers import Servers
 from django_redlock.wire.setup import Hello
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
+from django_redlock.wire.sync.connections import ConnectionSet, ThreadConnections
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",

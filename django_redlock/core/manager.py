@@ -17,7 +17,7 @@ The steps and the decisions between rounds come from ``django_redlock.core.flow`
 both managers share (configuration, quarantine, re-entry registry, reporting, owners, the
 steps around a round) from the engine (``django_redlock.core.engine``), which the asyncio
 manager (``django_redlock.core.amanager``) can hold too. This module only moves the commands
-to the nodes through the sync transport (``django_redlock.wire.connection_set``, held by
+to the nodes through the sync transport (``django_redlock.wire.sync.connections``, held by
 the engine)
 and waits.
 

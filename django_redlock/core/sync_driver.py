@@ -1,5 +1,5 @@
 """The sync driver: carries out a procedure's effects (``django_redlock.procedures``) on the
-sync transport (``wire.connection_set``: a thread's connections and the shared subscriber),
+sync transport (``wire.sync.connections``: a thread's connections and the shared subscriber),
 blocking the calling thread. It decides nothing: every step is the procedure's.
 """
 
@@ -20,7 +20,7 @@ from django_redlock.procedures.effects import (
     Wait,
     unwind,
 )
-from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.sync.connections import ConnectionSet
 
 __all__ = ["drive"]
 

@@ -1,11 +1,11 @@
 """The one interface of both transports: what a manager calls to talk to its nodes.
 
-:class:`Transport` (sync: :class:`~django_redlock.wire.connection_set.ConnectionSet`, one per
-thread) and :class:`AsyncTransport` (asyncio:
-:class:`~django_redlock.wire.aio.LoopConnections`, one per event loop) have the same methods,
-with the same names, argument order, defaults and result types; only ``run`` and the
-subscriber's ``subscribe`` and ``wait`` are coroutines in the asyncio one. So are their
-subscribers (:class:`WakeSubscriber`, :class:`AsyncWakeSubscriber`). ``tests/core/
+:class:`Transport` (sync: :class:`~django_redlock.wire.sync.connections.ConnectionSet`, one
+per thread) and :class:`AsyncTransport` (asyncio:
+:class:`~django_redlock.wire.asyncio.connections.LoopConnections`, one per event loop) have
+the same methods, with the same names, argument order, defaults and result types; only
+``run`` and the subscriber's ``subscribe`` and ``wait`` are coroutines in the asyncio one. So
+are their subscribers (:class:`WakeSubscriber`, :class:`AsyncWakeSubscriber`). ``tests/core/
 test_transport.py`` fails if one drifts from the other.
 
 The names:

@@ -24,9 +24,9 @@ import pytest
 
 from django_redlock import LockManager, QuorumUnreachable
 from django_redlock.aredlock import AsyncLockManager
-from django_redlock.wire.aio import LoopConnections
-from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.asyncio.connections import LoopConnections
 from django_redlock.wire.scripts import PING
+from django_redlock.wire.sync.connections import ConnectionSet
 from tests.helpers import lock_token, node_client
 
 NODE_TIMEOUT = 0.05

@@ -14,13 +14,13 @@ import redis
 
 from django_redlock import LockManager, LockNotAcquired
 from django_redlock.localnodes import LocalNode
-from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.scripts import (
     ACQUIRE,
     RELEASE,
     acquire_command,
     release_command,
 )
+from django_redlock.wire.sync.connections import ConnectionSet
 from tests.helpers import FakeClock, node_client
 
 LONG_TTL = 60.0

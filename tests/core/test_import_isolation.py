@@ -56,7 +56,7 @@ def test_the_core_finds_every_module_of_its_packages():
     for expected in (
         "django_redlock.core.listing",
         "django_redlock.procedures.acquire",
-        "django_redlock.wire.aio",
+        "django_redlock.wire.asyncio.connections",
     ):
         assert expected in modules
     on_disk = {

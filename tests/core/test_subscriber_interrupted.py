@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from django_redlock.wire.nodes import parse_node
-from django_redlock.wire.subscriber import Subscriber
+from django_redlock.wire.sync.subscriber import Subscriber
 
 
 class Interrupted(BaseException):

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncLockManager, LockManager
-from django_redlock.wire.aio import LoopConnections, LoopSubscriber
-from django_redlock.wire.connection_set import ConnectionSet
+from django_redlock.wire.asyncio.connections import LoopConnections, LoopSubscriber
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError
 from django_redlock.wire.resp import ReplyError
 from django_redlock.wire.rounds import RECORD, RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Fallback
 from django_redlock.wire.stall import StallRule
-from django_redlock.wire.subscriber import Subscriber
+from django_redlock.wire.sync.connections import ConnectionSet
+from django_redlock.wire.sync.subscriber import Subscriber
 from django_redlock.wire.transport import (
     AsyncTransport,
     AsyncWakeSubscriber,

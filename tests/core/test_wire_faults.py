@@ -17,9 +17,9 @@ import pytest
 from django_redlock import LockManager, LockNotAcquired, QuorumUnreachable
 from django_redlock.aredlock import AsyncLockManager
 from django_redlock.localnodes import DURABLE_ARGS, LocalCluster
-from django_redlock.wire.connection_set import ConnectionSet
 from django_redlock.wire.errors import NotSent
 from django_redlock.wire.scripts import HOT_SCRIPTS
+from django_redlock.wire.sync.connections import ConnectionSet
 from tests.core.test_async_cancel import cancelled, chain, step_until
 from tests.helpers import FakeClock, FaultServer, lock_token, node_client
 

@@ -765,7 +765,7 @@ class World:
         if exchange.closed:
             return
         if client.paused_until > self.now:
-            # wire.connection_set: a reply already in the socket when the client finds its deadline
+            # wire.sync: a reply already in the socket when the client finds its deadline
             # passed is an answer (the pause was the client's, not the node's): the client
             # judges lateness only once it runs again, after taking in what arrived.
             self.at(client.paused_until, lambda: self.timeout_round(client, exchange))

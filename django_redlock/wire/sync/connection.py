@@ -1,8 +1,8 @@
 """One node's non-blocking socket for the sync transport: connect, TLS, write buffer, reply
 reader, and the FIFO of replies it still expects.
 
-Owned by one :class:`~django_redlock.wire.connection_set.ConnectionSet` (one thread), or by a
-:class:`~django_redlock.wire.subscriber.Subscriber` for pub/sub. Each connection keeps a FIFO
+Owned by one :class:`~django_redlock.wire.sync.connections.ConnectionSet` (one thread), or by a
+:class:`~django_redlock.wire.sync.subscriber.Subscriber` for pub/sub. Each connection keeps a FIFO
 of the replies it still expects (:data:`Slot`): a reply that arrives after its round gave up
 is read and dropped, so a connection with a reply in flight never hands that reply to a later
 command; meanwhile later commands are pipelined behind it on the same socket.

@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 
 from django_redlock.wire.cluster_route import channel_on
 from django_redlock.wire.errors import NodeError
-from django_redlock.wire.node_socket import POLL_ERR, POLL_IN, NodeSocket, close_all
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import encode_command
+from django_redlock.wire.sync.connection import POLL_ERR, POLL_IN, NodeSocket, close_all
 from django_redlock.wire.waking import (
     hear_message,
     new_listener_id,
@@ -43,7 +43,7 @@ class Subscriber:
     lost or a node that fails costs at most one poll delay.
 
     Shared by every thread of the manager (one per manager and process, held by
-    :class:`~django_redlock.wire.connection_set.ThreadConnections`), so waiting never adds
+    :class:`~django_redlock.wire.sync.connections.ThreadConnections`), so waiting never adds
     connections: a process holds at most one command connection per thread and node plus
     this one pub/sub connection per node.
     (One per thread doubled them while threads waited in one line.)

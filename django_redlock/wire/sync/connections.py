@@ -8,9 +8,9 @@ it saves. So each round writes its command to every node's socket, then reads re
 one ``poll()`` until the caller has an answer (a quorum reached, or no longer reachable) or the
 per-node timeout ends.
 
-Connections are plain sockets (:class:`~django_redlock.wire.node_socket.NodeSocket`) owned by
+Connections are plain sockets (:class:`~django_redlock.wire.sync.connection.NodeSocket`) owned by
 one thread (see :class:`ConnectionSet`; the pub/sub ones, on which waiters hear of releases,
-are shared by a manager's threads: see :class:`~django_redlock.wire.subscriber.Subscriber`).
+are shared by a manager's threads: see :class:`~django_redlock.wire.sync.subscriber.Subscriber`).
 Later commands are pipelined behind a reply still owed on the same socket, which keeps the
 order of an acquire and its clean-up release on a node that stalled (a SIGSTOPped server
 applies its queued input on SIGCONT: without that order a late SET would leave a zombie key).
@@ -52,15 +52,6 @@ from django_redlock.wire.cluster_route import (
     shards_reply_map,
 )
 from django_redlock.wire.errors import PENDING, NodeError, NotSent
-from django_redlock.wire.node_socket import (
-    HUNG_UP,
-    POLL_ERR,
-    POLL_IN,
-    READ_SIZE,
-    NodeSocket,
-    Slot,
-    close_all,
-)
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.process import current_pid
 from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
@@ -78,7 +69,16 @@ from django_redlock.wire.setup import (
     warm_tls,
 )
 from django_redlock.wire.stall import StallRule
-from django_redlock.wire.subscriber import Subscriber
+from django_redlock.wire.sync.connection import (
+    HUNG_UP,
+    POLL_ERR,
+    POLL_IN,
+    READ_SIZE,
+    NodeSocket,
+    Slot,
+    close_all,
+)
+from django_redlock.wire.sync.subscriber import Subscriber
 
 __all__ = ["ConnectionSet", "ThreadConnections"]
 
