@@ -12,7 +12,9 @@ the least a client can do to send those very bytes:
 - per acquire and per release: the tagged key and its slot (CRC16), each node's owner of that
   slot (a binary search in its map), then one round of the minimal client
   (:class:`~benchmarks.minimal_redlock.Rounds`, the very loop the plain floor runs) over the
-  owners' connections, the command's script id swapped for each shard's.
+  owners' connections, the command's head (script id, key count) swapped for each shard's
+  and the keys the script derives from the lock's declared after it (``Script.cluster_keys``),
+  as a cluster refuses a script that touches an undeclared key of a migrating slot.
 
 The owners of one slot on the N nodes make a *lane*, a ``Rounds`` of its own (connections,
 replies owed by earlier rounds), made on first use: with equal slot ranges on every node (as
@@ -46,6 +48,7 @@ Endpoint = tuple[str, int]
 # script ids); a shard's head differs only in its script's id, of the same length.
 _ACQUIRE_HEAD = ACQUIRE.head(1, 10).encode()
 _RELEASE_HEAD = RELEASE.head(1, 4).encode()
+_ACQUIRE_SUFFIXES = ("", *ACQUIRE.cluster_keys)
 
 
 class _Lane(Rounds):
@@ -66,7 +69,7 @@ class _Lane(Rounds):
                     client.script_load(acquire.source)
                     client.script_load(release.source)
                 self.identities.append(identity_suffix(member))
-                self.acquire_heads.append(acquire.head(1, 10).encode())
+                self.acquire_heads.append(acquire.head(1 + len(ACQUIRE.cluster_keys), 10).encode())
                 self.release_heads.append(release.head(1, 4).encode())
         except BaseException:
             self.close()
@@ -131,7 +134,12 @@ class RoutedSameCommands:
             key, token, ttl_ms, owner, QUARANTINE_MS, "", time.time_ns() // 1000,
             LINE_LIFETIME_MS,
         )[0]  # fmt: skip
-        rest = command[len(_ACQUIRE_HEAD) :]
+        # The keys a cluster node's acquire declares: the lock's, then those the script
+        # derives from it (its line, lapse times, readers: Script.cluster_keys), each tagged.
+        keys = "".join(
+            f"${len(key) + len(suffix)}\r\n{key}{suffix}\r\n" for suffix in _ACQUIRE_SUFFIXES
+        ).encode()
+        rest = keys + command[len(_ACQUIRE_HEAD) + len(key) + len(str(len(key))) + 5 :]
         commands = [
             head + rest + identity
             for head, identity in zip(lane.acquire_heads, lane.identities, strict=True)
