@@ -48,14 +48,20 @@ which waits in the nodes' line and takes hand-off grants, and the holder's grant
   CPU per critical section at 8/32/64 waiters; beside redis-py and python-redis-lock where a
   figure applies to them. About 3 minutes, so only when asked: ``--only scale``.
 
+- ``cluster`` (``benchmarks/cluster.py``): W1, W2 and W1i with each node a cluster of 3
+  shards against the same with each node one plain process (all on TCP), ours beside the
+  same-commands floor that routes by slot as ours does (``benchmarks/floor_cluster.py``), and
+  the paper estimate of 3 nodes of 16 shards. Its own nodes; some minutes, so only when
+  asked: ``--only cluster --nodes 1,3``.
+
 - ``profile`` (``benchmarks/steps.py``): W1's pair (what each W2 worker repeats) in client
   instructions, split by step (argument checks, building the requests, the rounds, parsing,
   judging, the lease's bookkeeping, reporting, the release), ours beside the same-commands
   floor, at each ``--nodes``. Needs valgrind and gcc; a quarter of an hour, so only when
   asked: ``--only profile --nodes 1,5``.
 
-Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6, scale, profile; all but
-scale and profile by default) and ``--nodes 1,5``.
+Choose with ``--only w1,w2,w3`` (any of w1, w1i, w2, w3, w4, w5, w6, scale, profile,
+cluster; all but scale, profile and cluster by default) and ``--nodes 1,5``.
 
 Every contender gets clients with the same 50 ms socket timeout and no client retries.
 """
@@ -550,9 +556,10 @@ def w6_w7(cluster5: LocalCluster, seconds: float) -> None:
     )
 
 
-WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6", "scale", "profile")
-# scale takes minutes, profile (the pair by step, callgrind) a quarter of an hour: asked for only
-DEFAULT_WORKLOADS = frozenset(WORKLOADS) - {"scale", "profile"}
+WORKLOADS = ("w1", "w1i", "w2", "w3", "w4", "w5", "w6", "scale", "profile", "cluster")
+# scale takes minutes, profile (the pair by step, callgrind) a quarter of an hour, cluster
+# (its own nodes, clusters of 3 shards) some minutes: asked for only
+DEFAULT_WORKLOADS = frozenset(WORKLOADS) - {"scale", "profile", "cluster"}
 
 
 def _workloads(text: str) -> set[str]:
@@ -586,7 +593,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_workloads,
         default=set(DEFAULT_WORKLOADS),
         metavar="W[,W...]",
-        help=f"these workloads only ({', '.join(WORKLOADS)}; default: not scale, profile)",
+        help=f"these workloads only ({', '.join(WORKLOADS)}; default: not scale, profile, cluster)",
     )
     parser.add_argument(
         "--nodes",
@@ -629,6 +636,11 @@ def main(argv: list[str] | None = None) -> int:
             from benchmarks.scale import run as scale
 
             scale(cluster3)
+        if "cluster" in only:
+            from benchmarks.cluster import run as on_clusters
+
+            on_clusters(nodes, pairs=args.pairs, rounds=args.rounds, runs=args.runs,
+                        seconds=args.seconds)  # fmt: skip
     return 0
 
 

@@ -93,6 +93,11 @@ def make_locker(kind: str, urls: list[str]) -> Callable[[str], AbstractContextMa
 
         floor = SameCommandsRedlock(urls, NODE_TIMEOUT)
         return lambda name: _minimal_lock(floor, name)
+    if kind == "floor_cluster":
+        from benchmarks.floor_cluster import RoutedSameCommands
+
+        routed = RoutedSameCommands(urls, NODE_TIMEOUT)
+        return lambda name: _minimal_lock(routed, name)
     if kind == "floor_line":
         from benchmarks.floor_line import SameCommandsLine
 

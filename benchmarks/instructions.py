@@ -99,14 +99,16 @@ def child(contender: str, pairs: int, urls: list[str]) -> None:
 _COLLECTED = re.compile(rb"Collected : (\d+)")
 
 
-def _instructions(contender: str, pairs: int, urls: list[str]) -> int:
+def _instructions(
+    contender: str, pairs: int, urls: list[str], module: str = "benchmarks.instructions"
+) -> int:
     command = [
         "valgrind",
         "--tool=callgrind",
         "--callgrind-out-file=/dev/null",
         sys.executable,
         "-m",
-        "benchmarks.instructions",
+        module,
         contender,
         str(pairs),
         *urls,
@@ -118,10 +120,14 @@ def _instructions(contender: str, pairs: int, urls: list[str]) -> int:
     return int(found[1])
 
 
-def per_pair(contender: str, pairs: int, urls: list[str]) -> float:
-    """Client instructions per pair of ``contender`` on the nodes ``urls``."""
-    base = _instructions(contender, 0, urls)
-    return (_instructions(contender, pairs, urls) - base) / pairs
+def per_pair(
+    contender: str, pairs: int, urls: list[str], module: str = "benchmarks.instructions"
+) -> float:
+    """Client instructions per pair of ``contender`` on the nodes ``urls``; ``module`` is
+    the one whose ``python -m`` runs the measured child (``benchmarks/cluster.py`` has its
+    own: ``<contender> <pairs> <urls...>``, as this module's)."""
+    base = _instructions(contender, 0, urls, module)
+    return (_instructions(contender, pairs, urls, module) - base) / pairs
 
 
 def w1i(cluster3: LocalCluster, cluster5: LocalCluster, pairs: int = 2000) -> None:
