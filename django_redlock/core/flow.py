@@ -30,7 +30,7 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -995,6 +995,17 @@ def extend_tally(results: Sequence[Any]) -> ExtendTally:
             waived += 1
     silent = len(results) - renewed - recreated - taken
     return ExtendTally(renewed, recreated, taken, silent, waived)
+
+
+def held_after_renewal(previous: Sequence[bool] | None, results: Sequence[Any]) -> Iterator[bool]:
+    """Which nodes hold a lease after a renewal round that kept it (``results``, node by
+    node; ``previous``: which held it before, None for every node): a node that renewed or
+    re-created it does, one that said absent or another token does not, and a node that did
+    not answer keeps what it held."""
+    return (
+        reply in (1, 2) if type(reply) is int else previous is None or previous[i]
+        for i, reply in enumerate(results)
+    )
 
 
 def judge_extend(

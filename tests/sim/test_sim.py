@@ -24,8 +24,8 @@ SIMULATED_SECONDS = 3600.0
 # 1, no-quarantine 13, no-failover-rule 3, durable-restart-trusted 108, release-any 6,
 # no-clean-up 1, gone-frees-all 44, slots-pooled 1, fence-off 1, wake-skipped 9, line-jump
 # 3, handoff-kept 13, grant-held 4, grant-counted-late 98, many-partial 1, gone-ignored 13;
-# and the mutants of the shipped acquire procedure: retry-unreleased 1, validity-undrifted 1,
-# line-kept 1).
+# and the mutants of the shipped procedures: retry-unreleased 1, validity-undrifted 1,
+# line-kept 1, deadline-late 1, quarantine-unlearnt 651, miss-renews 67).
 MUTANT_BUDGET = 1000
 # Each mutant is hunted in the profile that exercises its rule (world.PROFILES): the drift
 # term with clocks at the edges of the bound; the quarantine with leases never renewed on
@@ -36,6 +36,8 @@ PROFILE = {
     "no-drift": "drift",
     "validity-undrifted": "drift",
     "no-quarantine": "restarts",
+    # A shorter max_ttl learns the longer one only where clients are given different ones.
+    "quarantine-unlearnt": "quarantines",
     "no-failover-rule": "failovers",
     "durable-restart-trusted": "failovers",
     "slots-pooled": "slots",
