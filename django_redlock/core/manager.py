@@ -279,7 +279,10 @@ class LockManager(EngineConfigured[Lease, Lease, Callable[[float], None]]):
             TypeError, ValueError: a bad argument.
         """
         got = self._acquiring(name, ttl, blocking, timeout, auto_extend, max_hold, origin)
-        return got if isinstance(got, Lease) else self._drive(got)  # a Lease: re-entered
+        if isinstance(got, Lease):  # re-entered
+            return got
+        engine = self.engine
+        return drive(got, engine.connections.get(), engine.node_timeout, self._sleep)
 
     def adopt(
         self,
