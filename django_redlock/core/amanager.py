@@ -2,11 +2,12 @@
 (public import path ``django_redlock.aredlock``).
 
 It holds the same engine as :class:`~django_redlock.redlock.LockManager`
-(``django_redlock.core.engine``: configuration, re-entry registry, observer, the steps
-around a round; ``AsyncLockManager.sharing(sync)`` shares one), runs the same flow
-(``django_redlock.core.flow``, whose actions say what to do between rounds), and reports the
-same way; only the transport differs: the asyncio one (``django_redlock.wire.asyncio``), per
-event loop, with no thread hop per call. It imports nothing of the sync manager's module.
+(``django_redlock.core.engine``: configuration, re-entry registry, observer;
+``AsyncLockManager.sharing(sync)`` shares one), does what that manager does alike through
+their common base (``core.configured``), runs the same procedures
+(``django_redlock.procedures``), and reports the same way; only the driver differs: the
+asyncio one (``core.async_driver``, on ``django_redlock.wire.asyncio``), per event loop, with no
+thread hop per call. It imports nothing of the sync manager's module.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
 as a sync round on the engine's sync transport. The operator calls that read every node

@@ -13,13 +13,13 @@ The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock
 4. otherwise unlock every node (the failed ones too: a timed-out SET may still have landed)
    and retry after a random delay.
 
-The steps and the decisions between rounds come from ``django_redlock.core.flow``, and what
-both managers share (configuration, quarantine, re-entry registry, reporting, owners, the
-steps around a round) from the engine (``django_redlock.core.engine``), which the asyncio
-manager (``django_redlock.core.amanager``) can hold too. This module only moves the commands
-to the nodes through the sync transport (``django_redlock.wire.sync.connections``, held by
-the engine)
-and waits.
+Every step is decided once, by a procedure (``django_redlock.procedures``) and the flow it
+decides with (``django_redlock.core.flow``); what both managers do alike (construction,
+argument checks, the procedure each call runs) is ``core.configured``'s, and what they share
+at run time (configuration, quarantine, re-entry registry, reporting, owners) the engine's
+(``django_redlock.core.engine``), which the asyncio manager (``django_redlock.core.amanager``)
+can hold too. This module only drives the procedures on the sync transport
+(``django_redlock.wire.sync.connections``, held by the engine) and waits.
 
 Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
 overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
