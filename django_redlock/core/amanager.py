@@ -2,11 +2,12 @@
 (public import path ``django_redlock.aredlock``).
 
 It holds the same engine as :class:`~django_redlock.redlock.LockManager`
-(``django_redlock.core.engine``: configuration, re-entry registry, observer, the steps
-around a round; ``AsyncLockManager.sharing(sync)`` shares one), runs the same flow
-(``django_redlock.core.flow``, whose actions say what to do between rounds), and reports the
-same way; only the transport differs: the asyncio one (``django_redlock.wire.asyncio``), per
-event loop, with no thread hop per call. It imports nothing of the sync manager's module.
+(``django_redlock.core.engine``: configuration, re-entry registry, observer;
+``AsyncLockManager.sharing(sync)`` shares one), does what that manager does alike through
+their common base (``core.configured``), runs the same procedures
+(``django_redlock.procedures``), and reports the same way; only the driver differs: the
+asyncio one (``core.async_driver``, on ``django_redlock.wire.asyncio``), per event loop, with no
+thread hop per call. It imports nothing of the sync manager's module.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
 as a sync round on the engine's sync transport. The operator calls that read every node
@@ -18,54 +19,44 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import threading
-import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from functools import partial
 from types import TracebackType
-from typing import Any, NoReturn, Unpack
+from typing import Any, NoReturn, TypeVar, Unpack
 
 from django_redlock.core import flow, turns
-from django_redlock.core.arguments import validate_name, validate_names
-from django_redlock.core.async_driver import drive, finish_round, retrieve
+from django_redlock.core.async_driver import (
+    PerLoop,
+    drive,
+    finish_round,
+    keep_with_loop,
+    retrieve,
+)
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
-    DEFAULT_DRIFT_FACTOR,
-    DEFAULT_NODE_TIMEOUT,
-    DEFAULT_RETRY_DELAY,
-    DEFAULT_TIMEOUT,
-    DEFAULT_TTL,
     Engine,
-    Sharing,
 )
 from django_redlock.core.handle import LeaseHandle
-from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import TAKER_PID, BaseLease, release_round, settle_release
-from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
-    Checked,
     ManagerDefault,
     acquire_options,
 )
-from django_redlock.core.owner import owner_scope
-from django_redlock.core.reporting import LockObserver
-from django_redlock.core.shapes import Many, Shape
+from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.procedures.acquire import acquire
-from django_redlock.procedures.effects import Round
-from django_redlock.procedures.lease import adopt, extend, owned
+from django_redlock.procedures.effects import Effect, Round
+from django_redlock.procedures.lease import extend, owned
+from django_redlock.procedures.operators import force_release, holder
 from django_redlock.wire import process
 from django_redlock.wire.asyncio.connections import LoopConnections
-from django_redlock.wire.cluster_route import refuse_across_slots
-from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.rounds import Round as RoundState
-from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
+
+_R = TypeVar("_R")
 
 
 async def _take(lease: turns.Guarded) -> None:
@@ -83,24 +74,6 @@ async def _take(lease: turns.Guarded) -> None:
     while not turns.try_take(lease):
         await asyncio.sleep(delay)
         delay = min(2 * delay, 0.02)
-
-
-# Seconds: how far off the timer that keeps a task (_keep_with_loop) is set where a loop
-# takes no infinite time (uvloop's timers are whole milliseconds): a year.
-_A_YEAR = 365 * 24 * 3600.0
-
-
-def _keep_with_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
-    """Have ``loop`` keep ``task`` while the loop is open and the task is not done (a loop
-    holds its tasks only weakly), through a timer that never fires: closing the loop drops
-    its timers, so a loop closed on the task, kept or not, keeps nothing of it. Not a module
-    global (which a loop closed with the task pending would leave holding it for ever), nor
-    the loop's ``__dict__`` (which a closed loop still referenced would hold)."""
-    try:
-        keeper = loop.call_at(math.inf, task.cancel)
-    except (OverflowError, ValueError):  # a loop whose timers must be finite
-        keeper = loop.call_later(_A_YEAR, task.cancel)
-    task.add_done_callback(lambda _: keeper.cancel())
 
 
 # What AsyncLockManager._on_engine made, by id(engine), weakly: held strongly, a manager would
@@ -259,7 +232,7 @@ class AsyncLease(BaseLease):
             with contextlib.suppress(RuntimeError):  # no running loop: it runs out by ttl
                 loop = asyncio.get_running_loop()
                 # Kept by the loop, not by the lease: the task's frame holds the lease.
-                _keep_with_loop(loop, loop.create_task(self._release_quietly()))
+                keep_with_loop(loop, loop.create_task(self._release_quietly()))
         raise TypeError(
             "an AsyncLease is released with 'async with' (or 'await lease.release()'), "
             "not with a plain 'with'"
@@ -273,12 +246,16 @@ class AsyncLease(BaseLease):
             await self.release()
 
 
-class AsyncLockManager(EngineConfigured):
+class AsyncLockManager(
+    EngineConfigured[
+        AsyncLease, Coroutine[Any, Any, AsyncLease], Callable[[float], Awaitable[None]]
+    ]
+):
     """Redlock for asyncio code: ``await manager.acquire(...)``, ``async with manager.lock()``.
 
     Takes the arguments of :class:`~django_redlock.LockManager` and raises the same errors;
     its configuration is the engine's (:attr:`engine`), shared with a sync manager when made
-    with :meth:`sharing`.
+    with :meth:`sharing` (with connections of its own, per event loop).
 
     Args:
         sleep: how a blocking acquire waits between attempts. ``None`` (the default): until
@@ -294,47 +271,7 @@ class AsyncLockManager(EngineConfigured):
         TypeError, ValueError: a bad argument; the message names it.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[object],
-        *,
-        ttl: float = DEFAULT_TTL,
-        node_timeout: float = DEFAULT_NODE_TIMEOUT,
-        retry_delay: float = DEFAULT_RETRY_DELAY,
-        default_timeout: float | None = DEFAULT_TIMEOUT,
-        drift_factor: float = DEFAULT_DRIFT_FACTOR,
-        key_prefix: str = "redlock:",
-        max_ttl: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] | None = None,
-        observer: LockObserver | None = None,
-    ) -> None:
-        self._share(
-            Engine(
-                nodes,
-                ttl=ttl,
-                node_timeout=node_timeout,
-                retry_delay=retry_delay,
-                default_timeout=default_timeout,
-                drift_factor=drift_factor,
-                key_prefix=key_prefix,
-                max_ttl=max_ttl,
-                clock=clock,
-                observer=observer,
-            ),
-            sleep,
-        )
-
-    @classmethod
-    def sharing(
-        cls, manager: Sharing, *, sleep: Callable[[float], Awaitable[None]] | None = None
-    ) -> AsyncLockManager:
-        """An asyncio manager on ``manager``'s engine (a sync or asyncio manager): the same
-        nodes, configuration, observer and re-entry registry (one set of owners for both),
-        and its own per-loop connections. ``sleep`` as for the constructor."""
-        shared = cls.__new__(cls)
-        shared._share(manager.engine, sleep)
-        return shared
+    _lease_class = AsyncLease
 
     @classmethod
     def _on_engine(cls, engine: Engine) -> AsyncLockManager:
@@ -350,28 +287,11 @@ class AsyncLockManager(EngineConfigured):
         return made
 
     def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:
-        self.engine = engine
-        """The engine this manager holds: configuration, re-entry registry, observer."""
-        self._sleep = sleep
-        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopConnections] = (
-            weakref.WeakKeyDictionary()
-        )
-        self._lock = threading.Lock()
-        # The loop (weakly) and connections _connections found last: most calls come from the
-        # same loop as the one before, and need no lock and no lookup. One attribute, read
-        # at once, so a thread running another loop sees a pair or the other, never a mix.
-        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopConnections] | None = None
+        super()._share(engine, sleep)
+        self._loops = PerLoop(engine)
 
-    def open_connections(self) -> int:
-        """How many node sockets the engine's sync transport holds open, across all threads
-        (the extender's renewals, and a sync manager sharing the engine): a plain function,
-        it counts without I/O. This manager's per-loop connections are not counted."""
-        return self.engine.connections.open_count()
-
-    def close(self) -> None:
-        """Close the engine's sync connections (the extender's renewals; they reopen on
-        demand). A plain function, no I/O to await; :meth:`aclose` closes this loop's."""
-        self.engine.close()
+    def _connections(self) -> LoopConnections:
+        return self._loops.get(self)
 
     async def aclose(self) -> None:
         """Close this loop's connections."""
@@ -383,54 +303,10 @@ class AsyncLockManager(EngineConfigured):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _connections(self) -> LoopConnections:
-        loop = asyncio.get_running_loop()
-        last = self._last
-        if last is not None and last[0]() is loop:
-            return last[1]
-        with self._lock:
-            connections = self._loops.get(loop)
-            if connections is None:
-                # The entries of loops closed with their guard pending (a loop closed on
-                # pending tasks, never cancelled): an entry's connections refer to its loop,
-                # so it would never leave this weakly keyed map, and with it the futures of
-                # the tasks left waiting, those tasks and the leases they hold. Their
-                # transports cannot be closed through a closed loop: they close as they are
-                # freed.
-                for closed in [other for other in self._loops if other.is_closed()]:
-                    del self._loops[closed]
-                engine = self.engine
-                connections = LoopConnections(
-                    engine.addresses,
-                    engine.hello,
-                    max_outstanding=MAX_OUTSTANDING,
-                    **stall_limits(engine.node_timeout),
-                )
-                self._loops[loop] = connections
-                # Closes the connections when the loop's tasks are cancelled at its end
-                # (asyncio.run does that): protocols have no reader task that would.
-                guard = loop.create_task(connections.close_at_loop_end())
-                connections.guard = guard
-                # The guard belongs to the loop, and the entry keeps the guard: forgotten
-                # with it, or every ended loop (one per asyncio.run, or per async_to_sync
-                # call) would stay in memory with its connections.
-                guard.add_done_callback(partial(self._forget_loop, connections))
-                # Kept by the loop while it is open: otherwise a manager nobody else keeps
-                # (its leases hold it weakly) would be freed with its guard, pending, while
-                # the loop still runs.
-                _keep_with_loop(loop, guard)
-            self._last = (weakref.ref(loop), connections)
-        return connections
-
-    def _forget_loop(self, connections: LoopConnections, guard: asyncio.Task[None]) -> None:
-        """Drop the entry of the loop whose ``guard`` ended (its connections are closed)."""
-        with self._lock:
-            loop = guard.get_loop()
-            if self._loops.get(loop) is connections:
-                del self._loops[loop]
-            last = self._last
-            if last is not None and last[1] is connections:
-                self._last = None
+    async def _drive(self, procedure: Generator[Effect, Any, _R]) -> _R:
+        """Run ``procedure`` on this loop's connections (``async_driver.drive``)."""
+        engine = self.engine
+        return await drive(procedure, self._connections(), engine.node_timeout, self._sleep)
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -457,27 +333,11 @@ class AsyncLockManager(EngineConfigured):
             QuorumUnreachable: too many nodes failed or timed out.
             TypeError, ValueError: a bad argument.
         """
-        engine = self.engine
-        name = validate_name(name)
-        # Checked before re-entry too, so a bad argument is refused the same way every time.
-        checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
-        scope = owner_scope()
-        if engine.held:  # nothing held in this process: no lookup, one truth test
-            held = engine.reenter(scope, name, AsyncLease)
-            if held is not None:
-                return held
-        return await self._take(name, Shape(engine.key_prefix + name), scope, checked)
-
-    async def _take(
-        self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked
-    ) -> AsyncLease:
-        """Acquire a lease of ``shape``, its arguments checked: the acquire procedure (the
-        sync manager's), driven on this loop's connections."""
-        engine = self.engine
-        procedure = acquire(
-            engine, partial(AsyncLease, self), name, shape, scope, checked, self._sleep is None
-        )
-        return await drive(procedure, self._connections(), engine.node_timeout, self._sleep)
+        got = self._acquiring(name, ttl, blocking, timeout, auto_extend, max_hold, origin)
+        if isinstance(got, AsyncLease):  # re-entered
+            return got
+        # Driven here, not through _drive: one coroutine less on every acquire.
+        return await drive(got, self._loops.get(self), self.engine.node_timeout, self._sleep)
 
     async def adopt(
         self,
@@ -499,10 +359,7 @@ class AsyncLockManager(EngineConfigured):
                 back).
             TypeError, ValueError: not a handle, or one for another key prefix.
         """
-        engine = self.engine
-        adoption = engine.adoption(handle, auto_extend, max_hold, origin)
-        procedure = adopt(engine, partial(AsyncLease, self), adoption)
-        return await drive(procedure, self._connections(), engine.node_timeout)
+        return await self._drive(self._adopting(handle, auto_extend, max_hold, origin))
 
     async def _release(self, lease: AsyncLease) -> None:
         """Release ``lease`` on the nodes and judge the round (see :meth:`AsyncLease.release`):
@@ -514,19 +371,17 @@ class AsyncLockManager(EngineConfigured):
         engine = self.engine
         commands, yes, expired, identify = release_round(lease, len(engine.addresses))
         await finish_round(
-            self._connections(),
+            self._loops.get(self),
             Round(commands, yes, engine.quorum, None, identify, True),
             engine.node_timeout,
             partial(settle_exchange, lease, expired=expired),
         )
 
     async def _extend(self, lease: AsyncLease) -> float:
-        engine = self.engine
-        return await drive(extend(engine, lease), self._connections(), engine.node_timeout)
+        return await self._drive(extend(self.engine, lease))
 
     async def _owned(self, lease: AsyncLease) -> bool:
-        engine = self.engine
-        return await drive(owned(engine, lease), self._connections(), engine.node_timeout)
+        return await self._drive(owned(self.engine, lease))
 
     async def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip; see
@@ -544,16 +399,7 @@ class AsyncLockManager(EngineConfigured):
         Raises:
             TypeError, ValueError: a bad name.
         """
-        engine = self.engine
-        size = len(engine.addresses)
-        exchange = await self._connections().run(  # every node's answer is wanted
-            flow.holder_round(size, engine.key(name)),
-            engine.node_timeout,
-            None,
-            size,
-            give_up=size,
-        )
-        return flow.holder_of(exchange.results)
+        return await self._drive(holder(self.engine, name))
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]
@@ -568,26 +414,6 @@ class AsyncLockManager(EngineConfigured):
         async with await self.acquire(name, **options) as lease:
             yield lease
 
-    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
-
-    def semaphore(self, name: str, limit: int) -> Semaphore[Coroutine[Any, Any, AsyncLease]]:
-        """The semaphore ``name`` of ``limit`` slots; ``await sem.acquire(...)`` (see
-        :meth:`LockManager.semaphore <django_redlock.LockManager.semaphore>`).
-
-        Raises:
-            TypeError, ValueError: a bad name or limit (1 … 1024).
-        """
-        return Semaphore(self, validate_name(name), limit)
-
-    def rwlock(self, name: str) -> RWLock[Coroutine[Any, Any, AsyncLease]]:
-        """The read-write lock ``name``; ``await rw.read(...)`` / ``await rw.write(...)``
-        (see :meth:`LockManager.rwlock <django_redlock.LockManager.rwlock>`).
-
-        Raises:
-            TypeError, ValueError: a bad name.
-        """
-        return RWLock(self, validate_name(name))
-
     async def lock_many(
         self, names: Iterable[str], **options: Unpack[AcquireOptions]
     ) -> AsyncLease:
@@ -598,14 +424,11 @@ class AsyncLockManager(EngineConfigured):
             LockContended, QuorumUnreachable: as :meth:`acquire`.
             TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
         """
-        checked = validate_names(names)
-        shape = Many([self.engine.key_prefix + name for name in checked])
-        engine = self.engine
         # Only the nodes this process classified already: asking one would block the loop
         # (the transport then refuses the command on an unclassified cluster node alone).
-        refuse_across_slots(engine.addresses, shape.keys, engine.node_timeout, ask=False)
-        lease = await self.acquire_shape(" + ".join(checked), shape, **options)
-        lease.names = tuple(checked)
+        procedure, taken = self._many(names, options, ask=False)
+        lease = await self._drive(procedure)
+        lease.names = taken
         return lease
 
     async def acquire_shape(
@@ -618,20 +441,7 @@ class AsyncLockManager(EngineConfigured):
             LockContended, QuorumUnreachable: as :meth:`acquire`.
             TypeError, ValueError: a bad argument.
         """
-        checked = self.engine.check_arguments(*acquire_options(dict(options)))
-        return await self._take(name, shape, owner_scope(), checked)
-
-    # -- operators -------------------------------------------------------------------------
-
-    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
-        """The active locks whose names start with ``prefix`` (see
-        :meth:`LockManager.locks <django_redlock.LockManager.locks>`). A plain function:
-        blocking reads through clients of its own, for operators, on no hot path.
-
-        Raises:
-            TypeError, ValueError: a bad ``prefix`` or ``limit``.
-        """
-        return list_locks(self, prefix, limit=limit)
+        return await self._drive(self._shaped(name, shape, options))
 
     async def force_release(self, name: str) -> int:
         """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
@@ -640,34 +450,4 @@ class AsyncLockManager(EngineConfigured):
         Raises:
             TypeError, ValueError: a bad name.
         """
-        engine = self.engine
-        size = len(engine.addresses)
-        exchange = await self._connections().run(
-            flow.force_release_round(size, engine.key(name)),
-            engine.node_timeout,
-            1,
-            size,
-            give_up=size,
-        )
-        deleted: int = exchange.yes
-        engine.reporter.force_released(name, deleted)
-        return deleted
-
-    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
-        """Let the nodes vote at once, with no restart quarantine (see
-        :meth:`LockManager.declare_fresh <django_redlock.LockManager.declare_fresh>`). A
-        plain function: blocking I/O through clients of its own, for operators.
-
-        Raises:
-            ValueError: ``nodes`` names a node this manager does not have.
-            RedlockError: a node could not be declared (unreachable, refused).
-        """
-        return self.engine.declare_fresh(nodes)
-
-    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
-        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
-
-        Raises:
-            ValueError: a name matches none of them.
-        """
-        return self.engine.addresses_of(nodes)
+        return await self._drive(force_release(self.engine, name))

@@ -24,6 +24,7 @@ import dataclasses
 import logging
 import math
 import os
+import random
 import secrets
 import socket
 import threading
@@ -58,8 +59,11 @@ from django_redlock.core.lease import (
     owns_round,
     reenter,
     release_round,
+    renewal_basis,
+    renewal_lost,
+    renewal_missed,
     renewal_round,
-    settle_extend,
+    renewed,
     settle_grant,
     settle_release,
     take_over,
@@ -555,14 +559,8 @@ class Engine:
             self.quarantine.ms,
         )
 
-    def resume(self, first: flow.FirstTry, checked: Checked, listens: bool) -> flow.Acquire:
-        """The flow of the acquire whose first round was ``first`` (not won, or interrupted):
-        see :meth:`~django_redlock.core.flow.Acquire.after_first`. ``listens``: the manager
-        hears releases."""
-        started = first.started
-        wait = checked.wait
-        deadline = None if (checked.blocking and wait is None) else started + (wait or 0.0)
-        return flow.Acquire.after_first(first, deadline, listens)
+    # The retry jitter of an acquire's flow (procedures.acquire.resume).
+    uniform = staticmethod(random.uniform)
 
     def begin(
         self, name: str, checked: Checked, waiter: str, shape: Shape, listens: bool = True
@@ -662,33 +660,29 @@ class Engine:
             raise
         return lease
 
-    def failed(self, attempt: flow.Acquire, step: flow.Failed, origin: str | None) -> flow.Action:
-        """Report the failed round ``step`` of ``attempt`` (sync and asyncio alike); returns
-        what to do next (:meth:`flow.Acquire.after`): a :class:`~django_redlock.core.flow.GiveUp`
-        carries the error to raise, with its origin, the observer told already."""
-        self.learn_quarantines(step.error.node_errors)
+    def round_failed(self, attempt: flow.Acquire, step: flow.Failed) -> None:
+        """Report the failed round ``step`` of ``attempt`` (sync and asyncio alike)."""
         self.reporter.attempt_failed(step.error)
-        action = attempt.after(step)
-        if type(action) is flow.GiveUp:
-            self.reporter.gave_up(step.error, origin, step.waited)
-        return action
 
-    def learn_quarantines(self, node_errors: dict[str, str]) -> None:
-        """Take the longer quarantines nodes refused a vote for (``node_errors`` of a failed
-        round; see :func:`~django_redlock.core.flow.longer_quarantines`): every later acquire
-        sends the longest. Logged once per raise, since it means the processes that use these
-        nodes were given different ``max_ttl`` values, which only the nodes' memory bridges."""
-        for label, ms in flow.longer_quarantines(node_errors).items():
-            if ms > self.quarantine.ms:
-                logger.warning(
-                    "node %s has seen leases of %d ms, longer than this manager's max_ttl "
-                    "(%d ms): taking its quarantine. Give every process that uses these nodes "
-                    "the same MAX_TTL: a node that restarts empty forgets the longer one.",
-                    label,
-                    ms,
-                    self.quarantine.ms,
-                )
-            self.quarantine.report(label, ms)
+    def gave_up(self, step: flow.Failed, origin: str | None) -> None:
+        """Report an acquire (of ``origin``) that gives up after its failed round ``step``."""
+        self.reporter.gave_up(step.error, origin, step.waited)
+
+    def learn_quarantine(self, node: str, ms: int) -> None:
+        """Take the longer quarantine ``ms`` that ``node`` refused a vote for (see
+        ``procedures.acquire.learn_quarantines``): every later acquire sends the longest.
+        Logged, since it means the processes that use these nodes were given different
+        ``max_ttl`` values, which only the nodes' memory bridges."""
+        if ms > self.quarantine.ms:
+            logger.warning(
+                "node %s has seen leases of %d ms, longer than this manager's max_ttl "
+                "(%d ms): taking its quarantine. Give every process that uses these nodes "
+                "the same MAX_TTL: a node that restarts empty forgets the longer one.",
+                node,
+                ms,
+                self.quarantine.ms,
+            )
+        self.quarantine.report(node, ms)
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
@@ -769,7 +763,10 @@ class Engine:
     # The lease's side of its rounds, core.lease's functions themselves (no call between).
     expired_before_renewal = staticmethod(expired_before_renewal)
     lost_error = staticmethod(lost_error)
-    settle_extend = staticmethod(settle_extend)
+    renewal_basis = staticmethod(renewal_basis)
+    renewal_missed = staticmethod(renewal_missed)
+    renewal_lost = staticmethod(renewal_lost)
+    renewed = staticmethod(renewed)
     lost_clean_up = staticmethod(lost_clean_up)
     owns_round = staticmethod(owns_round)
 

@@ -30,7 +30,7 @@ import math
 import random
 import re
 import secrets
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -492,8 +492,8 @@ class Acquire:
         )
 
     @property
-    def kind(self) -> Shape:
-        """The shape of this acquire (set in ``__post_init__``)."""
+    def known_shape(self) -> Shape:
+        """The shape of this acquire (set in ``__post_init__``, so never None here)."""
         assert self.shape is not None
         return self.shape
 
@@ -509,7 +509,7 @@ class Acquire:
         failed attempt may reach a node late (pipelined, or re-sent after NOSCRIPT) and must
         never hit a later attempt's key."""
         self.attempts += 1
-        shape = self.shape  # not self.kind: one call less per round
+        shape = self.shape  # not self.known_shape: one call less per round
         assert shape is not None
         # The yes_value of this round: a reply equal to it is a yes vote (see Shape.decider).
         self.decider = shape.decider(self.nodes.quorum)
@@ -537,7 +537,7 @@ class Acquire:
         """The outcome of the round sent at ``start`` whose ``granted`` yes votes were known
         at ``end``: a lease, or what to do next."""
         nodes = self.nodes
-        shape = self.shape  # not self.kind: one call less per round
+        shape = self.shape  # not self.known_shape: one call less per round
         assert shape is not None
         granted = self.votes = shape.votes(results, granted)
         left = won(nodes, self.ttl, granted, end - start)
@@ -602,7 +602,7 @@ class Acquire:
             # The nodes refused connections: the one node timeout before the last round is a
             # plain sleep (subscribing would try again at once, and there is nobody to hear).
             return Sleep(step.delay)
-        wake_key = self.kind.wake_key
+        wake_key = self.known_shape.wake_key
         if not self.listens or not self.waiter or wake_key is None:
             return Sleep(step.delay)
         if not self.listening:
@@ -638,7 +638,7 @@ class Acquire:
         nothing the waiter may count is deleted: it counts grants, and keys its tries took
         only from replies it heard.
         """
-        shape = self.kind
+        shape = self.known_shape
         release = hand_undo_command(shape.key, self.token, self.waiter, self.attempts)
         settle = hand_yield_command(
             shape.key, self.token, self.waiter, self.ticket, self.lifetime_ms, self.attempts
@@ -727,7 +727,7 @@ class Acquire:
         taking grants may run after its leave: see :attr:`unanswered`)."""
         if self.hand:
             self.unanswered.update(range(self.nodes.size))
-        return self.kind.clean_up(self.token, None, self.nodes.size)
+        return self.known_shape.clean_up(self.token, None, self.nodes.size)
 
     def left_line(self) -> list[Command] | None:
         """The commands that drop the waiter's place in line (None for a single try), sent
@@ -741,7 +741,7 @@ class Acquire:
         token = self.token if self.hand else ""
         if token:
             self.held_since.clear()
-        return leave_round(self.nodes.size, self.kind, self.waiter, token, self.unanswered)
+        return leave_round(self.nodes.size, self.known_shape, self.waiter, token, self.unanswered)
 
     def strays(self, results: Sequence[Any]) -> list[Command | None] | None:
         """After a round won: the releases of grants outside the lease (see
@@ -773,18 +773,18 @@ def failure(
     need = nodes.quorum - granted
     retry_after = expiring[need - 1] / 1000 if 0 < need <= len(expiring) else None
     errors = node_errors(nodes, results)
-    kind: type[LockNotAcquired] = QuorumUnreachable
+    error_class: type[LockNotAcquired] = QuorumUnreachable
     quarantined = None
     reason = ""
     if granted >= nodes.quorum:
         reason = f"the attempt took {elapsed * 1000:.1f} ms: nothing left of the lease"
     elif len(errors) <= nodes.size - nodes.quorum:
-        kind = LockContended
+        error_class = LockContended
     else:
         quarantined = quarantine_left(nodes.quorum, results)
         if quarantined is not None and retry_after is None:
             retry_after = quarantined
-    return kind(
+    return error_class(
         name,
         votes=granted,
         quorum=nodes.quorum,
@@ -995,6 +995,17 @@ def extend_tally(results: Sequence[Any]) -> ExtendTally:
             waived += 1
     silent = len(results) - renewed - recreated - taken
     return ExtendTally(renewed, recreated, taken, silent, waived)
+
+
+def held_after_renewal(previous: Sequence[bool] | None, results: Sequence[Any]) -> Iterator[bool]:
+    """Which nodes hold a lease after a renewal round that kept it (``results``, node by
+    node; ``previous``: which held it before, None for every node): a node that renewed or
+    re-created it does, one that said absent or another token does not, and a node that did
+    not answer keeps what it held."""
+    return (
+        reply in (1, 2) if type(reply) is int else previous is None or previous[i]
+        for i, reply in enumerate(results)
+    )
 
 
 def judge_extend(

@@ -62,8 +62,11 @@ __all__ = [
     "reenter",
     "release_quietly",
     "release_round",
+    "renewal_basis",
+    "renewal_lost",
+    "renewal_missed",
     "renewal_round",
-    "settle_extend",
+    "renewed",
     "settle_grant",
     "settle_release",
     "take_over",
@@ -1015,48 +1018,50 @@ class BaseLease:
         self._mark_lost(self._expiry_reason(), flow.EXPIRED, expires_at)
         return True
 
-    def _settle_extend(self, start: float, now: float, results: Sequence[Any]) -> float:
-        """Judge and report an extend round sent at ``start`` and decided at ``now``;
-        returns the new validity in seconds.
-
-        Raises:
-            LockLost: the lease ended (its validity ran out, or a quorum of nodes no longer
-                holds it); it is now marked lost, and the caller frees the keys
-                ``flow.lost_clean_up`` names.
-            LeaseNotExtended: no quorum either way: nothing changed, the lease keeps its
-                validity and its keys (the caller frees nothing).
-        """
-        host = self._host
+    def _renewal_basis(self) -> tuple[float, float, tuple[bool, ...] | None]:
+        """What a renewal of this lease is judged against (``flow.judge_extend``): its ttl
+        in seconds, when its validity runs out (host clock), and which nodes hold it (None:
+        every node)."""
         s = self._state
-        expires_at, previous, missed = s[EXPIRES_AT], s[HELD], s[MISSED]
-        outcome = flow.judge_extend(host.nodes, s[TTL], expires_at, start, now, results, previous)
-        if isinstance(outcome, flow.Lost):
-            at = expires_at if outcome.cause == flow.EXPIRED else now
-            if outcome.cause == flow.EXPIRED and missed is not None:
-                reason = f"{outcome.reason}; the renewal before: {missed}"
-            else:
-                reason = outcome.reason
-            self._mark_lost(reason, outcome.cause, at)
-            raise self._lost_error()
-        if isinstance(outcome, flow.Missed):
-            self._state = replaced(s, missed=outcome.reason)
-            raise LeaseNotExtended(
-                self.name,
-                outcome.renewed,
-                host.nodes.quorum,
-                outcome.node_errors,
-                max(0.0, expires_at - now),
-                outcome.refused,
-                outcome.reason,
-            )
-        held = held_on(
-            reply in (1, 2) if type(reply) is int else previous is None or previous[i]
-            for i, reply in enumerate(results)
+        return s[TTL], s[EXPIRES_AT], s[HELD]
+
+    def _renewal_missed(self, missed: flow.Missed, now: float) -> LeaseNotExtended:
+        """A renewal round decided at ``now`` that decided nothing: recorded (the lease
+        keeps its validity and its keys); returns the error to raise."""
+        s = self._state
+        self._state = replaced(s, missed=missed.reason)
+        return LeaseNotExtended(
+            self.name,
+            missed.renewed,
+            self._host.nodes.quorum,
+            missed.node_errors,
+            max(0.0, s[EXPIRES_AT] - now),
+            missed.refused,
+            missed.reason,
         )
-        self._state = replaced(s, expires_at=now + outcome, missed=None, held=held)
+
+    def _renewal_lost(self, lost: flow.Lost, now: float) -> LockLost:
+        """A renewal round decided at ``now`` found the lease ended: marked lost (the
+        caller frees the keys ``flow.lost_clean_up`` names); returns the error to raise."""
+        s = self._state
+        expired = lost.cause == flow.EXPIRED
+        missed = s[MISSED]
+        if expired and missed is not None:
+            reason = f"{lost.reason}; the renewal before: {missed}"
+        else:
+            reason = lost.reason
+        self._mark_lost(reason, lost.cause, s[EXPIRES_AT] if expired else now)
+        return self._lost_error()
+
+    def _renewed(self, validity: float, now: float, results: Sequence[Any]) -> float:
+        """A renewal round decided at ``now`` kept the lease for ``validity`` more seconds:
+        recorded and reported; returns ``validity``."""
+        s = self._state
+        held = held_on(flow.held_after_renewal(s[HELD], results))
+        self._state = replaced(s, expires_at=now + validity, missed=None, held=held)
         tally = flow.extend_tally(results)
-        host.reporter.extended(self, outcome, tally.renewed + tally.recreated)
-        return outcome
+        self._host.reporter.extended(self, validity, tally.renewed + tally.recreated)
+        return validity
 
     def _block_ended(
         self,
@@ -1169,7 +1174,7 @@ def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] 
 
 
 def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
-    """After :func:`settle_extend` raised ``LockLost``: the releases its round's ``results``
+    """After :func:`renewal_lost` marked the lease lost: the releases its round's ``results``
     call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
     return flow.lost_clean_up(lease._shape, lease._state[TOKEN], lease._lost_cause, results)
 
@@ -1200,10 +1205,16 @@ lost_error = BaseLease._lost_error
 settle_release = BaseLease._settle_release
 """``settle_release(lease, results, deleted, expired)``: judge and report a release round
 (raises ``LockLost``: see ``BaseLease._settle_release``)."""
-settle_extend = BaseLease._settle_extend
-"""``settle_extend(lease, start, now, results)``: judge and report an extend round; the new
-validity in seconds (raises ``LockLost``, ``LeaseNotExtended``: see
-``BaseLease._settle_extend``)."""
+renewal_basis = BaseLease._renewal_basis
+"""``renewal_basis(lease)``: (ttl, expires_at, held), what a renewal is judged against."""
+renewal_missed = BaseLease._renewal_missed
+"""``renewal_missed(lease, missed, now)``: record a renewal that decided nothing; the
+``LeaseNotExtended`` to raise."""
+renewal_lost = BaseLease._renewal_lost
+"""``renewal_lost(lease, lost, now)``: mark the lease lost; the ``LockLost`` to raise."""
+renewed = BaseLease._renewed
+"""``renewed(lease, validity, now, results)``: record and report a renewal that kept the
+lease; returns ``validity``."""
 
 
 class _Releasable(Protocol):

@@ -13,13 +13,13 @@ The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock
 4. otherwise unlock every node (the failed ones too: a timed-out SET may still have landed)
    and retry after a random delay.
 
-The steps and the decisions between rounds come from ``django_redlock.core.flow``, and what
-both managers share (configuration, quarantine, re-entry registry, reporting, owners, the
-steps around a round) from the engine (``django_redlock.core.engine``), which the asyncio
-manager (``django_redlock.core.amanager``) can hold too. This module only moves the commands
-to the nodes through the sync transport (``django_redlock.wire.sync.connections``, held by
-the engine)
-and waits.
+Every step is decided once, by a procedure (``django_redlock.procedures``) and the flow it
+decides with (``django_redlock.core.flow``); what both managers do alike (construction,
+argument checks, the procedure each call runs) is ``core.configured``'s, and what they share
+at run time (configuration, quarantine, re-entry registry, reporting, owners) the engine's
+(``django_redlock.core.engine``), which the asyncio manager (``django_redlock.core.amanager``)
+can hold too. This module only drives the procedures on the sync transport
+(``django_redlock.wire.sync.connections``, held by the engine) and waits.
 
 Redlock alone is an *efficiency* lock: a process pause or a clock jump can let two holders
 overlap (Kleppmann, "How to do distributed locking", 2016). Correctness needs the fencing
@@ -29,19 +29,15 @@ token checked by the storage; see ``django_redlock.models.FencedModel``.
 from __future__ import annotations
 
 import contextlib
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import partial
+from collections.abc import Callable, Generator, Iterable, Iterator
 from types import TracebackType
-from typing import Any, Unpack
+from typing import Any, TypeVar, Unpack
 
 from django_redlock.core import flow, turns
 from django_redlock.core.arguments import (
     MAX_NAME_BYTES,
     MAX_ORIGIN_BYTES,
     MAX_TTL,
-    validate_name,
-    validate_names,
 )
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
@@ -51,29 +47,23 @@ from django_redlock.core.engine import (
     DEFAULT_TIMEOUT,
     DEFAULT_TTL,
     Engine,
-    Sharing,
 )
 from django_redlock.core.handle import LeaseHandle
-from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import TAKER_PID, BaseLease
-from django_redlock.core.listing import LockListing, list_locks
 from django_redlock.core.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
-    Checked,
     ManagerDefault,
     acquire_options,
 )
-from django_redlock.core.owner import MAX_OWNER_BYTES, owner_scope
+from django_redlock.core.owner import MAX_OWNER_BYTES
 from django_redlock.core.reporting import LockObserver
-from django_redlock.core.shapes import Many, Shape
+from django_redlock.core.shapes import Shape
 from django_redlock.core.sync_driver import drive
 from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.procedures.acquire import acquire
-from django_redlock.procedures.lease import adopt
+from django_redlock.procedures.effects import Effect
+from django_redlock.procedures.operators import force_release, holder
 from django_redlock.wire import process
-from django_redlock.wire.cluster_route import refuse_across_slots
-from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.scripts import NODE_KEY
 
 __all__ = [
@@ -94,6 +84,8 @@ __all__ = [
     "LockManager",
     "LockObserver",
 ]
+
+_R = TypeVar("_R")
 
 
 class Lease(BaseLease):
@@ -205,7 +197,7 @@ class Lease(BaseLease):
             self._block_ended(exc, lost, None)
 
 
-class LockManager(EngineConfigured):
+class LockManager(EngineConfigured[Lease, Lease, Callable[[float], None]]):
     """Redlock over N independent Redis/Valkey masters.
 
     Args:
@@ -238,61 +230,18 @@ class LockManager(EngineConfigured):
         TypeError, ValueError: a bad argument; the message names it.
     """
 
-    def __init__(
-        self,
-        nodes: Sequence[object],
-        *,
-        ttl: float = DEFAULT_TTL,
-        node_timeout: float = DEFAULT_NODE_TIMEOUT,
-        retry_delay: float = DEFAULT_RETRY_DELAY,
-        default_timeout: float | None = DEFAULT_TIMEOUT,
-        drift_factor: float = DEFAULT_DRIFT_FACTOR,
-        key_prefix: str = "redlock:",
-        max_ttl: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] | None = None,
-        observer: LockObserver | None = None,
-    ) -> None:
-        self.engine = Engine(
-            nodes,
-            ttl=ttl,
-            node_timeout=node_timeout,
-            retry_delay=retry_delay,
-            default_timeout=default_timeout,
-            drift_factor=drift_factor,
-            key_prefix=key_prefix,
-            max_ttl=max_ttl,
-            clock=clock,
-            observer=observer,
-        )
-        """The engine this manager holds: configuration, re-entry registry, observer."""
-        self._sleep = sleep
-
-    @classmethod
-    def sharing(
-        cls, manager: Sharing, *, sleep: Callable[[float], None] | None = None
-    ) -> LockManager:
-        """A sync manager on ``manager``'s engine (an asyncio or sync manager): the same
-        nodes, configuration, observer and re-entry registry (one set of owners for both).
-        ``sleep`` as for the constructor."""
-        shared = cls.__new__(cls)
-        shared.engine = manager.engine
-        shared._sleep = sleep
-        return shared
-
-    def open_connections(self) -> int:
-        """How many node sockets this manager holds open, across all threads."""
-        return self.engine.connections.open_count()
-
-    def close(self) -> None:
-        """Close every node connection this manager opened (they reopen on demand)."""
-        self.engine.close()
+    _lease_class = Lease
 
     def __enter__(self) -> LockManager:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _drive(self, procedure: Generator[Effect, Any, _R]) -> _R:
+        """Run ``procedure`` on this thread's connections (``sync_driver.drive``)."""
+        engine = self.engine
+        return drive(procedure, engine.connections.get(), engine.node_timeout, self._sleep)
 
     # -- acquire ---------------------------------------------------------------------------
 
@@ -329,26 +278,11 @@ class LockManager(EngineConfigured):
             QuorumUnreachable: too many nodes failed or timed out.
             TypeError, ValueError: a bad argument.
         """
-        name = validate_name(name)
-        # Checked first, so a re-entry refuses bad arguments as a first acquire does.
+        got = self._acquiring(name, ttl, blocking, timeout, auto_extend, max_hold, origin)
+        if isinstance(got, Lease):  # re-entered
+            return got
         engine = self.engine
-        checked = engine.check_arguments(ttl, blocking, timeout, auto_extend, max_hold, origin)
-        scope = owner_scope()
-        if engine.held:  # nothing held in this process: no lookup, one truth test
-            held = engine.reenter(scope, name, Lease)
-            if held is not None:
-                return held
-        return self._take(name, Shape(engine.key_prefix + name), scope, checked)
-
-    def _take(self, name: str, shape: Shape, scope: tuple[object, ...], checked: Checked) -> Lease:
-        """Acquire a lease of ``shape`` (a lock, a semaphore slot, a read or write lease,
-        several locks), its arguments checked: the acquire procedure, driven on this thread's
-        connections."""
-        engine = self.engine
-        procedure = acquire(
-            engine, partial(Lease, self), name, shape, scope, checked, self._sleep is None
-        )
-        return drive(procedure, engine.connections.get(), engine.node_timeout, self._sleep)
+        return drive(got, engine.connections.get(), engine.node_timeout, self._sleep)
 
     def adopt(
         self,
@@ -376,10 +310,7 @@ class LockManager(EngineConfigured):
                 back, so the same handle can be adopted again while its lease lasts.
             TypeError, ValueError: not a handle, or one for another key prefix.
         """
-        engine = self.engine
-        adoption = engine.adoption(handle, auto_extend, max_hold, origin)
-        procedure = adopt(engine, partial(Lease, self), adoption)
-        return drive(procedure, engine.connections.get(), engine.node_timeout)
+        return self._drive(self._adopting(handle, auto_extend, max_hold, origin))
 
     def locked(self, name: str) -> bool:
         """Whether lock ``name`` is held on a quorum of the nodes now (one round trip, by
@@ -400,16 +331,7 @@ class LockManager(EngineConfigured):
         Raises:
             TypeError, ValueError: a bad name.
         """
-        engine = self.engine
-        size = len(engine.addresses)
-        exchange = engine.connections.get().run(  # every node's answer is wanted
-            flow.holder_round(size, engine.key(name)),
-            engine.node_timeout,
-            None,
-            size,
-            give_up=size,
-        )
-        return flow.holder_of(exchange.results)
+        return self._drive(holder(self.engine, name))
 
     def lock(
         self, name: str, **options: Unpack[AcquireOptions]
@@ -427,28 +349,6 @@ class LockManager(EngineConfigured):
         with self.acquire(name, **options) as lease:
             yield lease
 
-    # -- beyond a lock: semaphores, read-write locks, several locks at once ----------------
-
-    def semaphore(self, name: str, limit: int) -> Semaphore[Lease]:
-        """The semaphore ``name`` of ``limit`` slots: ``.acquire(...)`` returns a lease of one
-        slot; at most ``limit`` such leases are valid at any moment, cluster-wide (see
-        :class:`~django_redlock.core.kinds.Semaphore`). Every user of one semaphore must give
-        the same ``limit``.
-
-        Raises:
-            TypeError, ValueError: a bad name or limit (1 … 1024).
-        """
-        return Semaphore(self, validate_name(name), limit)
-
-    def rwlock(self, name: str) -> RWLock[Lease]:
-        """The read-write lock ``name``: ``.read(...)`` and ``.write(...)`` return leases
-        (see :class:`~django_redlock.core.kinds.RWLock`).
-
-        Raises:
-            TypeError, ValueError: a bad name.
-        """
-        return RWLock(self, validate_name(name))
-
     def lock_many(self, names: Iterable[str], **options: Unpack[AcquireOptions]) -> Lease:
         """Take the locks of every name in ``names`` as one lease, all or nothing, in one
         round trip per try; released (and extended) together. The locks are the very locks
@@ -463,12 +363,9 @@ class LockManager(EngineConfigured):
             LockContended, QuorumUnreachable: as :meth:`acquire`.
             TypeError, ValueError: a bad name (or a single str), no name, more than 1024.
         """
-        checked = validate_names(names)
-        shape = Many([self.key_prefix + name for name in checked])
-        engine = self.engine
-        refuse_across_slots(engine.addresses, shape.keys, engine.node_timeout)
-        lease = self.acquire_shape(" + ".join(checked), shape, **options)
-        lease.names = tuple(checked)
+        procedure, taken = self._many(names, options, ask=True)
+        lease = self._drive(procedure)
+        lease.names = taken
         return lease
 
     def acquire_shape(self, name: str, shape: Shape, **options: Unpack[AcquireOptions]) -> Lease:
@@ -480,22 +377,7 @@ class LockManager(EngineConfigured):
             LockContended, QuorumUnreachable: as :meth:`acquire`.
             TypeError, ValueError: a bad argument.
         """
-        checked = self.engine.check_arguments(*acquire_options(dict(options)))
-        return self._take(name, shape, owner_scope(), checked)
-
-    # -- operators -------------------------------------------------------------------------
-
-    def locks(self, prefix: str = "", *, limit: int | None = 1000) -> LockListing:
-        """The active locks whose names start with ``prefix``, merged across the nodes: a
-        :class:`~django_redlock.core.listing.LockListing` of the first ``limit`` by name
-        (None: all of them), with how many it did not show (never the tokens). The cap only
-        chooses which locks are shown; each shown lock's node count is read on every node.
-
-        Raises:
-            TypeError, ValueError: a bad ``prefix`` or ``limit`` (an int of 1 or more, or
-                None).
-        """
-        return list_locks(self, prefix, limit=limit)
+        return self._drive(self._shaped(name, shape, options))
 
     def force_release(self, name: str) -> int:
         """Delete lock ``name`` on every node, whoever holds it; returns how many nodes had
@@ -505,39 +387,4 @@ class LockManager(EngineConfigured):
         Raises:
             TypeError, ValueError: a bad name.
         """
-        engine = self.engine
-        size = len(engine.addresses)
-        exchange = engine.connections.get().run(
-            flow.force_release_round(size, engine.key(name)),
-            engine.node_timeout,
-            1,
-            size,
-            give_up=size,
-        )
-        deleted: int = exchange.yes
-        engine.reporter.force_released(name, deleted)
-        return deleted
-
-    def declare_fresh(self, nodes: Iterable[str] | None = None) -> list[Any]:
-        """Let the current server process of every node (or of ``nodes``, given by label or
-        URL) vote at once, with no restart quarantine, until it restarts.
-
-        Only for brand-new nodes, or nodes shut down cleanly with their data: on a node that
-        lost locks whose leases still run, it allows a double grant. The declaration names the
-        node's run_id, so a later restart (empty, from a snapshot) is quarantined again.
-
-        Returns one :class:`~django_redlock.core.health.Declaration` per node (what was done).
-
-        Raises:
-            ValueError: ``nodes`` names a node this manager does not have.
-            RedlockError: a node could not be declared (unreachable, refused).
-        """
-        return self.engine.declare_fresh(nodes)
-
-    def addresses_of(self, nodes: Iterable[str] | None) -> tuple[NodeAddress, ...]:
-        """This manager's nodes named in ``nodes`` (labels or URLs; all when None).
-
-        Raises:
-            ValueError: a name matches none of them.
-        """
-        return self.engine.addresses_of(nodes)
+        return self._drive(force_release(self.engine, name))

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from django_redlock.core.options import Checked
     from django_redlock.core.shapes import Shape
 
-__all__ = ["AcquireHost", "acquire"]
+__all__ = ["AcquireHost", "acquire", "failed", "learn_quarantines", "resume"]
 
 _L = TypeVar("_L")
 
@@ -43,8 +43,10 @@ class _Quarantine(Protocol):
 
 class AcquireHost(Protocol[_L]):
     """What an acquire asks of the one it runs for (the engine; the simulator's client):
-    the clock, the first contact, the quarantine its tries send, and the bookkeeping around
-    the decisions (building the first try, reporting a failed round, making the lease)."""
+    the clock, the retry jitter, the first contact, the quarantine its tries send (and
+    learn), and the bookkeeping around the decisions (building the first try, reporting a
+    failed round and a give-up, making the lease). It decides nothing: what follows a
+    round is decided here."""
 
     @property
     def clock(self) -> Callable[[], float]: ...
@@ -58,11 +60,13 @@ class AcquireHost(Protocol[_L]):
         self, name: str, checked: Checked, waiter: str, shape: Shape
     ) -> flow.FirstTry: ...
 
-    def resume(self, first: flow.FirstTry, checked: Checked, listens: bool) -> flow.Acquire: ...
+    def uniform(self, low: float, high: float) -> float: ...
 
-    def failed(
-        self, attempt: flow.Acquire, step: flow.Failed, origin: str | None
-    ) -> flow.Action: ...
+    def learn_quarantine(self, node: str, ms: int) -> None: ...
+
+    def round_failed(self, attempt: flow.Acquire, step: flow.Failed) -> None: ...
+
+    def gave_up(self, step: flow.Failed, origin: str | None) -> None: ...
 
     def grant(
         self,
@@ -126,7 +130,7 @@ def acquire(
         if left:
             acquired_at, expires_at = end, end + left
         else:
-            won = attempt = host.resume(first, checked, listens)
+            won = attempt = resume(host, first, checked, listens)
             acquired_at, expires_at, results = yield from _rounds(
                 host, attempt, checked, waiter, exchange, start, end
             )
@@ -147,7 +151,7 @@ def acquire(
         raise
     except BaseException:
         if attempt is None:  # the first round was interrupted, or its grant failed
-            attempt = host.resume(first, checked, listens)
+            attempt = resume(host, first, checked, listens)
         leave = attempt.left_line()
         if leave is not None:
             # Gave up, interrupted or cancelled: leave the line now (a post, no wait). A place
@@ -184,7 +188,7 @@ def _rounds(
         # Unlock wherever our SET may have landed, posted on the connections the SETs went
         # out on, so a stalled node applies it after the SET when it wakes up.
         yield Post(step.clean_up)
-        action = host.failed(attempt, step, checked.origin)
+        action = failed(host, attempt, step, checked.origin)
         held = yield from _between(action, attempt, waiter, clock)
         if held is not None:
             # A quorum of nodes granted the lock while it waited (hand-off): no round.
@@ -200,6 +204,46 @@ def _rounds(
             raise
         end = clock()
         results = exchange.results
+
+
+def resume(
+    host: AcquireHost[Any], first: flow.FirstTry, checked: Checked, listens: bool
+) -> flow.Acquire:
+    """The flow of the acquire whose first round was ``first`` (not won, or interrupted),
+    its deadline set: a blocking acquire with no timeout has none; any other gives up
+    ``checked.wait`` seconds (a single try: none) after its first try started. ``listens``:
+    the driver hears releases."""
+    wait = checked.wait
+    deadline = None if (checked.blocking and wait is None) else first.started + (wait or 0.0)
+    return flow.Acquire.after_first(first, deadline, listens, host.uniform)
+
+
+def failed(
+    host: AcquireHost[Any], attempt: flow.Acquire, step: flow.Failed, origin: str | None
+) -> flow.Action:
+    """What follows the failed round ``step`` of ``attempt`` (:meth:`flow.Acquire.after`),
+    once the quarantines its refusals name are learnt and the round is reported; a
+    :class:`~django_redlock.core.flow.GiveUp` carries the error to raise, the give-up
+    reported (with the acquire's ``origin``)."""
+    learn_quarantines(host, step.error.node_errors)
+    host.round_failed(attempt, step)
+    action = attempt.after(step)
+    if type(action) is flow.GiveUp:
+        host.gave_up(step, origin)
+    return action
+
+
+class _Learns(Protocol):
+    def learn_quarantine(self, node: str, ms: int) -> None: ...
+
+
+def learn_quarantines(host: _Learns, node_errors: dict[str, str]) -> None:
+    """Take the longer quarantines nodes refused a vote for (``node_errors`` of a failed
+    round: :func:`~django_redlock.core.flow.longer_quarantines`), each told to the host,
+    which sends the longest with every later acquire: a node that restarted empty must not
+    vote before every lease any of its clients may have been granted has run out."""
+    for node, ms in flow.longer_quarantines(node_errors).items():
+        host.learn_quarantine(node, ms)
 
 
 def _between(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django_redlock.core import flow
 from django_redlock.exceptions import LockLost, QuorumUnreachable
+from django_redlock.procedures.acquire import learn_quarantines
 from django_redlock.procedures.effects import Effect, Post, Round
 
 if TYPE_CHECKING:
@@ -37,9 +38,10 @@ _L_contra = TypeVar("_L_contra", contravariant=True)
 
 class LeaseHost(Protocol[_L_contra]):
     """What a lease's rounds ask of its host (the engine; the simulator's client): the
-    nodes, the clock, and the lease's side of each round (its commands on ``size`` nodes,
-    and the settling of its state from the replies, which ``core.lease`` keeps: the engine
-    gives those functions themselves, with no call of its own in between)."""
+    nodes, the clock, and the lease's side of each round: its commands on ``size`` nodes,
+    what a renewal is judged against, and the recording of each verdict in its state, which
+    ``core.lease`` keeps (the engine gives those functions themselves, with no call of its
+    own in between). The verdicts are decided here, not by the host."""
 
     @property
     def nodes(self) -> flow.Nodes: ...
@@ -55,8 +57,14 @@ class LeaseHost(Protocol[_L_contra]):
 
     def extend_round(self, lease: _L_contra) -> Sequence[Command]: ...
 
-    def settle_extend(
-        self, lease: _L_contra, start: float, now: float, results: Sequence[Any]
+    def renewal_basis(self, lease: _L_contra) -> tuple[float, float, Sequence[bool] | None]: ...
+
+    def renewal_missed(self, lease: _L_contra, missed: flow.Missed, now: float) -> Exception: ...
+
+    def renewal_lost(self, lease: _L_contra, lost: flow.Lost, now: float) -> LockLost: ...
+
+    def renewed(
+        self, lease: _L_contra, validity: float, now: float, results: Sequence[Any]
     ) -> float: ...
 
     def lost_clean_up(
@@ -91,13 +99,19 @@ def extend(host: LeaseHost[_L], lease: _L) -> Generator[Effect, Any, float]:
     # Never given up early on refusals: a node that never held the lease may answer "set
     # again" (2) without any loss, so only every answer (or the deadline) decides.
     exchange = yield Round(commands, 1, nodes.quorum, nodes.size)
-    try:
-        return host.settle_extend(lease, start, host.clock(), exchange.results)
-    except LockLost:
+    now = host.clock()
+    results = exchange.results
+    ttl, expires_at, held = host.renewal_basis(lease)
+    outcome = flow.judge_extend(nodes, ttl, expires_at, start, now, results, held)
+    if isinstance(outcome, flow.Missed):
+        # Nothing is freed: the keys keep others out until the validity runs out.
+        raise host.renewal_missed(lease, outcome, now)
+    if isinstance(outcome, flow.Lost):
+        error = host.renewal_lost(lease, outcome, now)
         # The lease has ended: free what keys of ours only keep the next holder waiting.
-        # Never on a mere miss: those keys keep others out meanwhile.
-        yield Post(host.lost_clean_up(lease, exchange.results))
-        raise
+        yield Post(host.lost_clean_up(lease, results))
+        raise error
+    return host.renewed(lease, outcome, now, results)
 
 
 def owned(host: LeaseHost[_L], lease: _L) -> Generator[Effect, Any, bool]:
@@ -135,7 +149,7 @@ class AdoptHost(Protocol[_A_contra, _L]):
 
     def contact(self) -> flow.Contact | None: ...
 
-    def learn_quarantines(self, node_errors: dict[str, str]) -> None: ...
+    def learn_quarantine(self, node: str, ms: int) -> None: ...
 
     def adopted(
         self,
@@ -176,7 +190,7 @@ def adopt(
         if isinstance(outcome, str):
             raise LockLost(handle.name, outcome)
         if isinstance(outcome, QuorumUnreachable):
-            host.learn_quarantines(outcome.node_errors)
+            learn_quarantines(host, outcome.node_errors)
             raise outcome
         return host.adopted(make, adoption, results, start, end, outcome)
     except GeneratorExit:  # closed unfinished: nothing can be posted any more

@@ -69,6 +69,8 @@ class SimHost:
         started = client.now()
         self.pauses = client.pauses
         self.attempt = None
+        # The checker's reading of the documented timeout (the deadline the acquire must end
+        # by), not the procedure's (procedures.acquire.resume): so a wrong one is caught.
         wait = checked.wait
         self.deadline = None if (checked.blocking and wait is None) else started + (wait or 0.0)
         return flow.FirstTry(
@@ -86,32 +88,30 @@ class SimHost:
             client.quarantine_ms,
         )
 
-    def resume(self, first: flow.FirstTry, checked: Checked, listens: bool) -> flow.Acquire:
-        attempt = flow.Acquire.after_first(first, self.deadline, listens, self.world.rng.uniform)
-        self.attempt = attempt
-        return attempt
+    def uniform(self, low: float, high: float) -> float:
+        return self.world.rng.uniform(low, high)
 
-    def failed(self, attempt: flow.Acquire, step: flow.Failed, origin: str | None) -> flow.Action:
-        client = self.client
+    def round_failed(self, attempt: flow.Acquire, step: flow.Failed) -> None:
+        self.attempt = attempt
         if not attempt.hand:
             # A waiter taking grants keeps its token's keys while it waits (flow.judge):
-            # checked once it left (gave_up).
-            self.world.checker.failed_try(client, attempt.token)
-        self.learn_quarantines(step.error.node_errors)
-        action = attempt.after(step)
-        if type(action) is flow.GiveUp:
-            tries = attempt.attempts
-            client.log(f"gave up {attempt.name} after {tries} tries: {show(client.last_results)}")
-        return action
+            # checked once it left (acquire_ended).
+            self.world.checker.failed_try(self.client, attempt.token)
+
+    def gave_up(self, step: flow.Failed, origin: str | None) -> None:
+        client = self.client
+        attempt = self.attempt
+        assert attempt is not None
+        tries = attempt.attempts
+        client.log(f"gave up {attempt.name} after {tries} tries: {show(client.last_results)}")
 
     @property
     def nodes(self) -> flow.Nodes:
         return self.world.flow_nodes
 
-    def learn_quarantines(self, node_errors: dict[str, str]) -> None:
+    def learn_quarantine(self, node: str, ms: int) -> None:
         client = self.client
-        for ms in flow.longer_quarantines(node_errors).values():
-            client.quarantine_ms = max(client.quarantine_ms, ms)
+        client.quarantine_ms = max(client.quarantine_ms, ms)
 
     def adopted(
         self,
@@ -153,32 +153,30 @@ class SimHost:
     def extend_round(self, lease: Held) -> list[Command]:
         return flow.extend_round(self.nodes.size, lease.shape, lease.token, lease.ttl, self.owner)
 
-    def settle_extend(self, lease: Held, start: float, now: float, results: Sequence[Any]) -> float:
-        nodes = self.nodes
-        client = self.client
-        token = lease.token
-        outcome = flow.judge_extend(
-            nodes, lease.ttl, lease.expires_at, start, now, results, lease.held
-        )
-        if isinstance(outcome, flow.Lost):
-            lease.cause = outcome.cause
-            client.log(f"lease {token[:8]} lost ({outcome.cause}): {show(results)}")
-            assert lease.record is not None
-            self.world.checker.lost(lease.record, outcome.cause)
-            raise LockLost(lease.name, outcome.reason, outcome.cause)
-        if isinstance(outcome, flow.Missed):
-            client.log(f"renewal of {token[:8]} missed: {show(results)}")
-            raise LeaseNotExtended(lease.name, outcome.renewed, nodes.quorum)
-        lease.expires_at = now + outcome
-        previous = lease.held
-        lease.held = held_on(
-            reply in (1, 2) if type(reply) is int else previous[i]
-            for i, reply in enumerate(results)
+    def renewal_basis(self, lease: Held) -> tuple[float, float, tuple[bool, ...]]:
+        return lease.ttl, lease.expires_at, lease.held
+
+    def renewal_missed(self, lease: Held, missed: flow.Missed, now: float) -> LeaseNotExtended:
+        self.client.log(f"renewal of {lease.token[:8]} missed: {show(self.client.last_results)}")
+        return LeaseNotExtended(lease.name, missed.renewed, self.nodes.quorum)
+
+    def renewal_lost(self, lease: Held, lost: flow.Lost, now: float) -> LockLost:
+        lease.cause = lost.cause
+        self.client.log(
+            f"lease {lease.token[:8]} lost ({lost.cause}): {show(self.client.last_results)}"
         )
         assert lease.record is not None
+        self.world.checker.lost(lease.record, lost.cause)
+        return LockLost(lease.name, lost.reason, lost.cause)
+
+    def renewed(self, lease: Held, validity: float, now: float, results: Sequence[Any]) -> float:
+        client = self.client
+        lease.expires_at = now + validity
+        lease.held = held_on(flow.held_after_renewal(lease.held, results))
+        assert lease.record is not None
         self.world.checker.renewed(lease.record, client.clock.when(lease.expires_at))
-        client.log(f"renewed {token[:8]}: {outcome:.4f} s ({show(results)})")
-        return outcome
+        client.log(f"renewed {lease.token[:8]}: {validity:.4f} s ({show(results)})")
+        return validity
 
     def lost_clean_up(self, lease: Held, results: Sequence[Any]) -> list[Command | None]:
         return flow.lost_clean_up(lease.shape, lease.token, lease.cause, results)
@@ -204,7 +202,7 @@ class SimHost:
     def validity(self, lease: Held) -> float:
         return max(0.0, lease.expires_at - self.client.now())
 
-    def gave_up(self) -> None:
+    def acquire_ended(self) -> None:
         """The procedure raised (gave up): its clean-ups are out; the checker judges them."""
         attempt = self.attempt
         client = self.client
@@ -286,7 +284,7 @@ def client_process(client: SimClient) -> Process:
                 host, Held, name, shape, (), checked, client.listens
             )
         except LockNotAcquired:
-            host.gave_up()
+            host.acquire_ended()
             yield Sleep(rng.uniform(0.0, 2 * config.retry_delay))
             continue
         lease.claims = claims

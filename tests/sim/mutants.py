@@ -18,6 +18,7 @@ from typing import Any
 from django_redlock.core import flow
 from django_redlock.core.shapes import Slots
 from django_redlock.procedures import acquire as acquire_procedure
+from django_redlock.procedures import lease as lease_procedures
 from django_redlock.wire import primitives, scripts
 from tests.sim import fence
 from tests.sim.lua_node import LIBRARY_SCRIPTS
@@ -268,6 +269,33 @@ def _line_kept() -> Iterator[dict[bytes, bytes]]:
     yield from _procedure_line(acquire_procedure, "yield Post(leave)", "_ = leave")
 
 
+def _deadline_late() -> Iterator[dict[bytes, bytes]]:
+    """The acquire procedure sets a blocking acquire's deadline a second past its timeout
+    (``resume``): it keeps trying after the time it was given."""
+    yield from _procedure_line(
+        acquire_procedure,
+        "else first.started + (wait or 0.0)",
+        "else first.started + (wait or 0.0) + 1.0",
+    )
+
+
+def _quarantine_unlearnt() -> Iterator[dict[bytes, bytes]]:
+    """The acquire procedure never takes the longer quarantine a node refused a vote for
+    (``learn_quarantines``): a client given a shorter ``max_ttl`` lets a node that restarted
+    empty vote before the longer leases it may have granted ran out."""
+    yield from _procedure_line(acquire_procedure, "host.learn_quarantine(node, ms)", "_ = node, ms")
+
+
+def _miss_renews() -> Iterator[dict[bytes, bytes]]:
+    """The extend procedure takes a renewal that decided nothing (no quorum either way) for
+    one that kept the lease: it counts a full validity its keys may not have."""
+    yield from _procedure_line(
+        lease_procedures,
+        "raise host.renewal_missed(lease, outcome, now)",
+        "outcome = flow.validity(ttl, now - start, nodes.drift_factor)",
+    )
+
+
 MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "no-drift": _no_drift,
     "no-quarantine": _no_quarantine,
@@ -288,6 +316,9 @@ MUTANTS: dict[str, Callable[[], Iterator[dict[bytes, bytes]]]] = {
     "retry-unreleased": _retry_unreleased,
     "validity-undrifted": _validity_undrifted,
     "line-kept": _line_kept,
+    "deadline-late": _deadline_late,
+    "quarantine-unlearnt": _quarantine_unlearnt,
+    "miss-renews": _miss_renews,
 }
 
 

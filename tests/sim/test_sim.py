@@ -24,9 +24,13 @@ SIMULATED_SECONDS = 3600.0
 # 1, no-quarantine 13, no-failover-rule 3, durable-restart-trusted 108, release-any 6,
 # no-clean-up 1, gone-frees-all 44, slots-pooled 1, fence-off 1, wake-skipped 9, line-jump
 # 3, handoff-kept 13, grant-held 4, grant-counted-late 98, many-partial 1, gone-ignored 13;
-# and the mutants of the shipped acquire procedure: retry-unreleased 1, validity-undrifted 1,
-# line-kept 1).
+# and the mutants of the shipped procedures: retry-unreleased 1, validity-undrifted 1,
+# line-kept 1, deadline-late 1, miss-renews 67).
 MUTANT_BUDGET = 1000
+# Mutants too slow to hunt from seed 0 within a test's time limit, each caught instead by a
+# pinned history below that the real code passes: quarantine-unlearnt (found at seed 650 of
+# the quarantines profile, 651 histories: about 150 s here).
+PINNED = {"quarantine-unlearnt"}
 # Each mutant is hunted in the profile that exercises its rule (world.PROFILES): the drift
 # term with clocks at the edges of the bound; the quarantine with leases never renewed on
 # nodes that lose data; the semaphore's votes with semaphores only; the fence with every
@@ -79,7 +83,7 @@ def test_the_real_code_keeps_every_invariant_for_a_simulated_hour() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mutant", sorted(mutants.MUTANTS))
+@pytest.mark.parametrize("mutant", sorted(set(mutants.MUTANTS) - PINNED))
 def test_each_broken_variant_is_caught(mutant: str) -> None:
     profile = PROFILE.get(mutant, "storm")
     found = explore(iter(range(MUTANT_BUDGET)), mutant, profile=profile)
@@ -200,6 +204,20 @@ def test_a_client_with_a_shorter_max_ttl_learns_the_longer_one_from_any_node() -
     outcome = simulate(468, profile="quarantines", dropped=dropped)
     assert "crashed (empty)" in outcome.report()
     assert not outcome.violations, outcome.report()
+
+
+def test_the_acquire_procedure_takes_the_longer_quarantine_a_node_refused_a_vote_for() -> None:
+    # Seed 650 (quarantines profile), shrunk to its planned faults 2, 5, 7 and 8: nodes
+    # restart empty while c1's 2 s lease (the longer max_ttl) runs. The acquire procedure
+    # learns the longer quarantine from the refusals (procedures.acquire.learn_quarantines);
+    # with that step broken (mutant quarantine-unlearnt) c2 keeps sending its own, shorter
+    # one, the restarted nodes vote for it, and it holds lock2 beside c1.
+    dropped = frozenset((0, 1, 3, 4, 6, 9, 10, 11, 12, 13))
+    outcome = simulate(650, profile="quarantines", dropped=dropped)
+    assert "restarted (empty)" in outcome.report()
+    assert not outcome.violations, outcome.report()
+    broken = simulate(650, "quarantine-unlearnt", profile="quarantines", dropped=dropped)
+    assert any("beside" in violation for violation in broken.violations), broken.report()
 
 
 def test_a_lease_made_of_grants_older_than_a_force_release_is_evicted_by_it() -> None:
