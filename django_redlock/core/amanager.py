@@ -6,7 +6,7 @@ It holds the same engine as :class:`~django_redlock.redlock.LockManager`
 ``AsyncLockManager.sharing(sync)`` shares one), does what that manager does alike through
 their common base (``core.configured``), runs the same procedures
 (``django_redlock.procedures``), and reports the same way; only the driver differs: the
-asyncio one (``core.async_driver``, on ``django_redlock.wire.asyncio``), per event loop, with no
+asyncio one (``django_redlock.wire.asyncio``: its driver and connections), per event loop, with no
 thread hop per call. It imports nothing of the sync manager's module.
 
 Renewal of ``auto_extend`` leases runs on the process's extender thread (one per process),
@@ -26,13 +26,6 @@ from types import TracebackType
 from typing import Any, NoReturn, TypeVar, Unpack
 
 from django_redlock.core import flow, turns
-from django_redlock.core.async_driver import (
-    PerLoop,
-    drive,
-    finish_round,
-    keep_with_loop,
-    retrieve,
-)
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
     Engine,
@@ -51,8 +44,10 @@ from django_redlock.procedures.effects import Effect, Round
 from django_redlock.procedures.lease import extend, owned
 from django_redlock.procedures.operators import force_release, holder
 from django_redlock.wire import process
-from django_redlock.wire.asyncio.connections import LoopConnections
+from django_redlock.wire.asyncio.connections import LoopConnections, PerLoop, keep_with_loop
+from django_redlock.wire.asyncio.driver import drive, finish_round, retrieve
 from django_redlock.wire.rounds import Round as RoundState
+from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 
 __all__ = ["AsyncLease", "AsyncLockManager"]
 
@@ -288,7 +283,15 @@ class AsyncLockManager(
 
     def _share(self, engine: Engine, sleep: Callable[[float], Awaitable[None]] | None) -> None:
         super()._share(engine, sleep)
-        self._loops = PerLoop(engine)
+        self._loops = PerLoop(
+            partial(
+                LoopConnections,
+                engine.addresses,
+                engine.hello,
+                max_outstanding=MAX_OUTSTANDING,
+                **stall_limits(engine.node_timeout),
+            )
+        )
 
     def _connections(self) -> LoopConnections:
         return self._loops.get(self)
@@ -304,7 +307,7 @@ class AsyncLockManager(
         await self.aclose()
 
     async def _drive(self, procedure: Generator[Effect, Any, _R]) -> _R:
-        """Run ``procedure`` on this loop's connections (``async_driver.drive``)."""
+        """Run ``procedure`` on this loop's connections (``wire.asyncio.driver.drive``)."""
         engine = self.engine
         return await drive(procedure, self._connections(), engine.node_timeout, self._sleep)
 
@@ -363,7 +366,7 @@ class AsyncLockManager(
 
     async def _release(self, lease: AsyncLease) -> None:
         """Release ``lease`` on the nodes and judge the round (see :meth:`AsyncLease.release`):
-        carried out whatever happens to the calling task (``async_driver.finish_round``).
+        carried out whatever happens to the calling task (``wire.asyncio.driver.finish_round``).
 
         Raises:
             LockLost: the lease had expired, or a quorum no longer held it.

@@ -72,7 +72,6 @@ from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.shapes import Shape, heard
-from django_redlock.core.sync_driver import drive
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
 from django_redlock.procedures.lease import extend, owned
@@ -83,6 +82,7 @@ from django_redlock.wire.servers import Servers
 from django_redlock.wire.setup import Hello
 from django_redlock.wire.stall import MAX_OUTSTANDING, stall_limits
 from django_redlock.wire.sync.connections import ConnectionSet, ThreadConnections
+from django_redlock.wire.sync.driver import drive
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",

@@ -59,12 +59,12 @@ from django_redlock.core.options import (
 from django_redlock.core.owner import MAX_OWNER_BYTES
 from django_redlock.core.reporting import LockObserver
 from django_redlock.core.shapes import Shape
-from django_redlock.core.sync_driver import drive
 from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.procedures.effects import Effect
 from django_redlock.procedures.operators import force_release, holder
 from django_redlock.wire import process
 from django_redlock.wire.scripts import NODE_KEY
+from django_redlock.wire.sync.driver import drive
 
 __all__ = [
     "DEFAULT_DRIFT_FACTOR",
@@ -239,7 +239,7 @@ class LockManager(EngineConfigured[Lease, Lease, Callable[[float], None]]):
         self.close()
 
     def _drive(self, procedure: Generator[Effect, Any, _R]) -> _R:
-        """Run ``procedure`` on this thread's connections (``sync_driver.drive``)."""
+        """Run ``procedure`` on this thread's connections (``wire.sync.driver.drive``)."""
         engine = self.engine
         return drive(procedure, engine.connections.get(), engine.node_timeout, self._sleep)
 

@@ -5,7 +5,7 @@ A procedure is a generator: it yields what it needs done (an effect of
 without waiting, a sleep, a subscription, a wait for a wake-up, the grants heard) and is sent
 its outcome; it returns the operation's result or raises its error. It decides every step
 and does no I/O: three drivers carry the effects out, the sync one
-(``django_redlock.core.sync_driver``), the asyncio one (``django_redlock.core.async_driver``)
+(``django_redlock.wire.sync.driver``), the asyncio one (``django_redlock.wire.asyncio.driver``)
 and the simulator's (``tests/sim/world.py``), so what the simulator checks is what ships.
 
 An error the driver meets while carrying out an effect (an interrupt, a cancellation) is

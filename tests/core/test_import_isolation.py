@@ -216,7 +216,7 @@ def test_the_procedures_import_no_socket_thread_asyncio_selectors_or_django():
 
 
 @pytest.mark.parametrize(
-    "module", ["django_redlock.core.sync_driver", "django_redlock.core.async_driver"]
+    "module", ["django_redlock.wire.sync.driver", "django_redlock.wire.asyncio.driver"]
 )
 def test_the_purity_check_refuses_a_driver(module):
     """The check above can fail: the drivers, which do the I/O, are refused by it."""

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 import pytest
 
 from django_redlock import LockContended
-from django_redlock.core import async_driver, sync_driver
 from django_redlock.procedures.effects import LISTEN, Round, unwind
+from django_redlock.wire.asyncio import driver as async_driver
 from django_redlock.wire.scripts import Command
+from django_redlock.wire.sync import driver as sync_driver
 from tests.core.test_procedures import answer, manager, start
 
 __all__ = ["manager"]

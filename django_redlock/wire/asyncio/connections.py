@@ -23,7 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -66,7 +68,7 @@ from django_redlock.wire.setup import (
 )
 from django_redlock.wire.stall import StallRule
 
-__all__ = ["LoopConnections", "LoopSubscriber"]
+__all__ = ["LoopConnections", "LoopSubscriber", "PerLoop", "keep_with_loop"]
 
 
 def _usable(conn: AsyncConnection | None) -> bool:
@@ -694,3 +696,93 @@ class LoopConnections:
                 data += UNIDENTIFIED
                 identify = False
         target.send(data, (answer, node, routed, now), identify)
+
+
+# Seconds: how far off the timer that keeps a task (keep_with_loop) is set where a loop
+# takes no infinite time (uvloop's timers are whole milliseconds): a year.
+_A_YEAR = 365 * 24 * 3600.0
+
+
+def keep_with_loop(loop: asyncio.AbstractEventLoop, task: asyncio.Task[None]) -> None:
+    """Have ``loop`` keep ``task`` while the loop is open and the task is not done (a loop
+    holds its tasks only weakly), through a timer that never fires: closing the loop drops
+    its timers, so a loop closed on the task, kept or not, keeps nothing of it. Not a module
+    global (which a loop closed with the task pending would leave holding it for ever), nor
+    the loop's ``__dict__`` (which a closed loop still referenced would hold)."""
+    try:
+        keeper = loop.call_at(math.inf, task.cancel)
+    except (OverflowError, ValueError):  # a loop whose timers must be finite
+        keeper = loop.call_later(_A_YEAR, task.cancel)
+    task.add_done_callback(lambda _: keeper.cancel())
+
+
+class PerLoop:
+    """Hands each event loop its own :class:`LoopConnections` (made by ``factory``), each
+    closed when its loop ends: the asyncio twin of
+    :class:`~django_redlock.wire.sync.connections.ThreadConnections`."""
+
+    def __init__(self, factory: Callable[[], LoopConnections]) -> None:
+        self._factory = factory
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopConnections] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._lock = threading.Lock()
+        # The loop (weakly) and connections get found last: most calls come from the same
+        # loop as the one before, and need no lock and no lookup. One attribute, read at
+        # once, so a thread running another loop sees a pair or the other, never a mix.
+        self._last: tuple[weakref.ref[asyncio.AbstractEventLoop], LoopConnections] | None = None
+
+    def __len__(self) -> int:
+        """How many loops have connections open here."""
+        return len(self._loops)
+
+    def get(self, keep: object) -> LoopConnections:
+        """The running loop's connections, opened on first use; ``keep`` (the manager) is
+        kept alive by them until the loop ends.
+
+        Raises:
+            RuntimeError: no running event loop.
+        """
+        loop = asyncio.get_running_loop()
+        last = self._last
+        if last is not None and last[0]() is loop:
+            return last[1]
+        with self._lock:
+            connections = self._loops.get(loop)
+            if connections is None:
+                # The entries of loops closed with their guard pending (a loop closed on
+                # pending tasks, never cancelled): an entry's connections refer to its loop,
+                # so it would never leave this weakly keyed map, and with it the futures of
+                # the tasks left waiting, those tasks and the leases they hold. Their
+                # transports cannot be closed through a closed loop: they close as they are
+                # freed.
+                for closed in [other for other in self._loops if other.is_closed()]:
+                    del self._loops[closed]
+                connections = self._factory()
+                self._loops[loop] = connections
+                # Closes the connections when the loop's tasks are cancelled at its end
+                # (asyncio.run does that): protocols have no reader task that would.
+                guard = loop.create_task(connections.close_at_loop_end())
+                connections.guard = guard
+                # The guard belongs to the loop, and the entry keeps the guard: forgotten
+                # with it, or every ended loop (one per asyncio.run, or per async_to_sync
+                # call) would stay in memory with its connections. Its callback keeps
+                # ``keep`` (a manager whose leases hold it weakly) while the loop runs.
+                guard.add_done_callback(partial(self._forget, connections, keep))
+                # Kept by the loop while it is open: otherwise a manager nobody else keeps
+                # would be freed with its guard, pending, while the loop still runs.
+                keep_with_loop(loop, guard)
+            self._last = (weakref.ref(loop), connections)
+        return connections
+
+    def _forget(
+        self, connections: LoopConnections, keep: object, guard: asyncio.Task[None]
+    ) -> None:
+        """Drop the entry of the loop whose ``guard`` ended (its connections are closed)."""
+        with self._lock:
+            loop = guard.get_loop()
+            if self._loops.get(loop) is connections:
+                del self._loops[loop]
+            last = self._last
+            if last is not None and last[1] is connections:
+                self._last = None
