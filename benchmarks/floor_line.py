@@ -155,7 +155,7 @@ class SameCommandsLine(SameCommandsRedlock):
     def _clean_up(
         self, replies: list[object], key: str, token: str, waiter: str, ticket: int, attempt: int
     ) -> None:
-        """After a refused try, what ours posts (core/flow.py, Acquire._hand_clean_up): an
+        """After a refused try, what ours posts (procedures/flow.py, Acquire._hand_clean_up): an
         undo behind a try whose reply the round did not wait for (``None`` in ``replies``),
         a yield where a node granted it (a minority)."""
         undo = yielded = b""

@@ -30,7 +30,7 @@ from django_redlock import LockManager
 from django_redlock.core.lease import held_on, settle_grant
 from django_redlock.core.manager import Lease
 from django_redlock.core.owner import owner_scope
-from django_redlock.core.shapes import Shape
+from django_redlock.procedures.shapes import Shape
 
 TTL = 300.0
 

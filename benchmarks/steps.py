@@ -66,24 +66,24 @@ STEPS = (
 
 OURS: dict[str, tuple[str, ...]] = {
     "checks": (
-        "django_redlock.core.arguments:validate_name",
+        "django_redlock.procedures.arguments:validate_name",
         "django_redlock.core.engine:Engine.check_arguments",
         "django_redlock.core.engine:Engine.contact",
     ),
     "shape": (
-        "django_redlock.core.shapes:Shape.__init__",
-        "django_redlock.core.shapes:Shape.decider",
-        "django_redlock.core.shapes:Shape.need",
-        "django_redlock.core.shapes:Shape.votes",
-        "django_redlock.core.shapes:Shape.won",
+        "django_redlock.procedures.shapes:Shape.__init__",
+        "django_redlock.procedures.shapes:Shape.decider",
+        "django_redlock.procedures.shapes:Shape.need",
+        "django_redlock.procedures.shapes:Shape.votes",
+        "django_redlock.procedures.shapes:Shape.won",
     ),
     "build": (
-        "django_redlock.core.shapes:Shape.acquire",
+        "django_redlock.procedures.shapes:Shape.acquire",
         "django_redlock.wire.scripts:acquire_command",
         "django_redlock.wire.scripts:release_command",
         "django_redlock.core.owner:OwnerRecords.record",
         "django_redlock.core.engine:Engine.first_try",
-        "django_redlock.core.flow:FirstTry.__init__",
+        "django_redlock.procedures.flow:FirstTry.__init__",
         "secrets:token_hex",
     ),
     "round": (
@@ -95,10 +95,10 @@ OURS: dict[str, tuple[str, ...]] = {
         "django_redlock.wire.rounds:Round.__init__",
     ),
     "judge": (
-        "django_redlock.core.flow:FirstTry.judge",
-        "django_redlock.core.flow:validity",
-        "django_redlock.core.flow:won",
-        "django_redlock.core.shapes:Shape.granted_on",
+        "django_redlock.procedures.flow:FirstTry.judge",
+        "django_redlock.procedures.flow:validity",
+        "django_redlock.procedures.flow:won",
+        "django_redlock.procedures.shapes:Shape.granted_on",
         "django_redlock.core.lease:held_on",
     ),
     "lease": (
@@ -126,7 +126,7 @@ OURS: dict[str, tuple[str, ...]] = {
         "django_redlock.core.engine:Engine.release",
         "django_redlock.core.lease:release_round",
         "django_redlock.core.lease:BaseLease._settle_release",
-        "django_redlock.core.flow:judge_release",
+        "django_redlock.procedures.flow:judge_release",
     ),
 }
 

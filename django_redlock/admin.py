@@ -23,12 +23,12 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 
 from django_redlock.core import metrics
-from django_redlock.core.arguments import validate_name
 from django_redlock.core.health import status
 from django_redlock.core.listing import list_locks
 from django_redlock.default_manager import get_manager
 from django_redlock.exceptions import FencingUnavailable
 from django_redlock.models import ActiveLock, FencedModel
+from django_redlock.procedures.arguments import validate_name
 
 logger = logging.getLogger("django_redlock")
 

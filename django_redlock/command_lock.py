@@ -14,11 +14,11 @@ from typing import Any, Literal, TypeVar, cast
 from django.core.management.base import BaseCommand, CommandError
 
 from django_redlock.conf import get_settings
-from django_redlock.core.arguments import check_seconds
 from django_redlock.core.lease import release_quietly
 from django_redlock.core.owner import describe_holder
 from django_redlock.default_manager import get_manager
 from django_redlock.exceptions import LockContended, LockLost, QuorumUnreachable
+from django_redlock.procedures.arguments import check_seconds
 
 __all__ = ["locked_command"]
 

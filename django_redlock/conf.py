@@ -6,7 +6,7 @@ sends ``setting_changed`` for ``REDLOCK`` or ``CACHES``, so ``override_settings`
 Every key is declared once, in :data:`SETTINGS`: its name, type, default, check id, the
 :class:`~django_redlock.LockManager` argument it feeds and its documentation. Its value is
 checked by the very function the core applies to that argument
-(:mod:`django_redlock.core.arguments`), naming the setting instead of the argument, so a
+(:mod:`django_redlock.procedures.arguments`), naming the setting instead of the argument, so a
 setting and the matching ``LockManager(...)`` argument are refused with the same words and the
 same limits.
 
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
-from django_redlock.core.arguments import (
+from django_redlock.node_settings import check_nodes
+from django_redlock.procedures.arguments import (
     DEFAULT_MAX_TTL,
     MAX_DRIFT_FACTOR,
     MAX_TTL,
@@ -45,7 +46,6 @@ from django_redlock.core.arguments import (
     check_timeout,
     check_ttl,
 )
-from django_redlock.node_settings import check_nodes
 from django_redlock.redlock import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,

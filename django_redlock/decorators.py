@@ -25,8 +25,6 @@ from django.db import connections
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 from django.utils.log import log_response
 
-from django_redlock.core.arguments import check_seconds, validate_name
-from django_redlock.core.options import AcquireOptions
 from django_redlock.default_manager import get_async_manager, get_manager
 from django_redlock.exceptions import (
     LeaseReleased,
@@ -35,6 +33,8 @@ from django_redlock.exceptions import (
     QuorumUnreachable,
 )
 from django_redlock.fencing import release_when_transaction_ends
+from django_redlock.procedures.arguments import check_seconds, validate_name
+from django_redlock.procedures.options import AcquireOptions
 from django_redlock.redlock import Lease
 
 __all__ = ["LockedViewMixin", "locked_view"]

@@ -146,7 +146,7 @@ class LockNotAcquired(RedlockError):
 
 
 _QUARANTINED = "QUARANTINED "
-_NOT_WAITED_FOR = "not waited for"  # core/flow.py's node_answers
+_NOT_WAITED_FOR = "not waited for"  # procedures/flow.py's node_answers
 _RESTARTED = "QUARANTINED up "
 _NO_ANSWER = "no answer within "
 

@@ -26,8 +26,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections, models
 
 from django_redlock.conf import get_settings
-from django_redlock.core.options import MANAGER_DEFAULT, ManagerDefault
 from django_redlock.default_manager import get_async_manager, get_manager
+from django_redlock.procedures.options import MANAGER_DEFAULT, ManagerDefault
 from django_redlock.redlock import BaseLease, Lease
 
 if TYPE_CHECKING:

@@ -25,24 +25,25 @@ from functools import partial
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar, Unpack
 
-from django_redlock.core import flow, turns
+from django_redlock.core import turns
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
     Engine,
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import TAKER_PID, BaseLease, release_round, settle_release
-from django_redlock.core.options import (
+from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.procedures import flow
+from django_redlock.procedures.effects import Effect, Round
+from django_redlock.procedures.lease import extend, owned
+from django_redlock.procedures.operators import force_release, holder
+from django_redlock.procedures.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
     ManagerDefault,
     acquire_options,
 )
-from django_redlock.core.shapes import Shape
-from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.procedures.effects import Effect, Round
-from django_redlock.procedures.lease import extend, owned
-from django_redlock.procedures.operators import force_release, holder
+from django_redlock.procedures.shapes import Shape
 from django_redlock.wire import process
 from django_redlock.wire.asyncio.connections import LoopConnections, PerLoop, keep_with_loop
 from django_redlock.wire.asyncio.driver import drive, finish_round, retrieve
@@ -147,7 +148,7 @@ class AsyncLease(BaseLease):
             LeaseReleased: the lease was released.
             LockLost: the lease had ended (its validity ran out, or a quorum of nodes no
                 longer holds it); it is now lost and its keys are freed (for a lease found
-                gone, only those this renewal set again: see ``core/flow.lost_clean_up``).
+                gone, only those this renewal set again: see ``procedures/flow.lost_clean_up``).
             LeaseNotExtended: no quorum either way: the lease keeps its validity and keys.
             LeaseInherited: called in a forked child; nothing is sent to the nodes.
         """

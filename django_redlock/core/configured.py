@@ -17,7 +17,6 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, Unpack
 
-from django_redlock.core.arguments import validate_name, validate_names
 from django_redlock.core.engine import (
     DEFAULT_DRIFT_FACTOR,
     DEFAULT_NODE_TIMEOUT,
@@ -31,13 +30,14 @@ from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.kinds import RWLock, Semaphore
 from django_redlock.core.lease import BaseLease
 from django_redlock.core.listing import LockListing, list_locks
-from django_redlock.core.options import AcquireOptions, ManagerDefault, acquire_options
 from django_redlock.core.owner import owner_scope
 from django_redlock.core.reporting import LockObserver
-from django_redlock.core.shapes import Many, Shape
 from django_redlock.procedures.acquire import acquire
+from django_redlock.procedures.arguments import validate_name, validate_names
 from django_redlock.procedures.effects import Effect
 from django_redlock.procedures.lease import adopt
+from django_redlock.procedures.options import AcquireOptions, ManagerDefault, acquire_options
+from django_redlock.procedures.shapes import Many, Shape
 from django_redlock.wire.cluster_route import refuse_across_slots
 from django_redlock.wire.nodes import NodeAddress
 

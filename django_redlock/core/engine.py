@@ -35,17 +35,6 @@ from functools import partial
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
-from django_redlock.core import flow
-from django_redlock.core.arguments import (
-    check_drift_factor,
-    check_key_prefix,
-    check_max_ttl,
-    check_seconds,
-    check_timeout,
-    check_ttl,
-    clip_origin,
-    validate_name,
-)
 from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.health import declare_fresh
 from django_redlock.core.lease import (
@@ -68,13 +57,24 @@ from django_redlock.core.lease import (
     settle_release,
     take_over,
 )
-from django_redlock.core.options import MANAGER_DEFAULT, Checked
 from django_redlock.core.owner import OwnerRecords, owner_scope
 from django_redlock.core.reporting import LockObserver, Reporter
-from django_redlock.core.shapes import Shape, heard
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
+from django_redlock.procedures import flow
+from django_redlock.procedures.arguments import (
+    check_drift_factor,
+    check_key_prefix,
+    check_max_ttl,
+    check_seconds,
+    check_timeout,
+    check_ttl,
+    clip_origin,
+    validate_name,
+)
 from django_redlock.procedures.lease import extend, owned
+from django_redlock.procedures.options import MANAGER_DEFAULT, Checked
+from django_redlock.procedures.shapes import Shape, heard
 from django_redlock.wire.nodes import NodeAddress, parse_node, parse_nodes
 from django_redlock.wire.primitives import PRELOAD
 from django_redlock.wire.scripts import NODE_KEY, PING, Command
@@ -525,7 +525,7 @@ class Engine:
 
     def contact(self) -> flow.Contact | None:
         """The first contact to carry out before an acquire or adopt begins (see
-        :class:`~django_redlock.core.flow.Contact`), or None once a quorum has been heard."""
+        :class:`~django_redlock.procedures.flow.Contact`), or None once a quorum has been heard."""
         if len(self.quarantine.heard) < self.quorum:
             return self._contact
         return None
@@ -540,7 +540,7 @@ class Engine:
 
     def first_try(self, name: str, checked: Checked, waiter: str, shape: Shape) -> flow.FirstTry:
         """The first round of a new acquire of ``name`` as ``shape`` (sync and asyncio alike),
-        built without its flow (see :class:`~django_redlock.core.flow.FirstTry`): it starts
+        built without its flow (see :class:`~django_redlock.procedures.flow.FirstTry`): it starts
         now on the engine's clock, so what came before (the first contact) does not count
         against its timeout."""
         return flow.FirstTry(
@@ -568,7 +568,7 @@ class Engine:
         """The flow of a new acquire of ``name`` as ``shape`` (sync and asyncio alike); it
         starts now on the engine's clock, so what came before (the first contact) does not
         count against its timeout. ``listens``: the manager hears releases (see
-        :class:`~django_redlock.core.flow.Acquire`). The managers start with
+        :class:`~django_redlock.procedures.flow.Acquire`). The managers start with
         :meth:`first_try` instead, and come here through :meth:`resume`."""
         owner = self.owners.record(checked.origin)
         started = self.clock()
@@ -600,8 +600,9 @@ class Engine:
         scope: tuple[object, ...],
         checked: Checked,
     ) -> _L:
-        """The lease a round of ``attempt`` won (its :class:`~django_redlock.core.flow.Granted`
-        times, on the engine's clock: taken at ``acquired_at``, valid until ``expires_at``),
+        """The lease a round of ``attempt`` won (its
+        :class:`~django_redlock.procedures.flow.Granted` times, on the engine's clock: taken at
+        ``acquired_at``, valid until ``expires_at``),
         made by ``make`` (``Lease`` or ``AsyncLease`` bound to its manager) and its owner's:
         reported, registered for re-entry, renewed if asked. If that raises, the caller never
         gets the lease (:meth:`own` let it go); the acquire procedure frees its keys."""

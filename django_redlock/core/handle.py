@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_redlock.core.arguments import MAX_TTL, validate_name
+from django_redlock.procedures.arguments import MAX_TTL, validate_name
 
 __all__ = ["LeaseHandle", "as_handle"]
 

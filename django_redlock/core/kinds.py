@@ -2,7 +2,7 @@
 
 Small handles made by a manager (``m.semaphore(name, limit)``, ``m.rwlock(name)``, sync or
 asyncio); each acquire goes through the manager's Redlock rounds with a shape of its own
-(``core/shapes.py``), under the same quorum, validity, retry and restart rules as
+(``procedures/shapes.py``), under the same quorum, validity, retry and restart rules as
 ``acquire``. With a sync manager they return a :class:`~django_redlock.redlock.Lease`; with
 an asyncio one, a coroutine of an :class:`~django_redlock.aredlock.AsyncLease`. Either lease
 is a context manager (``with`` / ``async with``) and renews, releases and is lost like a
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, Protocol, TypeVar, Unpack
 
-from django_redlock.core.options import AcquireOptions
-from django_redlock.core.shapes import ReadWrite, Shape, Slots
+from django_redlock.procedures.options import AcquireOptions
+from django_redlock.procedures.shapes import ReadWrite, Shape, Slots
 from django_redlock.wire.primitives import Kind, check_limit
 
 __all__ = ["RWLock", "Semaphore", "Taker"]

@@ -32,16 +32,17 @@ except ImportError:  # pragma: no cover - other Pythons: the same rule, in Pytho
             del table[key]
 
 
-from django_redlock.core import extender, flow, turns, untracking
-from django_redlock.core.arguments import clip_origin
+from django_redlock.core import extender, turns, untracking
 from django_redlock.core.handle import LeaseHandle
-from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.exceptions import (
     LeaseInherited,
     LeaseNotExtended,
     LeaseReleased,
     LockLost,
 )
+from django_redlock.procedures import flow
+from django_redlock.procedures.arguments import clip_origin
+from django_redlock.procedures.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire import process
 from django_redlock.wire.process import current_pid
 from django_redlock.wire.scripts import Command, release_command
@@ -580,7 +581,7 @@ class BaseLease:
         # The manager's engine, not the manager: one host for the leases of every manager
         # sharing it, and the attribute read here costs less than a subclass __init__ would.
         self._host = manager.engine
-        # What the lease is on the nodes (see core/shapes.py and _shape): None for a lock
+        # What the lease is on the nodes (see procedures/shapes.py and _shape): None for a lock
         # on ``key``, the common case, whose shape is made again for each round.
         self._special_shape = (
             None if shape is None or (type(shape) is Shape and shape.key == key) else shape
@@ -1175,7 +1176,7 @@ def expired_before_renewal(lease: BaseLease, size: int) -> list[Command | None] 
 
 def lost_clean_up(lease: BaseLease, results: Sequence[Any]) -> list[Command | None]:
     """After :func:`renewal_lost` marked the lease lost: the releases its round's ``results``
-    call for (see :func:`flow.lost_clean_up <django_redlock.core.flow.lost_clean_up>`)."""
+    call for (see :func:`flow.lost_clean_up <django_redlock.procedures.flow.lost_clean_up>`)."""
     return flow.lost_clean_up(lease._shape, lease._state[TOKEN], lease._lost_cause, results)
 
 
@@ -1183,7 +1184,7 @@ def release_round(lease: BaseLease, size: int) -> tuple[list[Command], object, b
     """The release round of ``lease`` on ``size`` nodes: its commands, the reply that counts
     as released, whether the lease had run out before it (for :func:`settle_release`), and
     whether the commands take the connection's identity (send them with that ``identify``:
-    see :meth:`~django_redlock.core.shapes.Shape.held_release`)."""
+    see :meth:`~django_redlock.procedures.shapes.Shape.held_release`)."""
     s = lease._state
     expired = s[EXPIRES_AT] <= lease._host.clock()
     shape = lease._special_shape

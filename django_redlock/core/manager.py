@@ -14,7 +14,7 @@ The algorithm follows the Redis "Distributed Locks with Redis" page (the Redlock
    and retry after a random delay.
 
 Every step is decided once, by a procedure (``django_redlock.procedures``) and the flow it
-decides with (``django_redlock.core.flow``); what both managers do alike (construction,
+decides with (``django_redlock.procedures.flow``); what both managers do alike (construction,
 argument checks, the procedure each call runs) is ``core.configured``'s, and what they share
 at run time (configuration, quarantine, re-entry registry, reporting, owners) the engine's
 (``django_redlock.core.engine``), which the asyncio manager (``django_redlock.core.amanager``)
@@ -33,12 +33,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-from django_redlock.core import flow, turns
-from django_redlock.core.arguments import (
-    MAX_NAME_BYTES,
-    MAX_ORIGIN_BYTES,
-    MAX_TTL,
-)
+from django_redlock.core import turns
 from django_redlock.core.configured import EngineConfigured
 from django_redlock.core.engine import (
     DEFAULT_DRIFT_FACTOR,
@@ -50,18 +45,24 @@ from django_redlock.core.engine import (
 )
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import TAKER_PID, BaseLease
-from django_redlock.core.options import (
+from django_redlock.core.owner import MAX_OWNER_BYTES
+from django_redlock.core.reporting import LockObserver
+from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.procedures import flow
+from django_redlock.procedures.arguments import (
+    MAX_NAME_BYTES,
+    MAX_ORIGIN_BYTES,
+    MAX_TTL,
+)
+from django_redlock.procedures.effects import Effect
+from django_redlock.procedures.operators import force_release, holder
+from django_redlock.procedures.options import (
     MANAGER_DEFAULT,
     AcquireOptions,
     ManagerDefault,
     acquire_options,
 )
-from django_redlock.core.owner import MAX_OWNER_BYTES
-from django_redlock.core.reporting import LockObserver
-from django_redlock.core.shapes import Shape
-from django_redlock.exceptions import LeaseReleased, LockLost
-from django_redlock.procedures.effects import Effect
-from django_redlock.procedures.operators import force_release, holder
+from django_redlock.procedures.shapes import Shape
 from django_redlock.wire import process
 from django_redlock.wire.scripts import NODE_KEY
 from django_redlock.wire.sync.driver import drive
@@ -107,7 +108,7 @@ class Lease(BaseLease):
         Keys that hold this lease's token are renewed; a key a node lost (a restart without
         data) is set again there, unless another holder has the name on that node, and counts
         only while the nodes that held the lease can still make a quorum
-        (``scripts/extend.lua`` and ``core/flow.judge_extend`` give the rule and why it is
+        (``scripts/extend.lua`` and ``procedures/flow.judge_extend`` give the rule and why it is
         safe). A key held by anyone else is never touched.
 
         Raises:
@@ -116,7 +117,7 @@ class Lease(BaseLease):
                 finished after it), or a quorum of nodes answered that they no longer hold
                 it. It stays lost, and its keys are freed (best effort): everywhere, but for
                 a lease found gone only the keys this renewal set again (the others expire by
-                themselves; see ``core/flow.lost_clean_up``).
+                themselves; see ``procedures/flow.lost_clean_up``).
             LeaseNotExtended: neither a quorum renewed it nor a quorum refused it (nodes
                 did not answer): nothing changed, the lease keeps the validity it had and
                 its keys; try again before ``validity`` runs out.
@@ -369,7 +370,7 @@ class LockManager(EngineConfigured[Lease, Lease, Callable[[float], None]]):
         return lease
 
     def acquire_shape(self, name: str, shape: Shape, **options: Unpack[AcquireOptions]) -> Lease:
-        """Acquire a lease of ``shape`` (``core/shapes.py``: a semaphore slot, a read or
+        """Acquire a lease of ``shape`` (``procedures/shapes.py``: a semaphore slot, a read or
         write lease, several locks) named ``name``, with ``acquire``'s keyword ``options``;
         never re-entrant. What the handles of ``core/kinds.py`` call.
 

@@ -22,8 +22,8 @@ import weakref
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from django_redlock.core.arguments import MAX_ORIGIN_BYTES, clip_origin, clip_text
 from django_redlock.exceptions import RedlockError
+from django_redlock.procedures.arguments import MAX_ORIGIN_BYTES, clip_origin, clip_text
 from django_redlock.wire import process
 from django_redlock.wire.process import current_pid
 

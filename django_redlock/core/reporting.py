@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from django_redlock.core.flow import Nodes, has_node_errors, summarise
 from django_redlock.exceptions import is_quarantined, is_restarted, quarantine_hint
+from django_redlock.procedures.flow import Nodes, has_node_errors, summarise
 from django_redlock.wire.errors import PENDING
 from django_redlock.wire.scripts import GRANTED
 

@@ -13,7 +13,10 @@ thrown into the procedure at its ``yield``, so the procedure's own clean-ups (po
 never wait) run before it re-raises; a driver therefore never closes a procedure it has not
 run to its end.
 
-This package imports no socket, thread, asyncio, selectors or Django
-(``tests/core/test_import_isolation.py`` proves it): only the pure modules it decides with
-(``core.flow``, ``core.shapes``, the commands of ``wire.scripts``).
+This package is the pure part of the library: the procedures (``acquire``, ``lease``,
+``operators``, their ``effects``) and the modules they decide with: ``flow`` (the Redlock
+steps over replies), ``shapes`` (what each kind of lease sends and counts), ``options`` and
+``arguments`` (what a caller may ask, checked). It imports no socket, thread, asyncio,
+selectors or Django (``tests/core/test_import_isolation.py`` proves it), only the commands of
+``wire.scripts`` and ``wire.primitives``.
 """

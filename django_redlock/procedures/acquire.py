@@ -5,7 +5,7 @@ clean-ups of every exit. The only place that decides a step of an acquire.
 The Redlock steps (the Redis "Distributed Locks with Redis" page): take the time on a
 monotonic clock; send the SET (here a script) to all N nodes at once; the lock is acquired
 when a quorum granted it and the validity ``ttl - elapsed - drift`` is still positive
-(``core.flow.won``); otherwise unlock every node (the failed ones too: a timed-out SET may
+(``procedures.flow.won``); otherwise unlock every node (the failed ones too: a timed-out SET may
 still have landed) and retry after a random delay, or when a release wakes this waiter.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from django_redlock.procedures.effects import (
     LISTEN,
     Answer,
@@ -28,8 +28,8 @@ from django_redlock.procedures.effects import (
 )
 
 if TYPE_CHECKING:
-    from django_redlock.core.options import Checked
-    from django_redlock.core.shapes import Shape
+    from django_redlock.procedures.options import Checked
+    from django_redlock.procedures.shapes import Shape
 
 __all__ = ["AcquireHost", "acquire", "failed", "learn_quarantines", "resume"]
 
@@ -223,7 +223,7 @@ def failed(
 ) -> flow.Action:
     """What follows the failed round ``step`` of ``attempt`` (:meth:`flow.Acquire.after`),
     once the quarantines its refusals name are learnt and the round is reported; a
-    :class:`~django_redlock.core.flow.GiveUp` carries the error to raise, the give-up
+    :class:`~django_redlock.procedures.flow.GiveUp` carries the error to raise, the give-up
     reported (with the acquire's ``origin``)."""
     learn_quarantines(host, step.error.node_errors)
     host.round_failed(attempt, step)
@@ -239,7 +239,7 @@ class _Learns(Protocol):
 
 def learn_quarantines(host: _Learns, node_errors: dict[str, str]) -> None:
     """Take the longer quarantines nodes refused a vote for (``node_errors`` of a failed
-    round: :func:`~django_redlock.core.flow.longer_quarantines`), each told to the host,
+    round: :func:`~django_redlock.procedures.flow.longer_quarantines`), each told to the host,
     which sends the longest with every later acquire: a node that restarted empty must not
     vote before every lease any of its clients may have been granted has run out."""
     for node, ms in flow.longer_quarantines(node_errors).items():

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from django_redlock.core import flow
 from django_redlock.exceptions import LockLost, QuorumUnreachable
+from django_redlock.procedures import flow
 from django_redlock.procedures.acquire import learn_quarantines
 from django_redlock.procedures.effects import Effect, Post, Round
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import Any, Protocol
 
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from django_redlock.procedures.effects import Effect, Round
 
 __all__ = ["OperatorHost", "force_release", "holder"]

@@ -452,7 +452,7 @@ class _ExtendFallback(Fallback):
     acked_yes = (1, 2)
 
 
-# A waiter's clean-ups (core/flow.py: Acquire._hand_clean_up): preloaded, so they go as a
+# A waiter's clean-ups (procedures/flow.py: Acquire._hand_clean_up): preloaded, so they go as a
 # short EVALSHA behind the try they follow, never as the source to a node that may be stalled.
 HAND_YIELD = load_script("hand_yield")
 HAND_UNDO = load_script("hand_undo")

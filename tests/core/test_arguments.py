@@ -7,7 +7,7 @@ import math
 import pytest
 
 from django_redlock import LockManager
-from django_redlock.core.arguments import (
+from django_redlock.procedures.arguments import (
     _CONTROL_CHARACTERS,
     DEFAULT_MAX_TTL,
     MAX_NAME_BYTES,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from django_redlock import LockContended, LockLost, LockManager
-from django_redlock.core.flow import failure
+from django_redlock.procedures.flow import failure
 from tests.helpers import FakeClock, node_client
 
 

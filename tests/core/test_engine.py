@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncLease, AsyncLockManager, Lease, LockContended, LockManager
-from django_redlock.core import flow
 from django_redlock.core.engine import Engine
 from django_redlock.core.lease import BaseLease
-from django_redlock.core.shapes import Shape
+from django_redlock.procedures import flow
+from django_redlock.procedures.shapes import Shape
 from tests.helpers import FakeClock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -395,7 +395,7 @@ def test_default_options_are_checked_as_the_general_path_checks_them(default_tim
     """check_arguments answers the all-default call from a table built once per engine: it
     is the answer the checks give for the same options spelled out (a table built with a
     wrong wait, ttl or origin fails here)."""
-    from django_redlock.core.options import MANAGER_DEFAULT
+    from django_redlock.procedures.options import MANAGER_DEFAULT
 
     engine = Engine(["redis://127.0.0.1:1"], ttl=7.5, default_timeout=default_timeout)
     fast = engine.check_arguments(None, blocking, MANAGER_DEFAULT, False, None, None)
@@ -411,7 +411,7 @@ def test_default_options_are_checked_as_the_general_path_checks_them(default_tim
 def test_default_options_still_refuse_a_blocking_that_is_no_bool():
     """The table is keyed by the bools only: ``blocking=1`` (equal to True, and hashing
     like it) still goes through the checks and is refused."""
-    from django_redlock.core.options import MANAGER_DEFAULT
+    from django_redlock.procedures.options import MANAGER_DEFAULT
 
     engine = Engine(["redis://127.0.0.1:1"])
     with pytest.raises(TypeError, match="blocking must be a bool"):

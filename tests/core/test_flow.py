@@ -1,4 +1,4 @@
-"""The Redlock steps as plain functions (``django_redlock.core.flow``): no I/O, so they are
+"""The Redlock steps as plain functions (``django_redlock.procedures.flow``): no I/O, so they are
 tested directly on made-up replies, with the clock and the jitter passed in."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import secrets
 
 import pytest
 
-from django_redlock.core import flow
-from django_redlock.core.shapes import Many, Shape, SlotDecider, Slots
 from django_redlock.exceptions import LockContended, QuorumUnreachable
+from django_redlock.procedures import flow
+from django_redlock.procedures.shapes import Many, Shape, SlotDecider, Slots
 from django_redlock.wire import scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.scripts import GRANTED
@@ -253,7 +253,7 @@ def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
     timeout, a reply not waited for: its SET may have landed). A QUARANTINED refusal or a
     command that never left wrote nothing (the vote gate runs before any write), so such a
     node does not hold it: counting it would let a renewal think the lease still held there."""
-    from django_redlock.core.shapes import Shape
+    from django_redlock.procedures.shapes import Shape
 
     quarantined = NodeError(
         "QUARANTINED up 1 s, not proven durable (appendonly no): votes again in 59 s"
@@ -265,7 +265,7 @@ def test_a_grant_round_tells_which_nodes_may_hold_the_lease():
 def test_a_grant_round_heard_from_every_node_or_not_waited_for_holds_everywhere():
     """The usual won round (grants, and replies not waited for: PENDING) is counted in C, not
     judged node by node: the same answer as the per-node rule, for every mix of the two."""
-    from django_redlock.core.shapes import Shape
+    from django_redlock.procedures.shapes import Shape
 
     for replies in ([GRANTED] * 5, [GRANTED, PENDING, GRANTED, PENDING, GRANTED], [PENDING]):
         assert Shape("k").granted_on(replies) == (True,) * len(replies)
@@ -311,7 +311,7 @@ def test_a_waiter_keeps_one_token_numbers_its_rounds_and_yields_only_to_older_wa
 
 def test_a_semaphore_or_single_try_takes_no_grants():
     assert not acquire(waiter="").hand
-    from django_redlock.core.shapes import Slots
+    from django_redlock.procedures.shapes import Slots
 
     assert not acquire(shape=Slots("redlock:job", 2, 3)).hand
 

@@ -1,6 +1,6 @@
 """A release hands the lock over: it grants it, on each node, to the live head of the line,
 and the waiter holds once a quorum granted it, without a round of its own
-(``scripts/hand_grant.lua``; ``core/flow.py``: ``Acquire.hear_grants``). Real nodes."""
+(``scripts/hand_grant.lua``; ``procedures/flow.py``: ``Acquire.hear_grants``). Real nodes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncLockManager, LockContended, LockManager
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from django_redlock.wire import scripts
 from tests.helpers import lock_token, node_client, node_identity, owner_arg, votes_recorded
 

@@ -1,5 +1,5 @@
 """Adversarial checks of the one-message hand-off (``scripts/hand_grant.lua``,
-``core/flow.py``: ``Acquire.hear_grants``) on real nodes: paused waiters, paused nodes,
+``procedures/flow.py``: ``Acquire.hear_grants``) on real nodes: paused waiters, paused nodes,
 many waiters at once, sync and asyncio."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from django_redlock import AsyncLockManager, LockManager
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from tests.helpers import lock_token, node_client
 
 KEY = "redlock:handed"

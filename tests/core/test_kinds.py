@@ -17,7 +17,7 @@ from collections.abc import Callable
 import pytest
 
 from django_redlock import AsyncLockManager, LockContended, LockLost, LockManager
-from django_redlock.core.shapes import Slots
+from django_redlock.procedures.shapes import Slots
 from django_redlock.wire import primitives
 from tests.helpers import lock_token, node_client, put_lock
 

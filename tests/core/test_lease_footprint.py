@@ -37,8 +37,8 @@ from django_redlock.core import extender
 from django_redlock.core import lease as lease_module
 from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
 from django_redlock.core.manager import Lease
-from django_redlock.core.shapes import Shape
 from django_redlock.exceptions import LeaseReleased, LockLost
+from django_redlock.procedures.shapes import Shape
 from django_redlock.wire.scripts import PING
 from tests.core.test_async_lease import keys_left
 from tests.core.test_fork import in_child, in_child_while_held

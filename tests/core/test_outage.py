@@ -89,7 +89,7 @@ def test_a_caller_who_asked_to_wait_waits_for_the_nodes_to_come_back(cluster3):
 def test_a_name_that_does_not_resolve_is_a_plain_refusal():
     import socket
 
-    from django_redlock.core.flow import plainly_refusing
+    from django_redlock.procedures.flow import plainly_refusing
     from django_redlock.wire.errors import NotSent
     from django_redlock.wire.setup import describe
 

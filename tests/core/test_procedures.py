@@ -12,9 +12,7 @@ from typing import Any
 import pytest
 
 from django_redlock import LockContended, LockManager, LockNotAcquired
-from django_redlock.core.options import Checked
 from django_redlock.core.owner import owner_scope
-from django_redlock.core.shapes import Shape
 from django_redlock.procedures import acquire as acquire_procedure
 from django_redlock.procedures.effects import (
     LISTEN,
@@ -26,6 +24,8 @@ from django_redlock.procedures.effects import (
     Subscribe,
     Wait,
 )
+from django_redlock.procedures.options import Checked
+from django_redlock.procedures.shapes import Shape
 from django_redlock.redlock import Lease
 from django_redlock.wire.errors import TIMED_OUT
 from django_redlock.wire.scripts import GRANTED

@@ -127,7 +127,7 @@ def test_extend_renews_its_own_key_and_never_overwrites_another(node):
 
 
 def test_extend_re_creates_a_key_the_node_lost(node):
-    """Answered 2, so the client can tell a renewal from a re-creation (core/flow.py)."""
+    """Answered 2, so the client can tell a renewal from a re-creation (procedures/flow.py)."""
     acquire(node, "k", "a" * 40, ttl_ms=2_000)
     node.delete("k")  # this node lost it (a restart without data, an eviction)
     assert extend(node, "k", "a" * 40, 30_000, owner=owner_arg(9)) == 2

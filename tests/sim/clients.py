@@ -16,13 +16,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from django_redlock.core import flow
 from django_redlock.core.engine import Adoption
 from django_redlock.core.handle import LeaseHandle
 from django_redlock.core.lease import BaseLease, held_on
-from django_redlock.core.options import Checked
 from django_redlock.core.owner import owner_id
-from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.exceptions import (
     LeaseNotExtended,
     LockLost,
@@ -30,7 +27,10 @@ from django_redlock.exceptions import (
     QuorumUnreachable,
 )
 from django_redlock.procedures import acquire as acquire_procedure
+from django_redlock.procedures import flow
 from django_redlock.procedures import lease as lease_procedures
+from django_redlock.procedures.options import Checked
+from django_redlock.procedures.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire.scripts import GRANTED, PING, Command
 from tests.sim.world import Db, LeaseRecord, Round, SimClient, Sleep
 

@@ -1,7 +1,7 @@
 """Deliberately broken variants of the library, each of which the simulator must catch.
 
 A mutant changes one rule for the length of one history: a flow function patched in
-``core/flow.py``, a line of a shipped procedure (``django_redlock/procedures/``: the code the
+``procedures/flow.py``, a line of a shipped procedure (``django_redlock/procedures/``: the code the
 managers run, compiled again with the line changed), or one script's text replaced on the
 simulated nodes (the override is keyed by the real script's SHA1, so the clients send exactly
 the commands they always send).
@@ -15,10 +15,10 @@ import types
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from django_redlock.core import flow
-from django_redlock.core.shapes import Slots
 from django_redlock.procedures import acquire as acquire_procedure
+from django_redlock.procedures import flow
 from django_redlock.procedures import lease as lease_procedures
+from django_redlock.procedures.shapes import Slots
 from django_redlock.wire import primitives, scripts
 from tests.sim import fence
 from tests.sim.lua_node import LIBRARY_SCRIPTS

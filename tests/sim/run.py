@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from tests.sim import faults, mutants
 from tests.sim.world import PROFILES, World, draw_config
 

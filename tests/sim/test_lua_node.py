@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from django_redlock.core.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.localnodes import LocalCluster
+from django_redlock.procedures.shapes import Many, ReadWrite, Shape, Slots
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.scripts import NODE_KEY, Command
 from tests.helpers import node_client, node_identity, owner_arg

@@ -5,14 +5,14 @@ their retry jitter come from ``random.Random(seed)``; the planned faults (``faul
 and the lease tokens (``run.seeded_tokens``) from generators of their own, derived from the
 seed. Nothing reads the real clock, so the same seed gives the same history, step for step.
 
-The clients run the managers' real decision code (``core/flow.py``, ``core/shapes.py``): the
-commands of each round are the ``Command`` bytes the library builds, sent to the simulated
-nodes, which run the real Lua scripts (``tests/sim/lua_node.py``); the replies are judged by
-the library's functions (``Acquire.judge``, ``judge_extend``, ``lost_clean_up``,
-``judge_release``). What the sim writes itself is only the glue the managers add around
-those functions (``core/manager.py``: ``_rounds``; ``core/engine.py``: ``renew``,
-``release``), step by step in
-the same order, and the transport's round semantics (``wire/rounds.py``: ``Round``).
+The clients run the managers' real decision code (``procedures/flow.py``,
+``procedures/shapes.py``): the commands of each round are the ``Command`` bytes the library
+builds, sent to the simulated nodes, which run the real Lua scripts
+(``tests/sim/lua_node.py``); the replies are judged by the library's functions
+(``Acquire.judge``, ``judge_extend``, ``lost_clean_up``, ``judge_release``). What the sim
+writes itself is only the glue the managers add around those functions (``core/manager.py``:
+``_rounds``; ``core/engine.py``: ``renew``, ``release``), step by step in the same order,
+and the transport's round semantics (``wire/rounds.py``: ``Round``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from django_redlock.core import flow
+from django_redlock.procedures import flow
 from django_redlock.procedures.effects import Grants, Listen, Post, Round, Sleep, Subscribe, Wait
 from django_redlock.wire import primitives, rounds, scripts
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent

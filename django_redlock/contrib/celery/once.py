@@ -23,7 +23,6 @@ from celery.utils import uuid
 
 from django_redlock.contrib.celery.naming import Namer
 from django_redlock.contrib.celery.policy import Policy
-from django_redlock.core.arguments import MAX_ORIGIN_BYTES
 from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.lease import release_quietly
 from django_redlock.exceptions import (
@@ -34,6 +33,7 @@ from django_redlock.exceptions import (
     QuorumUnreachable,
     RedlockError,
 )
+from django_redlock.procedures.arguments import MAX_ORIGIN_BYTES
 from django_redlock.redlock import Lease, LockManager
 
 __all__ = [

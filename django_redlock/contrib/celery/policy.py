@@ -11,7 +11,7 @@ from celery import Task
 from celery.local import Proxy
 
 from django_redlock.contrib.celery.naming import Key, Namer
-from django_redlock.core.arguments import check_seconds
+from django_redlock.procedures.arguments import check_seconds
 from django_redlock.redlock import LockManager
 
 __all__ = [

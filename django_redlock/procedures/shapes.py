@@ -3,7 +3,7 @@ write lease of a read-write lock, or several locks at once.
 
 A shape builds the commands of every round of its lease (acquire, release, extend, owns,
 leave the line) and says how an acquire round is voted; the Redlock steps
-(``core/flow.py``) and both managers run every shape the same way: same quorum, same
+(``procedures/flow.py``) and both managers run every shape the same way: same quorum, same
 validity with drift, same retry, clean-up and restart rules. Plain objects over command
 builders (``wire/scripts.py``, ``wire/primitives.py``): no I/O.
 

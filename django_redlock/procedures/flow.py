@@ -34,9 +34,9 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from dataclasses import dataclass, field
 from typing import Any
 
-from django_redlock.core.arguments import DRIFT_SECONDS
-from django_redlock.core.shapes import Shape, heard, lock_refusal
 from django_redlock.exceptions import LockContended, LockNotAcquired, QuorumUnreachable
+from django_redlock.procedures.arguments import DRIFT_SECONDS
+from django_redlock.procedures.shapes import Shape, heard, lock_refusal
 from django_redlock.wire.errors import PENDING, TIMED_OUT, NodeError, NotSent
 from django_redlock.wire.primitives import handback_command, handoff_command
 from django_redlock.wire.scripts import (
