@@ -39,8 +39,9 @@ from django_redlock.core.handle import LeaseHandle, as_handle
 from django_redlock.core.health import declare_fresh
 from django_redlock.core.lease import (
     BaseLease,
-    Reentry,
+    cycle_free,
     expired_before_renewal,
+    forget_in,
     held_on,
     let_go,
     lost_clean_up,
@@ -58,6 +59,7 @@ from django_redlock.core.lease import (
     take_over,
 )
 from django_redlock.core.owner import OwnerRecords, owner_scope
+from django_redlock.core.reentry import Reentry
 from django_redlock.core.reporting import LockObserver, Reporter
 from django_redlock.core.witness import CLIENT_SEEN, VoteRecorder
 from django_redlock.exceptions import LockLost, QuorumUnreachable, RedlockError
@@ -324,7 +326,7 @@ class Engine:
         self._contact = flow.Contact([PING] * len(self.addresses), self.quorum)
         # A place in line lapses after a few polls without a try (see flow.retry_delay).
         self._line_lifetime_ms = math.ceil(max(1.0, 4 * self.retry_delay) * 1000)
-        self.held: Reentry[BaseLease] = Reentry()
+        self.held: Reentry[BaseLease] = Reentry(cycle_free)
         """Leases by (owner scope, name), for re-entry (weak references: see :meth:`own`).
         The scope names the process, thread and asyncio task, so another thread, task or a
         forked child is never the owner. Weak values: a lease dropped without release must
@@ -687,7 +689,7 @@ class Engine:
 
     def forget(self, lease: BaseLease) -> None:
         """Drop ``lease`` from the re-entry registry (released, handed off, or let go)."""
-        self.held.forget(lease)
+        forget_in(self.held, lease)
 
     # -- adopt -----------------------------------------------------------------------------
 

@@ -10,30 +10,15 @@ asyncio tasks can never share or overwrite each other's tokens.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
-import sys
-import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, Final, Generic, Protocol, TypeGuard, TypeVar, cast
+from typing import Any, ClassVar, Final, Protocol, TypeGuard, TypeVar, cast
 
-try:
-    # CPython's atomic "delete this key if its weak reference is dead", which
-    # weakref.WeakValueDictionary uses (not in typeshed).
-    from _weakref import _remove_dead_weakref  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - other Pythons: the same rule, in Python
-
-    def _remove_dead_weakref(table: dict[Any, Any], key: object) -> None:
-        ref = table.get(key)
-        if ref is not None and ref() is None:
-            del table[key]
-
-
-from django_redlock.core import extender, turns, untracking
+from django_redlock.core import extender, turns
 from django_redlock.core.handle import LeaseHandle
+from django_redlock.core.reentry import Reentry
+from django_redlock.core.untracking import track_again
 from django_redlock.exceptions import (
     LeaseInherited,
     LeaseNotExtended,
@@ -52,8 +37,9 @@ __all__ = [
     "Holder",
     "LeaseEvents",
     "LeaseHost",
-    "Reentry",
+    "cycle_free",
     "expired_before_renewal",
+    "forget_in",
     "forget_scope",
     "held_on",
     "let_go",
@@ -161,69 +147,7 @@ def replaced(state: _State, **changes: object) -> _State:
     return cast(_State, tuple(values))
 
 
-# CPython's PyObject_GC_UnTrack where it can be had (see core.untracking); used on the
-# re-entry registry's plain weak references (see Reentry.put), a thread's dict of them once
-# it holds many (see _untrack_entries).
-_untrack = untracking.untrack
-_keep_tracked = untracking.keep_tracked
-
-# A scope holding fewer leases than this keeps its weak references tracked: a few tracked
-# objects more do not show in a collection, and the untracking call (about 0.15 us, through
-# ctypes) would be on every acquire's path (a thread's first hold makes its scope's dict:
-# no check there either). From here on, the weak reference of every lease its scope puts
-# is untracked: a held lease is one object the collector tracks, itself; and a thread's
-# dict of them is untracked too (see _untrack_entries), so that a collection reads no weak
-# reference either (a second call on each such put: each insert tracks the dict again).
-# (Many scopes holding a lease or two each, asyncio tasks, keep theirs tracked.)
-_UNTRACK_AT = 16 if _untrack is not _keep_tracked else sys.maxsize
-
-# From there on, a scope untracks the lease itself too, when nothing it refers to can
-# refer back to it (see _cycle_free): its lease class says so, and its manager's observer
-# keeps no lease. Then a collection does not read the lease, nor its state through it: a
-# held lease costs a collection only the reference to it that its holder keeps (issue 28,
-# item 4). It is tracked again as its hold ends (let_go, before it leaves the registry):
-# released, handed off or let go, a lease may be kept by anything, an observer among them.
-# Only where both calls can be had: a lease untracked for good could hide a cycle for ever.
-_track = untracking.track
-_LEASES_UNTRACKED = _track is not _keep_tracked
-_is_tracked = gc.is_tracked
-# Held only across the check and the call that tracks a lease again: PyObject_GC_Track
-# aborts the process on an object already tracked, and two threads releasing one lease at
-# once (a misuse the second release reports) would both find it untracked. Re-entrant: a
-# signal handler, or a finalizer run by a collection (3.12+ runs them between bytecodes),
-# may release a lease on this thread while it holds the lock; _being_tracked (the leases
-# this thread is tracking again, read and changed only under the lock) keeps such a handler
-# from tracking the very lease the interrupted call is about to track.
-_tracking = threading.RLock()
-_being_tracked: list[object] = []
-
-
-def _tracking_after_fork_in_child() -> None:
-    """A parent thread may hold the lock at the fork: the child makes its own."""
-    global _tracking, _being_tracked
-    _tracking = threading.RLock()
-    _being_tracked = []
-
-
-def track_again(lease: BaseLease) -> None:
-    """Have the collector track ``lease`` again if the registry untracked it (see
-    _LEASES_UNTRACKED): by :func:`let_go`, before the hold ends."""
-    if not _is_tracked(lease):
-        with _tracking:
-            if any(other is lease for other in _being_tracked):
-                return  # re-entered (a signal handler's release): the outer call tracks it
-            _being_tracked.append(lease)
-            try:
-                if not _is_tracked(lease):
-                    _track(id(lease))
-            finally:
-                _being_tracked.pop()
-
-
-os.register_at_fork(after_in_child=_tracking_after_fork_in_child)
-
-
-def _cycle_free(value: object) -> bool:
+def cycle_free(value: object) -> bool:
     """Whether ``value``, a lease held in a thread's or a task's scope, refers to nothing that
     can refer back to it, so that untracked it can hide no cycle from the collector.
 
@@ -250,201 +174,6 @@ def _cycle_free(value: object) -> bool:
 
 
 _OWN_SHAPES = frozenset({Shape, Slots, ReadWrite, Many})
-
-
-class _Entries(dict):  # type: ignore[type-arg]  # dict[str, weakref.ref[_V]]
-    """One owner scope's entries in a :class:`Reentry`: lock name -> plain weak reference.
-
-    Keyed by the name alone: a collection visits only the values of a dict whose keys are
-    all ``str``, where a ``(scope, name)`` key was one more object per held lease to visit
-    (a tuple of its own, scattered in memory: a cache miss in each collection).
-    """
-
-    # No __init__ of its own (one is made on a thread's first acquire while it holds
-    # nothing, so on the hot path: dict's own is C): Reentry.put sets both.
-    __slots__ = ("scope", "sweep_at")
-
-    # The scope's one tuple while it holds leases: every lease registered under it keeps
-    # this one (see Reentry.put), so an asyncio task holding many leases makes one tracked
-    # scope tuple, not one per lease.
-    scope: tuple[object, ...]
-    # Swept when it holds this many entries (dead ones included).
-    sweep_at: int
-
-
-class Reentry(Generic[_V]):
-    """Held leases by owner scope (pid, thread id, asyncio task or None: see
-    ``core.owner.owner_scope``) and name, held weakly: the engine's re-entry registry.
-
-    What a ``weakref.WeakValueDictionary`` keyed by ``(scope, name)`` did, at less cost to
-    the garbage collector and to each acquire. Per held lease there is one plain weak
-    reference with no callback (the one ``weakref.ref(lease)`` that CPython shares with the
-    extender's), in which a collection visits nothing, in a dict per scope keyed by the name
-    (see :class:`_Entries`); a ``WeakValueDictionary`` kept a ``KeyedRef`` (key, callback,
-    class) and the key tuple. Once a scope holds many leases, that weak reference is one the
-    collector does not track either (see ``core.untracking``): a held lease is then one
-    tracked object, itself; and a thread's dict of them one the collector does not track
-    (see :func:`_untrack_entries`): a collection reads the lease and its state tuple only.
-    A lease dropped without release leaves a dead reference:
-    ``get`` returns None for it, and dead entries are removed each time a scope's dict has
-    doubled since its last sweep (so the work is constant per entry added) and by ``len``.
-
-    Only code running in a scope's thread puts entries under it (the thread itself, or the
-    asyncio task, which runs in it), so a scope's dict is created, and removed once empty,
-    only by that thread: a release from another thread leaves an empty dict, which that
-    thread's next put reuses (or a sweep drops, once its task is done).
-    """
-
-    __slots__ = ("_scopes", "_sweep_at")
-
-    _FIRST_SWEEP = 64
-
-    def __init__(self) -> None:
-        self._scopes: dict[tuple[object, ...], _Entries] = {}
-        self._sweep_at = self._FIRST_SWEEP
-
-    def get(self, scope: tuple[object, ...], name: str) -> _V | None:
-        """The live value ``scope`` registered under ``name``, or None."""
-        entries = self._scopes.get(scope)
-        if entries is None:
-            return None
-        ref = entries.get(name)
-        return None if ref is None else ref()
-
-    def put(self, scope: tuple[object, ...], name: str, value: _V) -> tuple[object, ...]:
-        """Register ``value`` under ``scope`` and ``name`` (replacing any entry there), from
-        ``scope``'s own thread; returns the scope tuple the registry keeps for ``scope``
-        (equal to it), for the value to keep instead of its own."""
-        scopes = self._scopes
-        entries = scopes.get(scope)
-        if entries is None:
-            entries = scopes[scope] = _Entries()
-            entries.scope = scope
-            entries.sweep_at = self._FIRST_SWEEP
-            entries[name] = weakref.ref(value)
-            # Only after the put: a sweep drops this thread's empty dicts, this new one too.
-            if len(scopes) >= self._sweep_at:
-                self._sweep()
-            return scope
-        ref = weakref.ref(value)
-        # What the dict holds after this put, at most (a name already there adds nothing).
-        size = len(entries) + 1
-        if size >= _UNTRACK_AT:  # a scope holding many leases: see core.untracking
-            _untrack(id(ref))  # before it goes in: an untracked dict never holds it tracked
-            entries[name] = ref
-            task = entries.scope[2]
-            # A thread's scope, or a task's held weakly (core.owner.owner_scope): see
-            # _untrack_entries. A task held strongly (one that cannot be weakly referenced)
-            # keeps its dict, and its leases, tracked.
-            if task is None or type(task) is weakref.ref:
-                _untrack_entries(entries, size == _UNTRACK_AT)
-                # The lease too (see _LEASES_UNTRACKED): no other thread has it yet.
-                if _LEASES_UNTRACKED and _cycle_free(value):
-                    _untrack(id(value))
-        else:
-            entries[name] = ref
-        if len(entries) >= entries.sweep_at:
-            _sweep_entries(entries)
-        return entries.scope
-
-    def remove(self, scope: tuple[object, ...], name: str, value: object) -> None:
-        """Drop the entry under ``scope`` and ``name`` if it is ``value``'s (from any
-        thread: only the scope's own thread registers under it, so the entry checked is the
-        one deleted, and a sweep deletes only a dead one)."""
-        entries = self._scopes.get(scope)
-        if entries is None:
-            return
-        ref = entries.get(name)
-        if ref is None or ref() is not value:
-            return
-        del entries[name]
-        if not entries and scope[1] == threading.get_ident():
-            # Its own thread, so no put under it runs meanwhile: no entry is lost with it.
-            # (An empty dict left by another thread's release is reused, or swept.)
-            del self._scopes[scope]
-
-    def forget(self, lease: BaseLease) -> None:
-        """:meth:`remove` the entry of ``lease`` under its own scope and name, if it was
-        registered (released, handed off, or let go); one call on every release, so the
-        lease's scope and name are read here rather than through their accessors."""
-        scope = lease._scope
-        if scope is not None:
-            self.remove(scope, lease._state[NAME], lease)
-
-    def __bool__(self) -> bool:
-        """Whether any scope has an entry, live or not yet swept (O(1): the managers ask it
-        before every lookup, so that a process holding nothing does no lookup)."""
-        return bool(self._scopes)
-
-    def __len__(self) -> int:
-        """The live entries (dead ones are swept first: O(entries))."""
-        self._sweep()
-        return sum(len(entries) for entries in list(self._scopes.values()))
-
-    def _sweep(self) -> None:
-        """Remove the dead entries of every scope, and the empty dicts of scopes that can
-        put no more: an asyncio task that is done (none of its code runs again), or this
-        thread's own."""
-        scopes = self._scopes
-        me = threading.get_ident()
-        for scope, entries in list(scopes.items()):
-            _sweep_entries(entries)
-            if not entries:
-                owner: Any = scope[2]
-                if owner is None:
-                    over = scope[1] == me
-                else:
-                    task = owner() if type(owner) is weakref.ref else owner
-                    over = task is None or task.done()  # gone, or done
-                if over and scopes.get(scope) is entries and not entries:
-                    del scopes[scope]
-        self._sweep_at = max(self._FIRST_SWEEP, 2 * len(scopes))
-
-
-def _untrack_entries(entries: _Entries, crossing: bool) -> None:
-    """Make a thread's ``entries``, past ``_UNTRACK_AT`` of them, a dict the collector does
-    not track (and, when ``crossing`` that threshold, the weak references put below it).
-
-    Such a dict holds ``str`` keys, untracked plain weak references (which hold no strong
-    reference: see ``core.untracking``), and in its slots the scope tuple (pid, thread id,
-    None or a weak reference to a task) and an int: it can be in no reference cycle, so a
-    collection has nothing to find in it, and untracked it reads none of the weak references
-    either (a dict's traversal visits each value: the header of each, a cache miss per held
-    lease per pass).
-    A held lease then costs a collection what the pure-Python floor does: itself and its
-    state tuple. The dict still holds its weak references as before; their referents are
-    freed, and the references cleared, by reference counting or by the collector as before.
-
-    An asyncio task's scope too: its tuple holds the task only weakly (pid, thread id, a weak
-    reference with no callback: core.owner.owner_scope), so the dict reaches no task. (A
-    task that cannot be weakly referenced is held, and its dict stays tracked: an untracked
-    container hides its references from the collector, so the task and all it reaches would
-    look referenced from outside, and a cycle through it could never be collected.)
-
-    Called after each put past the threshold: CPython up to 3.13 tracks an untracked dict
-    again on any insert of a value of a GC type (a weak reference is one, tracked or not:
-    ``MAINTAIN_TRACKING`` in ``Objects/dictobject.c``); a put below it leaves it tracked,
-    and the next crossing untracks it again. 3.14 no longer tracks dicts on insert: there a
-    dict once untracked stays so, and the weak references put into it below the threshold
-    stay tracked (safe: none can close a cycle; each is then one more tracked object).
-    Removes and sweeps only delete, which never tracks a dict.
-    """
-    if crossing:
-        # A copy: another thread's release or sweep may delete meanwhile (the list keeps
-        # each reference alive until it is untracked). Only this thread puts under it.
-        for ref in list(entries.values()):
-            _untrack(id(ref))
-    _untrack(id(entries))
-
-
-def _sweep_entries(entries: _Entries) -> None:
-    """Remove ``entries``' dead weak references."""
-    # Another thread may put a live lease under a dead entry's key meanwhile (the sweep is
-    # anyone's): removed only if still dead, at once.
-    for key, ref in list(entries.items()):
-        if ref() is None:
-            _remove_dead_weakref(entries, key)
-    entries.sweep_at = max(Reentry._FIRST_SWEEP, 2 * len(entries))
 
 
 class LeaseEvents(Protocol):
@@ -532,7 +261,7 @@ class BaseLease:
     # reference each collection visits twice, None or not. No attribute of a lease refers back to
     # it, so a dropped lease is freed by reference counting alone.
     # Whether a lease of this class, held, refers to nothing that can refer back to it
-    # (see _cycle_free): the sync Lease's does not; an asyncio lease's manager might.
+    # (see cycle_free): the sync Lease's does not; an asyncio lease's manager might.
     _cycle_free_class: ClassVar[bool] = False
 
     __slots__ = (
@@ -734,7 +463,7 @@ class BaseLease:
         # small ones) is not one more object to read. Set by its owner once the lease is
         # its owner's (the extender may renew it meanwhile): in its turn, as names.
         # A plain int, copied: anything else in the state could refer back to the lease,
-        # which may be untracked (see _cycle_free), and would keep the state tracked.
+        # which may be untracked (see cycle_free), and would keep the state tracked.
         if token is not None:
             if not isinstance(token, int) or isinstance(token, bool):
                 raise TypeError(f"fencing_token must be an int or None, not {token!r}")
@@ -1147,6 +876,15 @@ def let_go(lease: BaseLease) -> None:
     track_again): no interruption between the two leaves a lease no longer held untracked."""
     track_again(lease)
     lease._depth = 0
+
+
+def forget_in(registry: Reentry[BaseLease], lease: BaseLease) -> None:
+    """Drop ``lease`` from ``registry`` (the engine's re-entry registry) if it is registered
+    there (released, handed off, or let go): one call on every release, so the lease's scope
+    and name are read here rather than through their accessors."""
+    scope = lease._scope
+    if scope is not None:
+        registry.remove(scope, lease._state[NAME], lease)
 
 
 def forget_scope(lease: BaseLease) -> tuple[object, ...] | None:

@@ -35,8 +35,10 @@ from django_redlock import LockManager
 from django_redlock.aredlock import AsyncLease, AsyncLockManager
 from django_redlock.core import extender
 from django_redlock.core import lease as lease_module
-from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
+from django_redlock.core import untracking as untracking_module
 from django_redlock.core.manager import Lease
+from django_redlock.core.reentry import Reentry
+from django_redlock.core.untracking import UNTRACK_AT
 from django_redlock.exceptions import LeaseReleased, LockLost
 from django_redlock.procedures.shapes import Shape
 from django_redlock.wire.scripts import PING
@@ -223,7 +225,7 @@ def test_holding_leases_costs_no_tracked_object_each(cluster3):
     manager.acquire("warm-up", ttl=10.0).release()  # connections, caches, owner prefix
     counts = per_batch(manager, "count", tracked, subtract, ttl=10.0)
     # Past the first few of a thread's: neither the lease nor the weak reference by which
-    # its owner may re-enter it (see core.untracking and core.lease._cycle_free). A little
+    # its owner may re-enter it (see core.untracking and core.lease.cycle_free). A little
     # slack for what else the rounds allocate (replies, log records) and the first few
     # leases and weak references. One tracked object per lease was COUNT more.
     assert min(counts) <= 2 * UNTRACK_AT + 100, counts
@@ -407,7 +409,7 @@ def test_held_asyncio_leases_cost_what_sync_ones_do(cluster3):
             counts["untracked_rest"] = not any(
                 gc.is_tracked(lease) for lease in leases[UNTRACK_AT:]
             )
-            counts["cycle_free"] = lease_module._cycle_free(leases[-1])
+            counts["cycle_free"] = lease_module.cycle_free(leases[-1])
             for lease in leases:
                 await lease.release()
             counts["all_tracked_after"] = all(gc.is_tracked(lease) for lease in leases)
@@ -624,7 +626,7 @@ def test_a_forked_child_tracks_released_leases_although_a_parent_thread_held_the
             lease.release()
         return 0 if all(gc.is_tracked(lease) for lease in leases) else 2
 
-    status = in_child_while_held(lease_module._tracking, body)  # HUNG if a release hung
+    status = in_child_while_held(untracking_module._tracking, body)  # HUNG if a release hung
     assert status == 0
 
 
@@ -658,11 +660,11 @@ def test_leases_stay_tracked_under_an_injected_clock(cluster3):
 
     manager = LockManager(cluster3.urls, ttl=10.0, clock=Clock().now)
     lease = manager.acquire("clocked")
-    assert lease_module._cycle_free(lease) is False
+    assert lease_module.cycle_free(lease) is False
     lease.release()
     plain = LockManager(cluster3.urls, ttl=10.0)
     lease = plain.acquire("clocked")
-    assert lease_module._cycle_free(lease) is True
+    assert lease_module.cycle_free(lease) is True
     lease.release()
 
 
@@ -689,7 +691,7 @@ def test_a_release_that_fails_midway_leaves_the_lease_tracked(cluster3, monkeypa
     def failing(*args: object) -> None:
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(lease_module.Reentry, "remove", failing)
+    monkeypatch.setattr(Reentry, "remove", failing)
     with pytest.raises(RuntimeError):
         last.release()
     assert gc.is_tracked(last)
@@ -709,7 +711,7 @@ def test_a_release_on_a_thread_already_tracking_a_lease_again_does_not_deadlock(
     done = threading.Event()
 
     def release_inside() -> None:
-        with lease_module._tracking:
+        with untracking_module._tracking:
             leases[-1].release()
         done.set()
 
@@ -793,7 +795,7 @@ def test_a_release_reentered_on_the_same_lease_never_tracks_it_twice(cluster3):
         target = leases[-1]
         if gc.is_tracked(target):
             return 2
-        real = lease_module._is_tracked
+        real = untracking_module._is_tracked
         calls: list[object] = []
 
         def is_tracked(obj: object) -> bool:
@@ -804,12 +806,12 @@ def test_a_release_reentered_on_the_same_lease_never_tracks_it_twice(cluster3):
                     target.release()
             return result
 
-        lease_module._is_tracked = is_tracked
+        untracking_module._is_tracked = is_tracked
         try:
             with contextlib.suppress(LeaseReleased, LockLost):
                 target.release()  # its keys were freed by the "handler"
         finally:
-            lease_module._is_tracked = real
+            untracking_module._is_tracked = real
         for lease in leases[:-1]:
             lease.release()
         return 0 if gc.is_tracked(target) and len(calls) >= 2 else 3

@@ -14,9 +14,10 @@ import weakref
 import pytest
 
 from django_redlock import LockManager
-from django_redlock.core import lease
-from django_redlock.core.lease import Reentry
+from django_redlock.core import untracking
 from django_redlock.core.owner import owner_scope
+from django_redlock.core.reentry import Reentry
+from django_redlock.core.untracking import UNTRACK_AT
 
 
 class Value:
@@ -107,14 +108,14 @@ def test_a_scope_holding_many_keeps_weak_references_the_collector_does_not_track
     """Beyond a few entries per scope, the registry's weak reference to each value is one
     the collector does not track (a held lease is then one tracked object, itself); it
     works as a tracked one does."""
-    assert lease._untrack is not lease._keep_tracked  # CPython: PyObject_GC_UnTrack found
+    assert untracking.untrack is not untracking.keep_tracked  # CPython: PyObject_GC_UnTrack found
     registry: Reentry[Value] = Reentry()
-    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    values = [Value() for _ in range(4 * UNTRACK_AT)]
     for i, value in enumerate(values):
         registry.put(HERE, f"k{i}", value)
     entries = registry._scopes[HERE]
     untracked = [name for name, ref in entries.items() if not gc.is_tracked(ref)]
-    assert len(untracked) >= len(values) - lease._UNTRACK_AT
+    assert len(untracked) >= len(values) - UNTRACK_AT
     assert all(registry.get(HERE, f"k{i}") is value for i, value in enumerate(values))
     # Dropped: cleared at once, as a tracked one is.
     del value
@@ -127,7 +128,7 @@ def test_untracked_weak_references_to_cyclic_garbage_are_cleared_by_the_collecto
     """A value freed only by the collector (it is in a reference cycle): the collector
     clears the weak references to it, untracked ones too, as it frees it."""
     registry: Reentry[Value] = Reentry()
-    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    values = [Value() for _ in range(4 * UNTRACK_AT)]
     for i, value in enumerate(values):
         value.cycle = value  # type: ignore[attr-defined]
         registry.put(HERE, f"c{i}", value)
@@ -154,12 +155,12 @@ def test_a_thread_scope_holding_many_is_a_dict_the_collector_does_not_track():
         held[name] = Value()
         registry.put(HERE, name, held[name])
 
-    for i in range(lease._UNTRACK_AT - 1):
+    for i in range(UNTRACK_AT - 1):
         put(f"k{i}")
     entries = registry._scopes[HERE]
     assert gc.is_tracked(entries)  # a few entries: as any dict (no call on their puts)
     put("crossing")
-    assert len(entries) == lease._UNTRACK_AT
+    assert len(entries) == UNTRACK_AT
 
     def check() -> None:
         assert not gc.is_tracked(entries)
@@ -168,7 +169,7 @@ def test_a_thread_scope_holding_many_is_a_dict_the_collector_does_not_track():
         assert all(registry.get(HERE, name) is value for name, value in held.items())
 
     check()
-    for i in range(3 * lease._UNTRACK_AT):  # more puts
+    for i in range(3 * UNTRACK_AT):  # more puts
         put(f"more-{i}")
         check()
     put("k0")  # a put of a name already there
@@ -191,7 +192,7 @@ def test_a_thread_scope_holding_many_is_a_dict_the_collector_does_not_track():
     # dicts, which stay untracked: either way safe), then past it again.
     for name in list(held)[2:]:
         registry.remove(HERE, name, held.pop(name))
-    for i in range(lease._UNTRACK_AT):
+    for i in range(UNTRACK_AT):
         put(f"again-{i}")
     check()
     # A value dropped: freed at once by reference counting, its entry reads None.
@@ -205,7 +206,7 @@ def test_an_asyncio_scopes_dict_is_untracked_as_a_threads_is():
     """An asyncio task's scope holds the task weakly (owner_scope), so its dict of many weak
     references is one the collector need not track, as a thread's: it can be in no cycle."""
     registry: Reentry[Value] = Reentry()
-    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    values = [Value() for _ in range(4 * UNTRACK_AT)]
     states: list[bool] = []
     scopes: list[tuple[object, ...]] = []
 
@@ -219,8 +220,8 @@ def test_an_asyncio_scopes_dict_is_untracked_as_a_threads_is():
 
     asyncio.run(hold())
     assert type(scopes[0][2]) is weakref.ref
-    assert all(states[: lease._UNTRACK_AT - 1])
-    assert not any(states[lease._UNTRACK_AT - 1 :])
+    assert all(states[: UNTRACK_AT - 1])
+    assert not any(states[UNTRACK_AT - 1 :])
 
 
 def test_a_scope_holding_its_task_keeps_its_dict_tracked():
@@ -228,7 +229,7 @@ def test_a_scope_holding_its_task_keeps_its_dict_tracked():
     holding that tuple stays one the collector tracks, or the task (and what it reaches)
     would look referenced from outside, and a cycle through it could never be collected."""
     registry: Reentry[Value] = Reentry()
-    values = [Value() for _ in range(4 * lease._UNTRACK_AT)]
+    values = [Value() for _ in range(4 * UNTRACK_AT)]
     states: list[bool] = []
 
     async def hold() -> None:

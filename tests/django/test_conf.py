@@ -21,7 +21,7 @@ from django.test import RequestFactory, override_settings
 from django.views.debug import ExceptionReporter
 
 from django_redlock import LockManager, conf, default_manager, get_manager
-from django_redlock.core.lease import _UNTRACK_AT as UNTRACK_AT
+from django_redlock.core.untracking import UNTRACK_AT
 from django_redlock.exceptions import LockContended
 from django_redlock.signals import SignalObserver, lock_acquired, lock_busy, observed_manager
 
@@ -202,7 +202,7 @@ def test_the_app_builds_managers_that_send_signals(settings, cluster3):
 def test_a_thread_holding_many_leases_of_the_apps_manager_has_them_untracked(settings, cluster3):
     """The app's observer keeps no lease and holds its manager weakly, so a thread holding
     many leases has them untracked by the garbage collector while held, as with no observer
-    (see core.lease._cycle_free), and tracked again once released."""
+    (see core.lease.cycle_free), and tracked again once released."""
     settings.REDLOCK = {"NODES": cluster3.urls}
     manager = get_manager()
     leases = [manager.acquire(f"app-untracked-{i}", ttl=10.0) for i in range(4 * UNTRACK_AT)]
