@@ -781,6 +781,7 @@ class ConnectionSet:
         assert isinstance(fallback, Routed)
         endpoint = (redirect.host or conn.address.host or "", redirect.port)
         route = fallback.route
+        route.redirected()
         if not redirect.ask:
             route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
         if answer.closed and not fallback.when_over:
@@ -1057,14 +1058,25 @@ class ConnectionSet:
 
     def _owes(self, conn: NodeSocket) -> bool:
         """Whether ``conn`` has bytes to write, holds commands until it learns whether its
-        node is a cluster (Handshake.classifying), or is a shard connection that owes the
-        reply to a clean-up (a release): a shard may answer that with MOVED or ASK after
-        the round is over, and the clean-up must then still reach the shard named. A
-        courier takes these to their nodes."""
+        node is a cluster (Handshake.classifying), or is a shard connection of a cluster
+        that is resharding (:meth:`ClusterRoute.resharding`) and owes the reply to a
+        clean-up (a release): a shard may answer that with MOVED or ASK after the round is
+        over, and the clean-up must then still reach the shard named. A courier takes these
+        to their nodes.
+
+        Outside a resharding a clean-up's owed reply is left to this thread's next
+        operation, as on a plain node: a release that returns at its quorum owes the last
+        node's reply about every second round, and a thread lent for each would cost more
+        than the round.
+        The command itself has reached its shard then; a first redirect that comes in
+        that reply is followed when it is read."""
         if conn.out or (conn.classifying and conn.held):
             return True
-        return conn.index in self.shard_of and any(
-            fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots
+        node = self.shard_of.get(conn.index)
+        return (
+            node is not None
+            and self.routes[node].resharding()
+            and any(fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots)
         )
 
     def _deliver(self, deadline: float) -> None:
