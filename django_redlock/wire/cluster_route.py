@@ -435,22 +435,48 @@ class ClusterRoute:
         return self._formed(data, _parse(data), endpoint)
 
     def _formed(self, data: bytes, parsed: _Parsed | None, endpoint: Endpoint) -> bytes:
+        global _LAST_FORM
         tag = self.tag_of(endpoint)
         if tag is None:
             self.stale = True
             raise NodeError("the cluster's slot map is out of date; reading it again")
-        return data if parsed is None else _form(data, parsed, tag)
+        if parsed is None:
+            return data
+        last = _LAST_FORM  # read once: another thread may replace it (never change it)
+        if last[0] is data and last[1] == tag:
+            return last[2]
+        formed = _form(data, parsed, tag)
+        _LAST_FORM = (data, tag, formed)
+        return formed
 
 
 # An EVALSHA or EVAL read once (_parse): its name (upper case), its sha or source, the
 # array's length, its keys in cluster form (None for the node's own record), and the offset
 # of what follows the keys.
-_Parsed = tuple[bytes, bytes, int, list[bytes | None], int]
+_Parsed = tuple[bytes, bytes, int, tuple[bytes | None, ...], int]
+
+# The last command read and the last one formed, with what came of them: a round sends one
+# command (the very same bytes object) to every node, so a round over N cluster nodes reads
+# it once, and forms it once for each shard tag (N clusters laid out alike share their tags).
+# Matched by identity (the entry holds the bytes, so they cannot be another object's); each
+# entry is one tuple, replaced whole, so a thread reads an entry of one command.
+_LAST_PARSE: tuple[bytes, _Parsed | None] = (b"", None)
+_LAST_FORM: tuple[bytes, str, bytes] = (b"", "", b"")
 
 
 def _parse(data: bytes) -> _Parsed | None:
     """``data`` read as an EVALSHA or EVAL (see :data:`_Parsed`), or None for any other
     command."""
+    global _LAST_PARSE
+    last = _LAST_PARSE
+    if last[0] is data:
+        return last[1]
+    parsed = _read_command(data)
+    _LAST_PARSE = (data, parsed)
+    return parsed
+
+
+def _read_command(data: bytes) -> _Parsed | None:
     if not data.startswith(b"*"):
         return None
     head_end = data.index(b"\r\n")
@@ -465,10 +491,10 @@ def _parse(data: bytes) -> _Parsed | None:
     for _ in range(int(count_text)):
         key, at = _read_bulk(data, at)
         tagged.append(None if key == _NODE_KEY else cluster_key_bytes(key))
-    return name, script, count, tagged, at
+    return name, script, count, tuple(tagged), at
 
 
-def _slot_of(tagged: list[bytes | None]) -> int | None:
+def _slot_of(tagged: tuple[bytes | None, ...]) -> int | None:
     """The slot of the first lock key of ``tagged`` (a node's own record does not route: it
     has the form of whichever shard the command reaches); None when there is none."""
     for key in tagged:
@@ -526,7 +552,7 @@ def _form(data: bytes, parsed: _Parsed, tag: str) -> bytes:
     if script.cluster_keys and tagged and tagged[0] is not None:
         # Declared too (Script.cluster_keys); the script still reads only KEYS[1].
         first = tagged[0]
-        tagged = tagged + [first + suffix.encode() for suffix in script.cluster_keys]
+        tagged = (*tagged, *(first + suffix.encode() for suffix in script.cluster_keys))
         count += len(script.cluster_keys)
         count_text = b"%d" % len(tagged)
     lock_tag = _one_tag([key for key in tagged if key is not None])

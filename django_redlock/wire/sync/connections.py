@@ -558,7 +558,7 @@ class ConnectionSet:
         # The time spent asking Sentinels (only while opening a connection) comes off the wait.
         wait = timeout - self.asking if self.asking else timeout
         answer = self.wait_round(answer, self.clock() + max(0.0, wait))
-        if self.unsent or self.unclassified or self.routes:
+        if self.unsent or self.unclassified or (self.routes and self._resharding()):
             self.deliver_rest()
         return answer
 
@@ -930,7 +930,7 @@ class ConnectionSet:
             self._send_to(index, conn, command, ignored, now)
         if self.settling:
             self._send_held()
-        if self.unsent or self.unclassified or self.routes:
+        if self.unsent or self.unclassified or (self.routes and self._resharding()):
             self.deliver_rest()
 
     def _send_to(
@@ -1055,6 +1055,12 @@ class ConnectionSet:
             self.lent = False
             self._courier.release()
             raise
+
+    def _resharding(self) -> bool:
+        """Whether a cluster node is resharding (:meth:`ClusterRoute.resharding`): only then
+        may a connection owe a courier what it has all sent (see :meth:`_owes`); otherwise
+        ``unsent`` and ``unclassified`` say whether one owes anything."""
+        return any(route.resharding() for route in self.routes.values())
 
     def _owes(self, conn: NodeSocket) -> bool:
         """Whether ``conn`` has bytes to write, holds commands until it learns whether its
