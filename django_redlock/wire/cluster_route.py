@@ -489,7 +489,16 @@ def _read_command(data: bytes) -> _Parsed | None:
     count_text, at = _read_bulk(data, at)
     tagged: list[bytes | None] = []
     for _ in range(int(count_text)):
-        key, at = _read_bulk(data, at)
+        # _read_bulk inlined (once per key of every command placed).
+        if not data.startswith(b"$", at):
+            raise ValueError("not a bulk string")
+        end = data.index(b"\r\n", at)
+        start = end + 2
+        stop = start + int(data[at + 1 : end])
+        if len(data) < stop + 2:
+            raise ValueError("bulk string cut short")
+        key = data[start:stop]
+        at = stop + 2
         tagged.append(None if key == _NODE_KEY else cluster_key_bytes(key))
     return name, script, count, tuple(tagged), at
 
@@ -555,13 +564,15 @@ def _form(data: bytes, parsed: _Parsed, tag: str) -> bytes:
         tagged = (*tagged, *(first + suffix.encode() for suffix in script.cluster_keys))
         count += len(script.cluster_keys)
         count_text = b"%d" % len(tagged)
-    lock_tag = _one_tag([key for key in tagged if key is not None])
+    lock_tag = _lock_tag([key for key in tagged if key is not None])
     marker = (
         _NODE_KEY + b"{" + tag.encode() + b"}"
         if lock_tag is None
         else b"{" + lock_tag + b"}" + _NODE_KEY
     )
-    keys = [_bulk(marker if key is None else key) for key in tagged]
+    keys = [
+        b"$%d\r\n%s\r\n" % (len(key), key) if key is not None else _bulk(marker) for key in tagged
+    ]
     if script.cluster_one_key and len(keys) > 1:
         # The first key declared; the others, after their count, lead the arguments
         # (Script.cluster_one_key: the shard variant reads them as keys again).
@@ -579,6 +590,21 @@ def _form(data: bytes, parsed: _Parsed, tag: str) -> bytes:
             data[at:],
         )
     )
+
+
+def _lock_tag(keys: list[bytes]) -> bytes | None:
+    """:func:`_one_tag` of ``keys``, found without hashing when every key starts with the
+    first one's tag in braces (a lock's keys, wrapped by cluster_key: the usual command)."""
+    if keys:
+        first = keys[0]
+        end = first.find(b"}")
+        if end > 1 and first.startswith(b"{"):
+            head = first[: end + 1]
+            for key in keys:
+                if not key.startswith(head):
+                    return _one_tag(keys)
+            return first[1:end]
+    return _one_tag(keys)
 
 
 def _one_tag(keys: list[bytes]) -> bytes | None:
