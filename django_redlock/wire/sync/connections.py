@@ -1070,12 +1070,12 @@ class ConnectionSet:
         over, and the clean-up must then still reach the shard named. A courier takes these
         to their nodes.
 
-        Outside a resharding a clean-up's owed reply is left to this thread's next
-        operation, as on a plain node: a release that returns at its quorum owes the last
-        node's reply about every second round, and a thread lent for each would cost more
-        than the round.
-        The command itself has reached its shard then; a first redirect that comes in
-        that reply is followed when it is read."""
+        Outside a resharding such a reply is left to this thread's next operation, as a
+        plain node's is: a release returns at its quorum, so the last node's reply is often
+        still owed, and a thread lent for it (about every second pair at three nodes) cost
+        more than the round. Its command has reached the shard; a first MOVED or ASK that
+        comes in it is followed when it is read (a late release is safe: it deletes only
+        its own token), and starts the watch for the rest of the resharding."""
         if conn.out or (conn.classifying and conn.held):
             return True
         node = self.shard_of.get(conn.index)
