@@ -26,6 +26,7 @@ __all__ = [
     "Shard",
     "SlotMap",
     "cluster_key",
+    "cluster_key_bytes",
     "cross_slot_message",
     "hash_tag",
     "key_slot",
@@ -105,6 +106,16 @@ def cluster_key(key: str) -> str:
     if not base or hash_tag(base.encode()) is not None:
         return key
     return "{" + base + "}" + rest
+
+
+def cluster_key_bytes(key: bytes) -> bytes:
+    """:func:`cluster_key` of ``key`` as bytes (UTF-8, as a command carries it), without
+    decoding it: the rule reads ASCII bytes only (NUL, the braces)."""
+    cut = key.find(b"\x00")
+    base, rest = (key, b"") if cut < 0 else (key[:cut], key[cut:])
+    if not base or hash_tag(base) is not None:
+        return key
+    return b"{" + base + b"}" + rest
 
 
 def lock_slots(keys: Sequence[str]) -> dict[int, list[str]]:

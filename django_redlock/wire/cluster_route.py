@@ -31,6 +31,7 @@ import redis
 from django_redlock.wire.cluster import (
     SlotMap,
     cluster_key,
+    cluster_key_bytes,
     cross_slot_message,
     hash_tag,
     key_slot,
@@ -49,6 +50,7 @@ __all__ = [
     "ASKING_REPLY",
     "MAP_AFTER_FAILURE",
     "MAX_HOPS",
+    "REDIRECT_WATCH",
     "ClusterRoute",
     "CrossSlot",
     "Routed",
@@ -75,6 +77,13 @@ one map read a second."""
 MAX_HOPS = 5
 """Redirections one command may follow in one round: more means the cluster is being
 reconfigured faster than it answers; the node counts as failed for that round."""
+REDIRECT_WATCH = 60.0
+"""Seconds after a ``MOVED`` or ``ASK`` from one of a cluster node's members during which a
+clean-up's reply still owed when its round ends is watched by a courier thread (so that a
+redirect that comes then still takes the clean-up to the shard named, see
+``ConnectionSet._owes``): a resharding moves slot after slot, each redirect announcing more.
+Outside it, such a reply is read by the thread's next operation, as a plain node's late
+``NOSCRIPT`` is."""
 
 Endpoint = tuple[str, int]
 
@@ -310,6 +319,8 @@ class ClusterRoute:
         self._tags: dict[Endpoint, str] = {}
         self._members: dict[Endpoint, NodeAddress] = {}
         self.read_at = time.monotonic()
+        # When a member last answered MOVED or ASK (time.monotonic; see REDIRECT_WATCH).
+        self.redirected_at = float("-inf")
         self._learn_tags()
 
     def _learn_tags(self) -> None:
@@ -381,6 +392,16 @@ class ClusterRoute:
         not a master of the map)."""
         return self._tags.get(endpoint)
 
+    def redirected(self) -> None:
+        """A member answered MOVED or ASK: the cluster is resharding (see
+        :data:`REDIRECT_WATCH`)."""
+        self.redirected_at = time.monotonic()
+
+    def resharding(self) -> bool:
+        """Whether a member answered MOVED or ASK less than :data:`REDIRECT_WATCH` seconds
+        ago."""
+        return time.monotonic() - self.redirected_at < REDIRECT_WATCH
+
     def moved(self, slot: int, endpoint: Endpoint) -> None:
         """A member answered MOVED: ``slot`` is served at ``endpoint`` from now on."""
         self.moved_to[slot] = endpoint
@@ -393,12 +414,15 @@ class ClusterRoute:
         Raises:
             NodeError: no master serves the command's slot, or the map does not know the
                 master that does (read it again first).
+            CrossSlot: as :func:`cluster_form`.
         """
-        slot = command_slot(data)
+        # Read once: the keys' cluster form gives the slot and then the shard's bytes.
+        parsed = _parse(data)
+        slot = None if parsed is None else _slot_of(parsed[3])
         endpoint = self.owner(slot)
         if endpoint is None:
             raise NodeError(f"no master of the cluster serves slot {slot}")
-        return endpoint, self.rewrite(data, endpoint), slot
+        return endpoint, self._formed(data, parsed, endpoint), slot
 
     def rewrite(self, data: bytes, endpoint: Endpoint) -> bytes:
         """``data`` in the form the master at ``endpoint`` runs it (see the module
@@ -406,42 +430,94 @@ class ClusterRoute:
 
         Raises:
             NodeError: the map does not know that master (it is read again first).
+            CrossSlot: as :func:`cluster_form`.
         """
+        return self._formed(data, _parse(data), endpoint)
+
+    def _formed(self, data: bytes, parsed: _Parsed | None, endpoint: Endpoint) -> bytes:
+        global _LAST_FORM
         tag = self.tag_of(endpoint)
         if tag is None:
             self.stale = True
             raise NodeError("the cluster's slot map is out of date; reading it again")
-        return cluster_form(data, tag)
+        if parsed is None:
+            return data
+        last = _LAST_FORM  # read once: another thread may replace it (never change it)
+        if last[0] is data and last[1] == tag:
+            return last[2]
+        formed = _form(data, parsed, tag)
+        _LAST_FORM = (data, tag, formed)
+        return formed
 
 
-def _script_command(data: bytes) -> tuple[bytes, bytes, int, int] | None:
-    """``(name, sha or source, array length, offset of the key count)`` of an EVALSHA or
-    EVAL, or None for any other command."""
+# An EVALSHA or EVAL read once (_parse): its name (upper case), its sha or source, the
+# array's length, its keys in cluster form (None for the node's own record), and the offset
+# of what follows the keys.
+_Parsed = tuple[bytes, bytes, int, tuple[bytes | None, ...], int]
+
+# The last command read and the last one formed, with what came of them: a round sends one
+# command (the very same bytes object) to every node, so a round over N cluster nodes reads
+# it once, and forms it once for each shard tag (N clusters laid out alike share their tags).
+# Matched by identity (the entry holds the bytes, so they cannot be another object's); each
+# entry is one tuple, replaced whole, so a thread reads an entry of one command.
+_LAST_PARSE: tuple[bytes, _Parsed | None] = (b"", None)
+_LAST_FORM: tuple[bytes, str, bytes] = (b"", "", b"")
+
+
+def _parse(data: bytes) -> _Parsed | None:
+    """``data`` read as an EVALSHA or EVAL (see :data:`_Parsed`), or None for any other
+    command."""
+    global _LAST_PARSE
+    last = _LAST_PARSE
+    if last[0] is data:
+        return last[1]
+    parsed = _read_command(data)
+    _LAST_PARSE = (data, parsed)
+    return parsed
+
+
+def _read_command(data: bytes) -> _Parsed | None:
     if not data.startswith(b"*"):
         return None
     head_end = data.index(b"\r\n")
     count = int(data[1:head_end])
     name, at = _read_bulk(data, head_end + 2)
-    if name.upper() not in (b"EVALSHA", b"EVAL"):
+    name = name.upper()
+    if name not in (b"EVALSHA", b"EVAL"):
         return None
     script, at = _read_bulk(data, at)
-    return name.upper(), script, count, at
+    count_text, at = _read_bulk(data, at)
+    tagged: list[bytes | None] = []
+    for _ in range(int(count_text)):
+        # _read_bulk inlined (once per key of every command placed).
+        if not data.startswith(b"$", at):
+            raise ValueError("not a bulk string")
+        end = data.index(b"\r\n", at)
+        start = end + 2
+        stop = start + int(data[at + 1 : end])
+        if len(data) < stop + 2:
+            raise ValueError("bulk string cut short")
+        key = data[start:stop]
+        at = stop + 2
+        tagged.append(None if key == _NODE_KEY else cluster_key_bytes(key))
+    return name, script, count, tuple(tagged), at
+
+
+def _slot_of(tagged: tuple[bytes | None, ...]) -> int | None:
+    """The slot of the first lock key of ``tagged`` (a node's own record does not route: it
+    has the form of whichever shard the command reaches); None when there is none."""
+    for key in tagged:
+        if key is not None:
+            return key_slot(key)
+    return None
 
 
 def command_slot(data: bytes) -> int | None:
     """The slot that routes command ``data``: its first key's, in cluster form (a node's own
     record does not route: it has the form of whichever shard the command reaches); None for
     a command with no lock key."""
-    parsed = _script_command(data)
-    if parsed is None:
-        return None
-    at = parsed[3]
-    count_text, at = _read_bulk(data, at)
-    for _ in range(int(count_text)):
-        key, at = _read_bulk(data, at)
-        if key != _NODE_KEY:
-            return key_slot(cluster_key(key.decode("utf-8", "surrogateescape")))
-    return None
+    parsed = _parse(data)
+    return None if parsed is None else _slot_of(parsed[3])
 
 
 _NODE_KEY = NODE_KEY.encode()
@@ -464,10 +540,13 @@ def cluster_form(data: bytes, tag: str) -> bytes:
         CrossSlot: the command's lock keys are in more than one slot (a multi-lock over
             names without one hash tag): a cluster could not run it.
     """
-    parsed = _script_command(data)
-    if parsed is None:
-        return data
-    name, script_field, count, at = parsed
+    parsed = _parse(data)
+    return data if parsed is None else _form(data, parsed, tag)
+
+
+def _form(data: bytes, parsed: _Parsed, tag: str) -> bytes:
+    """:func:`cluster_form` of ``data``, read already (``parsed``)."""
+    name, script_field, count, tagged, at = parsed
     if name == b"EVALSHA":
         script = SCRIPTS_BY_SHA.get(script_field)
         if script is None:
@@ -478,28 +557,22 @@ def cluster_form(data: bytes, tag: str) -> bytes:
         # The loaded script of that text, whose variants know how a cluster sends it.
         script = SCRIPTS_BY_SHA.get(script.sha, script)
         body = script.for_shard(tag).source
-    count_text, at = _read_bulk(data, at)
-    tagged: list[bytes | None] = []
-    for _ in range(int(count_text)):
-        key, at = _read_bulk(data, at)
-        if key == _NODE_KEY:
-            tagged.append(None)
-        else:
-            text = cluster_key(key.decode("utf-8", "surrogateescape"))
-            tagged.append(text.encode("utf-8", "surrogateescape"))
+    count_text = b"%d" % len(tagged)
     if script.cluster_keys and tagged and tagged[0] is not None:
         # Declared too (Script.cluster_keys); the script still reads only KEYS[1].
         first = tagged[0]
-        tagged += [first + suffix.encode() for suffix in script.cluster_keys]
+        tagged = (*tagged, *(first + suffix.encode() for suffix in script.cluster_keys))
         count += len(script.cluster_keys)
         count_text = b"%d" % len(tagged)
-    lock_tag = _one_tag([key for key in tagged if key is not None])
+    lock_tag = _lock_tag([key for key in tagged if key is not None])
     marker = (
         _NODE_KEY + b"{" + tag.encode() + b"}"
         if lock_tag is None
         else b"{" + lock_tag + b"}" + _NODE_KEY
     )
-    keys = [_bulk(marker if key is None else key) for key in tagged]
+    keys = [
+        b"$%d\r\n%s\r\n" % (len(key), key) if key is not None else _bulk(marker) for key in tagged
+    ]
     if script.cluster_one_key and len(keys) > 1:
         # The first key declared; the others, after their count, lead the arguments
         # (Script.cluster_one_key: the shard variant reads them as keys again).
@@ -517,6 +590,21 @@ def cluster_form(data: bytes, tag: str) -> bytes:
             data[at:],
         )
     )
+
+
+def _lock_tag(keys: list[bytes]) -> bytes | None:
+    """:func:`_one_tag` of ``keys``, found without hashing when every key starts with the
+    first one's tag in braces (a lock's keys, wrapped by cluster_key: the usual command)."""
+    if keys:
+        first = keys[0]
+        end = first.find(b"}")
+        if end > 1 and first.startswith(b"{"):
+            head = first[: end + 1]
+            for key in keys:
+                if not key.startswith(head):
+                    return _one_tag(keys)
+            return first[1:end]
+    return _one_tag(keys)
 
 
 def _one_tag(keys: list[bytes]) -> bytes | None:

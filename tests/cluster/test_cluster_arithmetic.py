@@ -16,6 +16,7 @@ from django_redlock.wire.cluster import (
     Shard,
     SlotMap,
     cluster_key,
+    cluster_key_bytes,
     hash_tag,
     key_slot,
     parse_redirect,
@@ -95,6 +96,15 @@ _SUFFIXES = [LINE, LAPSE, READERS, GONE + "0" * 40, READER_OWNERS, SEMAPHORE + L
 def test_cluster_key(key: str, expected: str) -> None:
     assert cluster_key(key) == expected
     assert cluster_key(cluster_key(key)) == cluster_key(key)  # applied twice: the same
+
+
+def test_cluster_key_bytes_is_cluster_key_on_many_keys() -> None:
+    """The transport tags a command's keys as bytes (without decoding them): the same keys
+    as :func:`cluster_key` makes of their text (keys are UTF-8 text), on every edge case of
+    ``_keys`` and their NUL-suffixed forms."""
+    for key in _keys(2000):
+        for form in (key, key + b"\x00q", b"\x00" + key):
+            assert cluster_key_bytes(form) == cluster_key(form.decode()).encode()
 
 
 def test_every_key_of_a_lock_shares_its_slot_on_the_server(

@@ -558,7 +558,7 @@ class ConnectionSet:
         # The time spent asking Sentinels (only while opening a connection) comes off the wait.
         wait = timeout - self.asking if self.asking else timeout
         answer = self.wait_round(answer, self.clock() + max(0.0, wait))
-        if self.unsent or self.unclassified or self.routes:
+        if self.unsent or self.unclassified or (self.routes and self._resharding()):
             self.deliver_rest()
         return answer
 
@@ -781,6 +781,7 @@ class ConnectionSet:
         assert isinstance(fallback, Routed)
         endpoint = (redirect.host or conn.address.host or "", redirect.port)
         route = fallback.route
+        route.redirected()
         if not redirect.ask:
             route.moved(redirect.slot, endpoint)  # learnt even when too late to re-send
         if answer.closed and not fallback.when_over:
@@ -929,7 +930,7 @@ class ConnectionSet:
             self._send_to(index, conn, command, ignored, now)
         if self.settling:
             self._send_held()
-        if self.unsent or self.unclassified or self.routes:
+        if self.unsent or self.unclassified or (self.routes and self._resharding()):
             self.deliver_rest()
 
     def _send_to(
@@ -1055,16 +1056,33 @@ class ConnectionSet:
             self._courier.release()
             raise
 
+    def _resharding(self) -> bool:
+        """Whether a cluster node is resharding (:meth:`ClusterRoute.resharding`): only then
+        may a connection owe a courier what it has all sent (see :meth:`_owes`); otherwise
+        ``unsent`` and ``unclassified`` say whether one owes anything."""
+        return any(route.resharding() for route in self.routes.values())
+
     def _owes(self, conn: NodeSocket) -> bool:
         """Whether ``conn`` has bytes to write, holds commands until it learns whether its
-        node is a cluster (Handshake.classifying), or is a shard connection that owes the
-        reply to a clean-up (a release): a shard may answer that with MOVED or ASK after
-        the round is over, and the clean-up must then still reach the shard named. A
-        courier takes these to their nodes."""
+        node is a cluster (Handshake.classifying), or is a shard connection of a cluster
+        that is resharding (:meth:`ClusterRoute.resharding`) and owes the reply to a
+        clean-up (a release): a shard may answer that with MOVED or ASK after the round is
+        over, and the clean-up must then still reach the shard named. A courier takes these
+        to their nodes.
+
+        Outside a resharding such a reply is left to this thread's next operation, as a
+        plain node's is: a release returns at its quorum, so the last node's reply is often
+        still owed, and a thread lent for it (about every second pair at three nodes) cost
+        more than the round. Its command has reached the shard; a first MOVED or ASK that
+        comes in it is followed when it is read (a late release is safe: it deletes only
+        its own token), and starts the watch for the rest of the resharding."""
         if conn.out or (conn.classifying and conn.held):
             return True
-        return conn.index in self.shard_of and any(
-            fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots
+        node = self.shard_of.get(conn.index)
+        return (
+            node is not None
+            and self.routes[node].resharding()
+            and any(fallback is not None and fallback.when_over for _, _, fallback, _ in conn.slots)
         )
 
     def _deliver(self, deadline: float) -> None:
