@@ -71,8 +71,15 @@ def test_it_releases_only_its_own_token(cluster5):
         held = owner.acquire("mine", TTL_MS)
         assert held is not None
         assert other.acquire("mine", TTL_MS) is None
+        # The acquire returned at a quorum: a node's SET may still be on its way (or lost to
+        # the other's try there, which it then freed), so the claim is on the nodes that
+        # held the token before the wrong release: each still does.
+        before = _tokens(cluster5, held.key)
+        assert before.count(held.token) >= 3
         assert not other.release(Held(held.key, b"not-the-token", 1.0))
-        assert _tokens(cluster5, held.key) == [held.token] * 5
+        after = _tokens(cluster5, held.key)
+        kept = zip(before, after, strict=True)
+        assert all(now == held.token for was, now in kept if was == held.token)
         assert owner.release(held)
         assert _freed_everywhere(cluster5, held.key)
 
