@@ -17,7 +17,27 @@ from collections.abc import Iterator
 import pytest
 
 from django_redlock.localshards import LocalShardedNode
+from django_redlock.wire import cluster_route
 from django_redlock.wire.cluster import key_slot
+from django_redlock.wire.nodes import parse_node
+
+
+def brand_new(node: LocalShardedNode) -> LocalShardedNode:
+    """``node``, started, with what this process learned of its members' addresses
+    forgotten: a member's TCP port may be one an earlier test's plain node had, and this
+    process would otherwise still take that address for a plain node (the classification is
+    kept per address for the process's life: a known gap, see the deploying page)."""
+    node.start()
+    forget_learned(node)
+    return node
+
+
+def forget_learned(node: LocalShardedNode) -> None:
+    """Forget what this process learned of ``node``'s members' addresses (see brand_new)."""
+    for member in node.members:
+        identity = parse_node(member.url).identity
+        cluster_route._PLAIN.discard(identity)
+        cluster_route._MAPS.pop(identity, None)
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +46,7 @@ def sharded3() -> Iterator[list[LocalShardedNode]]:
     nodes: list[LocalShardedNode] = []
     try:
         for index in range(3):
-            nodes.append(LocalShardedNode(3, name=f"k{index}").start())
+            nodes.append(brand_new(LocalShardedNode(3, name=f"k{index}")))
         yield nodes
     finally:
         for node in nodes:
@@ -37,6 +57,7 @@ def sharded3() -> Iterator[list[LocalShardedNode]]:
 def replicated() -> Iterator[LocalShardedNode]:
     """One cluster of three masters, each with a synced replica."""
     with LocalShardedNode(3, replicas=1, name="r", fresh=False) as node:
+        forget_learned(node)
         yield node
 
 
@@ -46,7 +67,7 @@ def migrating3() -> Iterator[list[LocalShardedNode]]:
     nodes: list[LocalShardedNode] = []
     try:
         for index in range(3):
-            nodes.append(LocalShardedNode(3, name=f"g{index}").start())
+            nodes.append(brand_new(LocalShardedNode(3, name=f"g{index}")))
         yield nodes
     finally:
         for node in nodes:
