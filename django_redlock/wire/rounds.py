@@ -62,6 +62,30 @@ class Round:
         that was sent a command answered."""
         return self.yes >= self.need or self.no > self.give_up or self.pending <= 0
 
+    def counted_twice(self, twins: dict[int, tuple[int, str]]) -> bool:
+        """Count the yes votes again, one per server, once they reach the quorum: True if the
+        count fell and the outcome is no longer known, so the caller waits on. ``twins``:
+        the nodes that reached an earlier node's server, each with that node's index
+        (``Servers.twins`` of wire/servers.py).
+
+        The first round on new connections can send to both twins, their hellos not yet
+        answered: without this, two yes from one server would end the round at a "quorum"
+        that is one vote short, and the acquire would fail although the other nodes were
+        about to say yes.
+        """
+        if self.yes < self.need or not twins:
+            return False
+        yes_value = self.yes_value
+        servers = {
+            twins[index][0] if index in twins else index
+            for index, reply in enumerate(self.results)
+            if reply == yes_value
+        }
+        if len(servers) >= self.yes:
+            return False
+        self.yes = len(servers)
+        return not self.known()
+
     def time_out(self) -> None:
         """The deadline passed with the outcome unknown: every reply still owed is
         :data:`TIMED_OUT` (late replies change nothing from now on)."""

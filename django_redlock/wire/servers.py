@@ -5,9 +5,11 @@ and its DNS alias. A quorum made of them is a quorum of one machine (a crash of 
 "independent" vote at once), so Redlock's majority would be fake. The hello tells each
 connection the server's ``run_id`` (``INFO server``); two labels that reached one run_id are
 *twins*: the one listed later is sent nothing (the transports refuse it with
-:func:`twin_error`, so a round waits for the other nodes instead of counting one server twice),
-and the engine still counts one vote per server (:meth:`Servers.distinct`) for the first round
-on new connections, before the hello was answered.
+:func:`twin_error`, so a round waits for the other nodes instead of counting one server twice).
+On new connections, before the hellos are answered, both twins may be sent their commands and
+both say yes: a round whose yes votes reach the quorum is counted again then, one vote per
+server (:meth:`~django_redlock.wire.rounds.Round.counted_twice`), and waits for the other
+nodes if it was short; the engine counts one vote per server too (:meth:`Servers.distinct`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,11 @@ if TYPE_CHECKING:
     from django_redlock.wire.rounds import Round
     from django_redlock.wire.scripts import Commands
 
-__all__ = ["Servers", "keep_apart", "twin_error"]
+__all__ = ["Servers", "Twins", "keep_apart", "twin_error"]
+
+Twins = dict[int, tuple[int, str]]
+"""The nodes (by index) whose server an earlier node of the list reached, each with that
+earlier node's index and label (``Servers.twins``)."""
 
 
 class Servers:
@@ -30,7 +36,8 @@ class Servers:
     shared by the engine and both transports of one manager.
 
     ``same`` maps the label of each node whose server an earlier node of the list reached to
-    that earlier label; ``twins`` maps the same nodes by index. Both are empty while every
+    that earlier label; ``twins`` maps the same nodes by index, to the earlier node's index
+    and label. Both are empty while every
     node is its own server (the usual case: the transports test ``twins`` once per round).
     They are changed in place, under a lock, only when a connection reports a run_id not
     seen for its label; readers take no lock (a dict read is atomic).
@@ -50,7 +57,7 @@ class Servers:
         self.index = {label: position for position, label in enumerate(self.labels)}
         self.runs: dict[str, set[str]] = {}
         self.same: dict[str, str] = {}
-        self.twins: dict[int, str] = {}
+        self.twins: Twins = {}
         self._lock = threading.Lock()
 
     def report(self, node: str, run_id: str) -> None:
@@ -73,7 +80,9 @@ class Servers:
                 self.same.clear()
                 self.same.update(same)
                 self.twins.clear()
-                self.twins.update({self.index[label]: first for label, first in same.items()})
+                self.twins.update(
+                    {self.index[label]: (self.index[first], first) for label, first in same.items()}
+                )
 
     def distinct(self, labels: Sequence[str], granted: Sequence[bool]) -> int:
         """How many different servers are among the nodes that ``granted``."""
@@ -96,13 +105,13 @@ def twin_error(first: str) -> NotSent:
     )
 
 
-def keep_apart(answer: Round, commands: Commands, twins: dict[int, str]) -> Commands:
+def keep_apart(answer: Round, commands: Commands, twins: Twins) -> Commands:
     """``commands`` without those for a twin (``Servers.twins``): each such node is refused
     in ``answer`` (:func:`twin_error`, a no), so the round waits for the other nodes rather
     than end on a "quorum" that counts one server twice. The transports then send the rest
     as usual, leaving a refused node's result as it is."""
     kept = list(commands)
-    for index, first in list(twins.items()):  # a copy: a hello may change it meanwhile
+    for index, (_, first) in list(twins.items()):  # a copy: a hello may change it meanwhile
         if kept[index] is not None:
             kept[index] = None
             answer.refuse(index, twin_error(first))

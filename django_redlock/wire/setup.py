@@ -17,13 +17,16 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django_redlock.wire.acks import AckState, replicas_online
 from django_redlock.wire.errors import NodeError
 from django_redlock.wire.nodes import NodeAddress
 from django_redlock.wire.resp import ReplyError, encode_command
 from django_redlock.wire.scripts import Script
+
+if TYPE_CHECKING:
+    from django_redlock.wire.servers import Twins
 
 __all__ = [
     "HELLO_PERSISTENCE",
@@ -92,17 +95,17 @@ class Hello:
         marker: str,
         on_quarantine: Callable[[str, int], None],
         on_server: Callable[[str, str], None] | None = None,
-        twins: dict[int, str] | None = None,
+        twins: Twins | None = None,
     ) -> None:
         self.marker = marker
         self.on_quarantine = on_quarantine
         self.on_server = on_server
         """Told ``(node label, run_id)`` when a connection learns which server process it
         reached: two labels with one run_id are one server (see wire/servers.py)."""
-        self.twins: dict[int, str] = {} if twins is None else twins
-        """The nodes (by index) whose server an earlier node reached, and that node's label
-        (``Servers.twins``, kept up to date by ``on_server``): the transports send them
-        nothing."""
+        self.twins: Twins = {} if twins is None else twins
+        """The nodes (by index) whose server an earlier node reached, and that node's index
+        and label (``Servers.twins``, kept up to date by ``on_server``): the transports send
+        them nothing."""
 
 
 def shard_hello(hello: Hello | None, tag: str, node: str) -> Hello | None:

@@ -11,7 +11,10 @@ import pytest
 from django_redlock import AsyncLockManager, LockManager, QuorumUnreachable
 from django_redlock.core.lease import HELD, BaseLease
 from django_redlock.localnodes import LocalCluster
+from django_redlock.wire.errors import TIMED_OUT
 from django_redlock.wire.nodes import parse_node
+from django_redlock.wire.rounds import Round
+from django_redlock.wire.scripts import PING
 from tests.helpers import node_client
 
 
@@ -125,3 +128,35 @@ def test_the_asyncio_manager_sends_an_alias_nothing_too(cluster5):
         await manager.aclose()
 
     asyncio.run(take())
+
+
+def test_a_first_round_counts_one_yes_per_server_before_the_hellos_told_them_apart(cluster5):
+    # New connections: every node's command waits behind its hello, so A and its alias are
+    # both sent this round, and both answer. With C and D paused the yes come from A (twice)
+    # and B: two servers. Before, the round ended there with "a quorum" of three (the engine
+    # then refused the grant: the acquire failed with C and D about to answer; once in CI,
+    # stop 47). Now it waits for a third server, and times out here.
+    manager = LockManager(four_servers_five_names(cluster5), node_timeout=0.5)
+    connections = manager.engine.connections.get()
+    with cluster5[2].paused_while(), cluster5[3].paused_while():
+        answer = connections.run([PING] * 5, 1.0, b"PONG", 3)
+    assert answer.results[:3] == [b"PONG", b"PONG", b"PONG"]
+    assert answer.yes == 2
+    assert answer.results[3] is TIMED_OUT
+    assert manager.engine.servers.twins == {1: (0, manager.engine.addresses[0].label)}
+    manager.close()
+
+
+def test_the_asyncio_transport_counts_one_yes_per_server_too(cluster5):
+    async def first_round() -> Round:
+        manager = AsyncLockManager(four_servers_five_names(cluster5), node_timeout=0.5)
+        try:
+            return await manager._connections().run([PING] * 5, 1.0, b"PONG", 3)
+        finally:
+            await manager.aclose()
+
+    with cluster5[2].paused_while(), cluster5[3].paused_while():
+        answer = asyncio.run(first_round())
+    assert answer.results[:3] == [b"PONG", b"PONG", b"PONG"]
+    assert answer.yes == 2
+    assert answer.results[3] is TIMED_OUT

@@ -59,7 +59,7 @@ from django_redlock.wire.primitives import PRELOAD
 from django_redlock.wire.rounds import Round
 from django_redlock.wire.scripts import Command, Commands, fire_and_forget
 from django_redlock.wire.sentinel import Watch, watch
-from django_redlock.wire.servers import keep_apart
+from django_redlock.wire.servers import Twins, keep_apart
 from django_redlock.wire.setup import (
     UNIDENTIFIED,
     Hello,
@@ -103,7 +103,7 @@ class LoopConnections:
         self.acked = any(address.replica_acks for address in self.addresses)
         self.hello = hello
         # Nodes whose server an earlier node reached: sent nothing (wire/servers.py).
-        self.twins: dict[int, str] = hello.twins
+        self.twins: Twins = hello.twins
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         # How long a connection opened for a posted command may take (seconds): the node
         # timeout of the last round.
@@ -414,6 +414,11 @@ class LoopConnections:
                 ``keep_open``).
         """
         assert isinstance(answer, LoopRound)
+        twins = self.twins  # empty unless two nodes reached one server (wire/servers.py)
+        if twins:
+            # Two addresses of one server may both have said yes before their hellos told
+            # them apart: then the quorum is short, and the round waits on.
+            answer.counted_twice(twins)
         # Round.known inlined: a quorum said yes, too many said no, or all answered.
         if answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0:
             loop = asyncio.get_running_loop()
@@ -426,6 +431,11 @@ class LoopConnections:
             cancelled = False
             try:
                 await decided
+                while twins and answer.counted_twice(twins) and loop.time() < answer.deadline:
+                    decided = answer.decided = loop.create_future()
+                    if answer.deadline < self.alarm_at:
+                        self._set_alarm(loop, answer.deadline)
+                    await decided
                 if not answer.known():
                     # The deadline passed undecided. A reply that sits in its socket is an
                     # answer, not a timeout: the loop may have been blocked while the nodes

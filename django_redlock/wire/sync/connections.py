@@ -58,7 +58,7 @@ from django_redlock.wire.resp import BAD_REPLY, PROTOCOL_ERRORS, ReplyError
 from django_redlock.wire.rounds import RELOAD, RESEND, Round, on_reply
 from django_redlock.wire.scripts import Command, Commands, Fallback, Script, fire_and_forget
 from django_redlock.wire.sentinel import Watch, forget, watch
-from django_redlock.wire.servers import keep_apart
+from django_redlock.wire.servers import Twins, keep_apart
 from django_redlock.wire.setup import (
     CLUSTER_MAP,
     UNIDENTIFIED,
@@ -134,7 +134,7 @@ class ConnectionSet:
         self.preload = tuple(preload)
         self.hello = hello
         # Nodes whose server an earlier node reached: sent nothing (wire/servers.py).
-        self.twins: dict[int, str] = {} if hello is None else hello.twins
+        self.twins: Twins = {} if hello is None else hello.twins
         self.clock = clock
         self.stall = StallRule(max_outstanding, stall_reset, stall_age)
         self.pid = current_pid()
@@ -966,19 +966,26 @@ class ConnectionSet:
         """
         try:
             drained = False
-            # Round.known inlined: a quorum said yes, too many said no, or all answered.
-            while answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0:
-                remaining = deadline - self.clock()
-                if remaining <= 0:
-                    if not drained:
-                        # Before judging any node late, take in what arrived meanwhile: one
-                        # look without waiting at every socket (each is read to its end).
-                        drained = True
-                        self._poll_once(0)
-                        continue
-                    answer.time_out()
+            while True:
+                # Round.known inlined: a quorum said yes, too many said no, or all answered.
+                while (
+                    answer.yes < answer.need and answer.no <= answer.give_up and answer.pending > 0
+                ):
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        if not drained:
+                            # Before judging any node late, take in what arrived meanwhile:
+                            # one look without waiting at every socket (each read to its end).
+                            drained = True
+                            self._poll_once(0)
+                            continue
+                        answer.time_out()
+                        break
+                    self._poll_once(remaining)
+                # Two addresses of one server may both have said yes before their hellos
+                # told them apart (wire/servers.py): then the quorum was short, so wait on.
+                if not self.twins or answer.closed or not answer.counted_twice(self.twins):
                     break
-                self._poll_once(remaining)
         finally:
             answer.closed = True
         if self.settling:
