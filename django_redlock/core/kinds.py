@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar, Unpack
 
 from django_redlock.procedures.options import AcquireOptions
 from django_redlock.procedures.shapes import ReadWrite, Shape, Slots
-from django_redlock.wire.primitives import Kind, check_limit
+from django_redlock.wire.primitives import Mode, check_limit
 
 __all__ = ["RWLock", "Semaphore", "Taker"]
 
@@ -98,7 +98,7 @@ class RWLock(Generic[_R]):
         """Take the write (exclusive) lease; the arguments and errors of ``acquire``."""
         return self._take("w", options)
 
-    def _take(self, kind: Kind, options: AcquireOptions) -> _R:
+    def _take(self, mode: Mode, options: AcquireOptions) -> _R:
         manager = self._manager
-        shape = ReadWrite(manager.key_prefix + self.name, kind)
+        shape = ReadWrite(manager.key_prefix + self.name, mode)
         return manager.acquire_shape(self.name, shape, **options)

@@ -373,9 +373,9 @@ class ReadWrite(Shape):
     release_identified = False  # its release script takes no identity
     __slots__ = ("kind", "rw")
 
-    def __init__(self, key: str, kind: primitives.Kind) -> None:
+    def __init__(self, key: str, mode: primitives.Mode) -> None:
         super().__init__(key)
-        self.rw = primitives.check_kind(kind)
+        self.rw = primitives.check_mode(mode)
         self.kind = "read" if self.rw == "r" else "write"
 
     def acquire(

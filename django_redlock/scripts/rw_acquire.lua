@@ -7,7 +7,7 @@
 --          (key .. "\0q")
 -- KEYS[5]  when each place in line lapses, ms on the node's clock (key .. "\0e")
 -- KEYS[6]  the node's marker hash (node_rule.lua, vote_gate.lua)
--- ARGV[1]  the kind: "r" (shared) or "w" (exclusive)
+-- ARGV[1]  the mode: "r" (shared) or "w" (exclusive)
 -- ARGV[2]  the lease token (random, from `secrets`)
 -- ARGV[3]  the lease length in milliseconds (positive integer)
 -- ARGV[4]  the owner (lock_key.lua); a reader's whole record goes in KEYS[3]; never the token
@@ -55,13 +55,13 @@ if refusal ~= nil then
 end
 
 local key, readers, owners, line, lapse = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local kind, token, ttl, waiter = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
-if kind ~= 'r' and kind ~= 'w' then
-    return redis.error_reply('ERR kind must be r or w, not ' .. kind)
+local mode, token, ttl, waiter = ARGV[1], ARGV[2], ARGV[3], ARGV[6]
+if mode ~= 'r' and mode ~= 'w' then
+    return redis.error_reply('ERR mode must be r or w, not ' .. mode)
 end
 local member = ''
 if waiter ~= '' then
-    member = kind .. '|' .. waiter
+    member = mode .. '|' .. waiter
 end
 
 local function queue()
@@ -78,7 +78,7 @@ local function granted()
 end
 
 local live = purge_readers(readers, owners)
-if kind == 'r' then
+if mode == 'r' then
     if redis.call('ZSCORE', readers, token) then
         redis.call('ZADD', readers, 'XX', string.format('%d', clock() + tonumber(ttl)), token)
         keep_readers(readers, owners, ttl)

@@ -3,7 +3,7 @@
 --
 -- KEYS[1]  the writer (the lock key, lock_key.lua)
 -- KEYS[2]  the readers (key .. "\0r"), KEYS[3] their owners (key .. "\0o")
--- ARGV[1]  the kind: "r" or "w"
+-- ARGV[1]  the mode: "r" or "w"
 -- ARGV[2]  the lease token
 -- ARGV[3]  the new lease length in milliseconds (positive integer), counted from now
 -- ARGV[4]  the owner (lock_key.lua), stored when the grant is re-created; never the token
@@ -20,12 +20,12 @@
 -- @include lock_key.lua
 -- @include lock_write.lua
 local key, readers, owners = KEYS[1], KEYS[2], KEYS[3]
-local kind, token, ttl = ARGV[1], ARGV[2], ARGV[3]
-if kind ~= 'r' and kind ~= 'w' then
-    return redis.error_reply('ERR kind must be r or w, not ' .. kind)
+local mode, token, ttl = ARGV[1], ARGV[2], ARGV[3]
+if mode ~= 'r' and mode ~= 'w' then
+    return redis.error_reply('ERR mode must be r or w, not ' .. mode)
 end
 local writer = lock_token(key)
-if kind == 'w' then
+if mode == 'w' then
     if writer == token then
         redis.call('PEXPIRE', key, ttl)
         keep_owner_of(key, ARGV[4], tonumber(ttl))

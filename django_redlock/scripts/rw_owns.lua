@@ -2,7 +2,7 @@
 --
 -- KEYS[1]  the writer (the lock key, lock_key.lua)
 -- KEYS[2]  the readers (key .. "\0r")
--- ARGV[1]  the kind: "r" or "w"
+-- ARGV[1]  the mode: "r" or "w"
 -- ARGV[2]  the lease token
 --
 -- Returns 1 when this token holds the lease here (a reader: its expiry is still ahead on the

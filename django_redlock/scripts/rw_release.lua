@@ -5,7 +5,7 @@
 --          after it)
 -- KEYS[2]  the readers (key .. "\0r"), KEYS[3] their owners (key .. "\0o")
 -- KEYS[4]  the wait line (key .. "\0q"), KEYS[5] the lapse times (key .. "\0e")
--- ARGV[1]  the kind: "r" or "w"
+-- ARGV[1]  the mode: "r" or "w"
 -- ARGV[2]  the lease token ("" to only leave the line: a blocking acquire that gave up)
 -- ARGV[3]  the holder's waiter id ("" when it took the lease with a single try)
 --
@@ -18,13 +18,13 @@
 -- @include readers.lua
 -- @include lock_key.lua
 local key, readers, owners, line, lapse = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local kind, token, waiter = ARGV[1], ARGV[2], ARGV[3]
-if kind ~= 'r' and kind ~= 'w' then
-    return redis.error_reply('ERR kind must be r or w, not ' .. kind)
+local mode, token, waiter = ARGV[1], ARGV[2], ARGV[3]
+if mode ~= 'r' and mode ~= 'w' then
+    return redis.error_reply('ERR mode must be r or w, not ' .. mode)
 end
 local released = 0
 if token ~= '' then
-    if kind == 'w' then
+    if mode == 'w' then
         -- pcall: a key of another type under our name is not ours (release.lua).
         if lock_token(key) == token then
             redis.call('DEL', key)
@@ -41,7 +41,7 @@ if token ~= '' then
 end
 local left = 0
 if waiter ~= '' then
-    left = leave_place(line, lapse, kind .. '|' .. waiter)
+    left = leave_place(line, lapse, mode .. '|' .. waiter)
 end
 if released == 1 or left == 1 then
     wake_rw(key, line, lapse, purge_readers(readers, owners))

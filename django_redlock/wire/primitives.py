@@ -61,10 +61,10 @@ __all__ = [
     "SEMAPHORE",
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_RELEASE",
-    "Kind",
+    "Mode",
     "acquire_many_command",
-    "check_kind",
     "check_limit",
+    "check_mode",
     "extend_many_command",
     "handback_command",
     "handoff_command",
@@ -139,7 +139,8 @@ MAX_MANY = 1024
 HANDOFF_REFUSED = -2
 """``handoff.lua``'s answer when a node no longer holds the old token."""
 
-Kind = Literal["r", "w"]
+Mode = Literal["r", "w"]
+"""The side of a read-write lock a lease holds: ``"r"`` (read, shared) or ``"w"`` (write)."""
 _IDENTITY_UNKNOWN = ("", "")  # the EVAL fallback names no process: the node checks itself
 
 
@@ -279,20 +280,20 @@ def quorum_slot(replies: Iterable[object], quorum: int) -> int | None:
 # -- read-write locks --------------------------------------------------------------------
 
 
-def check_kind(kind: object) -> Kind:
-    """``kind`` as a lease kind of a read-write lock: ``"r"`` (read) or ``"w"`` (write).
+def check_mode(mode: object) -> Mode:
+    """``mode`` as the side of a read-write lock a lease holds: ``"r"`` (read) or ``"w"`` (write).
 
     Raises:
         TypeError: not a str.
         ValueError: another string.
     """
-    if not isinstance(kind, str):
-        raise TypeError(f"kind must be 'r' or 'w', not {type(kind).__name__}")
-    if kind == "r":
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be 'r' or 'w', not {type(mode).__name__}")
+    if mode == "r":
         return "r"
-    if kind == "w":
+    if mode == "w":
         return "w"
-    raise ValueError(f"kind must be 'r' or 'w', not {kind!r}")
+    raise ValueError(f"mode must be 'r' or 'w', not {mode!r}")
 
 
 def _rw_keys(key: str) -> tuple[str, str, str, str, str]:
@@ -301,7 +302,7 @@ def _rw_keys(key: str) -> tuple[str, str, str, str, str]:
 
 def rw_acquire_command(
     key: str,
-    kind: Kind,
+    mode: Mode,
     token: str,
     ttl_ms: int,
     owner: str,
@@ -315,38 +316,38 @@ def rw_acquire_command(
     granted, else the ms until what blocks it runs out (0: waiters ahead).
 
     Raises:
-        TypeError, ValueError: a bad ``kind``.
+        TypeError, ValueError: a bad ``mode``.
     """
     keys = (*_rw_keys(key), NODE_KEY)
-    args = (check_kind(kind), token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
+    args = (check_mode(mode), token, ttl_ms, owner, quarantine_ms, waiter, ticket, lifetime_ms)
     return _granting(RW_ACQUIRE, keys, args)
 
 
-def rw_release_command(key: str, kind: Kind, token: str, waiter: str = "") -> Command:
+def rw_release_command(key: str, mode: Mode, token: str, waiter: str = "") -> Command:
     """Release a read or write lease and drop ``waiter``'s place; wakes who may now take the
     lock. Idempotent: its EVAL fallback is sent even after the operation is over."""
     return RW_RELEASE.command(
-        _rw_keys(key), (check_kind(kind), token, waiter), fallback_when_over=True
+        _rw_keys(key), (check_mode(mode), token, waiter), fallback_when_over=True
     )
 
 
-def rw_leave_command(key: str, kind: Kind, waiter: str) -> Command:
-    """Drop ``waiter``'s place (of kind ``kind``) in the read-write lock's line."""
-    return rw_release_command(key, kind, "", waiter)
+def rw_leave_command(key: str, mode: Mode, waiter: str) -> Command:
+    """Drop ``waiter``'s place (of mode ``mode``) in the read-write lock's line."""
+    return rw_release_command(key, mode, "", waiter)
 
 
-def rw_extend_command(key: str, kind: Kind, token: str, ttl_ms: int, owner: str) -> Command:
+def rw_extend_command(key: str, mode: Mode, token: str, ttl_ms: int, owner: str) -> Command:
     """Renew a read or write lease to ``ttl_ms`` from now, or re-create it where a node lost
     it (``scripts/rw_extend.lua``). Reply: 1 renewed, 2 re-created, -1 another holder has it
     here."""
     keys = (key, key + READERS, key + READER_OWNERS)
-    args = (check_kind(kind), token, ttl_ms, owner)
+    args = (check_mode(mode), token, ttl_ms, owner)
     return (RW_EXTEND.evalsha(keys, args), Fallback(partial(RW_EXTEND.eval, keys, args), False))
 
 
-def rw_owns_command(key: str, kind: Kind, token: str) -> Command:
+def rw_owns_command(key: str, mode: Mode, token: str) -> Command:
     """Does a node still hold this read or write lease. Reply: 1 or 0."""
-    return RW_OWNS.command((key, key + READERS), (check_kind(kind), token))
+    return RW_OWNS.command((key, key + READERS), (check_mode(mode), token))
 
 
 # -- multi-locks -------------------------------------------------------------------------

@@ -524,12 +524,12 @@ def test_releases_wake_the_readers_at_the_head_or_the_writer_once_readers_are_go
     pubsub.close()
 
 
-def test_a_bad_kind_is_refused_by_the_builders_and_the_scripts(node):
-    with pytest.raises(ValueError, match="kind"):
+def test_a_bad_mode_is_refused_by_the_builders_and_the_scripts(node):
+    with pytest.raises(ValueError, match="mode"):
         p.rw_acquire_command(KEY, "x", token("a"), 1000, OWNER, Q)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="kind"):
+    with pytest.raises(TypeError, match="mode"):
         p.rw_release_command(KEY, None, token("a"))  # type: ignore[arg-type]
-    with pytest.raises(redis.ResponseError, match="kind must be r or w"):
+    with pytest.raises(redis.ResponseError, match="mode must be r or w"):
         node.eval(p.RW_EXTEND.source, 3, KEY, KEY + p.READERS, KEY + p.READER_OWNERS, "x", "t", 1)
 
 
@@ -538,7 +538,7 @@ def test_readers_and_a_writer_never_both_hold_a_quorum_whatever_reaches_where(no
     everywhere it reached otherwise. After every step: no writer beside a reader or another
     writer, and every holder's grant is still on a quorum."""
     rng = random.Random(2016)
-    holders: dict[str, p.Kind] = {}  # token -> kind
+    holders: dict[str, p.Mode] = {}  # token -> mode
     names = [token(c) for c in "abcdef"]
     for step in range(250):
         tok = rng.choice(names)
@@ -548,18 +548,18 @@ def test_readers_and_a_writer_never_both_hold_a_quorum_whatever_reaches_where(no
                 rw_release(nodes[i], holders[tok], tok)
             del holders[tok]
         else:
-            kind: p.Kind = rng.choice(("r", "r", "w"))
-            votes = sum(rw_acquire(nodes[i], kind, tok) == b"OK" for i in reached)
+            mode: p.Mode = rng.choice(("r", "r", "w"))
+            votes = sum(rw_acquire(nodes[i], mode, tok) == b"OK" for i in reached)
             if votes >= 2:
-                holders[tok] = kind
+                holders[tok] = mode
             else:
                 for i in reached:
-                    rw_release(nodes[i], kind, tok)
+                    rw_release(nodes[i], mode, tok)
         writers = [t for t, k in holders.items() if k == "w"]
         assert len(writers) <= 1, step
         assert not writers or len(holders) == 1, step
-        for tok_, kind in holders.items():
-            owned = sum(run(c, p.rw_owns_command(KEY, kind, tok_)) for c in nodes)
+        for tok_, mode in holders.items():
+            owned = sum(run(c, p.rw_owns_command(KEY, mode, tok_)) for c in nodes)
             assert owned >= 2, step
 
 
