@@ -1,9 +1,12 @@
-"""W9: operator listings at size: ``python -m benchmarks.listing [N ...]`` (default 1000
-10000 50000).
+"""W9: operator listings at size: ``python -m benchmarks.listing [--cluster] [N ...]``
+(default 1000 10000 50000).
 
 Starts 3 local nodes and holds N locks on every node, taken by the library itself
 (``lock_many`` of 1,000 names at a time, then an extend, which waits for every node), so the
-listing reads the very keys ``acquire.lua`` writes. For each N it prints:
+listing reads the very keys ``acquire.lua`` writes. With ``--cluster`` each node is a
+Redis/Valkey Cluster of 3 shards (``LocalShardedNode``), and each batch of names shares a hash
+tag of its own (``lock_many`` needs one slot), so the locks spread over every shard. For each
+N it prints:
 
 - ``manager.locks(limit=None)`` (every lock): the best and the median wall time of 5 runs,
   and the client's CPU time (all threads) of the best run; on a shared machine the CPU time
@@ -19,11 +22,13 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 from django_redlock import Lease, LockManager
 from django_redlock.core.listing import LockListing
 from django_redlock.localnodes import LocalCluster, server_version
+from django_redlock.localshards import LocalShardedNode
 
 RUNS = 5
 BATCH = 1000  # names per lock_many (at most 1024)
@@ -53,14 +58,16 @@ class ListingTimes:
         return sum(1 for lock in self.capped_listing.locks if lock.partial)
 
 
-def hold(manager: LockManager, leases: list[Lease], size: int) -> None:
+def hold(manager: LockManager, leases: list[Lease], size: int, tagged: bool = False) -> None:
     """Take locks until ``leases`` holds ``size`` of them on every node (``lock_many`` of
     :data:`BATCH` names at a time, then an extend, which waits for every node: the acquire
-    stopped at a quorum)."""
+    stopped at a quorum). ``tagged``: each batch's names share a hash tag of their own (one
+    slot per batch, as ``lock_many`` on cluster nodes needs)."""
     first = sum(len(lease.names) for lease in leases)
     while first < size:
         count = min(BATCH, size - first)
-        lease = manager.lock_many([f"bench:{first + i:06d}" for i in range(count)])
+        tag = f"{{b{first // BATCH}}}" if tagged else ""
+        lease = manager.lock_many([f"bench:{tag}{first + i:06d}" for i in range(count)])
         lease.extend()
         leases.append(lease)
         first += count
@@ -84,14 +91,27 @@ def measure(manager: LockManager, size: int, runs: int = RUNS) -> ListingTimes:
     )
 
 
-def main(sizes: list[int]) -> None:
-    print(f"lock nodes: 3 x {server_version()}")
-    with LocalCluster(3) as cluster:
+def _nodes(stack: ExitStack, cluster: bool) -> list[str]:
+    """The URLs of 3 lock nodes started on ``stack``: plain servers, or clusters of 3 shards."""
+    if not cluster:
+        return stack.enter_context(LocalCluster(3)).urls
+    urls = []
+    for index in range(3):
+        node = LocalShardedNode(3, name=f"w9-{index}")
+        stack.callback(node.stop)
+        urls.append(node.start().url)
+    return urls
+
+
+def main(sizes: list[int], cluster: bool = False) -> None:
+    shape = "clusters of 3 shards" if cluster else "plain servers"
+    print(f"lock nodes: 3 {shape}, {server_version()}")
+    with ExitStack() as stack:
         # A generous node timeout: setting up 50,000 locks must not fail on a busy machine.
-        manager = LockManager(cluster.urls, ttl=600.0, node_timeout=2.0)
+        manager = LockManager(_nodes(stack, cluster), ttl=600.0, node_timeout=2.0)
         leases: list[Lease] = []
         for size in sorted(sizes):
-            hold(manager, leases, size)
+            hold(manager, leases, size, tagged=cluster)
             times = measure(manager, size)
             capped = times.capped_listing
             print(
@@ -108,4 +128,7 @@ def main(sizes: list[int]) -> None:
 
 
 if __name__ == "__main__":
-    main([int(arg) for arg in sys.argv[1:]] or [1000, 10000, 50000])
+    arguments = sys.argv[1:]
+    on_clusters = "--cluster" in arguments
+    sizes = [int(arg) for arg in arguments if arg != "--cluster"]
+    main(sizes or [1000, 10000, 50000], cluster=on_clusters)
