@@ -12,7 +12,8 @@ N it prints:
   and the client's CPU time (all threads) of the best run; on a shared machine the CPU time
   moves less with the load than the wall time;
 - ``manager.locks()`` (the default cap, 1,000): its time, how many locks it shows, how many
-  of them it flags ``partial`` (held locks: must be 0), and ``approx_total``/``not_shown``.
+  of them it flags ``partial`` (held locks: must be 0), and ``approx_total``/``not_shown``;
+- ``core.health.status(manager)`` (what ``redlock_status`` reports): best and median of 5.
 
 Tests never assert speed; this is where the listing's timing claims are measured.
 """
@@ -26,6 +27,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 
 from django_redlock import Lease, LockManager
+from django_redlock.core.health import status
 from django_redlock.core.listing import LockListing
 from django_redlock.localnodes import LocalCluster, server_version
 from django_redlock.localshards import LocalShardedNode
@@ -114,13 +116,21 @@ def main(sizes: list[int], cluster: bool = False) -> None:
             hold(manager, leases, size, tagged=cluster)
             times = measure(manager, size)
             capped = times.capped_listing
+            walls = []
+            for _ in range(RUNS):
+                began = time.perf_counter()
+                report = status(manager)
+                walls.append(time.perf_counter() - began)
+            if report.voting != 3:
+                raise SystemExit(f"status: {report.voting} of 3 nodes voting")
             print(
                 f"{size:>6} held: full listing best {times.best * 1000:.0f} ms "
                 f"(median {times.median * 1000:.0f} ms, "
                 f"client CPU {times.best_cpu * 1000:.0f} ms); "
                 f"capped at 1000: {times.capped * 1000:.0f} ms, {len(capped.locks)} shown, "
                 f"{times.flagged} flagged partial, about {capped.approx_total}, "
-                f"{capped.not_shown} not shown",
+                f"{capped.not_shown} not shown; status() best {min(walls) * 1000:.1f} ms "
+                f"(median {statistics.median(walls) * 1000:.1f} ms)",
                 flush=True,
             )
         for lease in leases:
