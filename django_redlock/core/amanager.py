@@ -110,10 +110,10 @@ class AsyncLease(BaseLease):
     _cycle_free_class = True
     _host: Engine
 
-    def __init__(self, manager: AsyncLockManager, **fields: Any) -> None:
+    def __init__(self, manager: AsyncLockManager, *fields: Any, **named: Any) -> None:
         # Hosted by the engine, as a sync lease (clock, reporter, and the extender's
         # renewals, which are sync rounds); its own rounds are the asyncio manager's.
-        super().__init__(manager, **fields)
+        super().__init__(manager, *fields, **named)
         self._manager = weakref.ref(manager)  # one per manager: CPython shares it
 
     @property

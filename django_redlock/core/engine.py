@@ -616,18 +616,20 @@ class Engine:
         held = held_on(shape.granted_on(results))
         if self.servers.same:  # empty unless two addresses reached one server
             self._one_vote_per_server(attempt, held, results)
+        # By position, in BaseLease's order (name, key, token, ttl, expires_at, acquired_at,
+        # origin, shape, owner, waiter, held): keyword arguments cost more (see there).
         lease = make(
-            name=attempt.name,
-            key=attempt.key,
-            token=attempt.token,
-            ttl=attempt.ttl,
-            expires_at=expires_at,
-            acquired_at=acquired_at,
-            origin=checked.origin,
-            shape=shape,
-            owner=attempt.owner,
-            waiter=attempt.waiter,
-            held=held,
+            attempt.name,
+            attempt.key,
+            attempt.token,
+            attempt.ttl,
+            expires_at,
+            acquired_at,
+            checked.origin,
+            shape,
+            attempt.owner,
+            attempt.waiter,
+            held,
         )
         waited = acquired_at - attempt.started
         self.reporter.granted(attempt.name, results, attempt.votes, waited)
