@@ -589,8 +589,9 @@ class LoopConnections:
         its shard's form, with the reply slot it had; the connection is closed. A plain
         server at a shard's address: :meth:`_unroute`."""
         self.unclassified.discard(index)
-        if self.connections[index] is not conn:  # replaced meanwhile (closed: it is failed)
-            return
+        connections = self.connections
+        if index >= len(connections) or connections[index] is not conn:
+            return  # replaced or dropped meanwhile (it was failed then: nothing goes out)
         node = self.shard_of.get(index)
         if not conn.switched:
             if node is None:
@@ -604,7 +605,8 @@ class LoopConnections:
         slots = [conn.pending.pop() for _ in held][::-1]
         try:
             # A CLUSTER SHARDS reply (or, before Redis 7, CLUSTER SLOTS read here: blocking
-            # within the node timeout, once per process and node).
+            # within the node timeout, once each time a connection finds a plain node's
+            # address serving a cluster member).
             slot_map = shards_reply_map(address, conn.cluster_shards, self.delivery)
         except NodeError as exc:
             for answer, node, _, _ in slots:
