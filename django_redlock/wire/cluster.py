@@ -213,7 +213,9 @@ class SlotMap:
         ranges = sorted(
             (low, high, index) for index, shard in enumerate(shards) for low, high in shard.ranges
         )
-        for (low, high, _), after in zip(ranges, [*ranges[1:], None], strict=True):
+        # Each range with the next one (None after the last; no range at all: an empty map,
+        # which a transport starts from when it reads the map itself, see shards_reply_map).
+        for (low, high, _), after in zip(ranges, [*ranges[1:], None][: len(ranges)], strict=True):
             if not 0 <= low <= high < SLOTS:
                 raise ValueError(f"slot range {low}-{high} is not within 0..{SLOTS - 1}")
             if after is not None and after[0] <= high:

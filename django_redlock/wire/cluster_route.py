@@ -1,11 +1,17 @@
 """Where a lock node's commands go when the node is a Redis/Valkey Cluster, and in what form.
 
-A node URL that reaches a cluster member is a cluster node: its first connection in this
-process asks (``INFO cluster``, ``CLUSTER SHARDS``: see ``Handshake.classifying`` in
-wire/setup.py) and holds every command until the answer, so a lock's keys never take their
-plain form on a cluster node; what it learns is remembered for the process (:func:`known`). A
-:class:`ClusterRoute` then places each command on the master that serves its lock's slot, in
-the cluster form (:meth:`ClusterRoute.place`):
+A node URL that reaches a cluster member is a cluster node. Plain or cluster is a fact about
+the server *process* a connection reaches, not about its address (an endpoint may be switched
+between the modes, or a port re-used, while clients run): every new connection asks
+(``INFO cluster``, ``CLUSTER SHARDS``, pipelined in its set-up: see
+``Handshake.classifying`` in wire/setup.py) and holds every command until the answer, so a
+lock's keys never take their plain form on a cluster member, nor their cluster form on a
+plain server (two forms of one lock on one server would be two locks: two holders). A
+transport whose connection finds the other mode switches the node before anything is sent
+on it. What connections learned is kept for the process as a hint (:func:`known`), for the
+helpers that ask nothing (a wake-up channel, a multi-lock's early refusal, the operators'
+views); the transports never route by it. A :class:`ClusterRoute` places each command on
+the master that serves its lock's slot, in the cluster form (:meth:`ClusterRoute.place`):
 
 - every key the command names takes its cluster form (:func:`~django_redlock.wire.cluster.
   cluster_key`: one slot per lock), and a node's own record (``NODE_KEY``) the shard's;
@@ -21,7 +27,6 @@ but :func:`probe`'s, which the transport calls, blocking, within the node timeou
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -53,10 +58,12 @@ __all__ = [
     "REDIRECT_WATCH",
     "ClusterRoute",
     "CrossSlot",
+    "NotCluster",
     "Routed",
     "channel_on",
     "current_map",
     "known",
+    "plain_form",
     "probe",
     "read_map",
     "refuse_across_slots",
@@ -126,17 +133,18 @@ def probe(address: NodeAddress, timeout: float) -> SlotMap | None:
         raise NodeError(f"could not tell whether the node is a cluster: {exc}") from None
 
 
-# Nodes this process found plain, and the slot maps of those it found clusters, by identity:
-# asked once per process, not once per thread (each thread has its own connections). A
-# plain dict: concurrent writers write the same answer.
+# What this process's connections last found at each node address, by identity: plain, or a
+# cluster with its slot map. A hint only (see the module docstring): each connection asks
+# its own server, and the last answer wins (remember drops the other kind).
 _PLAIN: set[tuple[object, ...]] = set()
 _MAPS: dict[tuple[object, ...], SlotMap] = {}
 
 
 def known(address: NodeAddress) -> tuple[bool, SlotMap | None]:
-    """What this process learned of the node at ``address``: ``(False, None)`` nothing yet,
-    ``(True, None)`` plain, ``(True, map)`` a cluster, with the slot map it had then
-    (MOVED answers correct it)."""
+    """What this process last learned of the node at ``address``: ``(False, None)`` nothing
+    yet, ``(True, None)`` plain, ``(True, map)`` a cluster, with the slot map it had then
+    (MOVED answers correct it). A hint, as old as the last connection that asked: the server
+    there may have changed mode since."""
     identity = address.identity
     if identity in _PLAIN:
         return True, None
@@ -145,12 +153,15 @@ def known(address: NodeAddress) -> tuple[bool, SlotMap | None]:
 
 
 def remember(address: NodeAddress, slot_map: SlotMap | None) -> None:
-    """Record that the node at ``address`` is plain (None) or a cluster with ``slot_map``:
-    every later connection of this process, in any thread or event loop, knows it at once."""
+    """Record that the node at ``address`` was found plain (None) or a cluster with
+    ``slot_map`` (the hint :func:`known` gives, in any thread or event loop)."""
+    identity = address.identity
     if slot_map is None:
-        _PLAIN.add(address.identity)
+        _MAPS.pop(identity, None)
+        _PLAIN.add(identity)
     else:
-        _MAPS[address.identity] = slot_map
+        _PLAIN.discard(identity)
+        _MAPS[identity] = slot_map
 
 
 def current_map(address: NodeAddress, timeout: float) -> SlotMap | None:
@@ -171,8 +182,13 @@ def current_map(address: NodeAddress, timeout: float) -> SlotMap | None:
     if slot_map is None:
         return None
     route = ClusterRoute(address, slot_map)
-    with contextlib.suppress(NodeError):  # none answered: the last map known
+    try:
         route.refresh(route.read(timeout))
+    except NotCluster:  # the server there is plain now
+        remember(address, None)
+        return None
+    except NodeError:  # none answered: the last map known
+        pass
     return route.map
 
 
@@ -184,10 +200,13 @@ def refuse_across_slots(
     node could never vote for it (names without one hash tag land in different slots).
     Nothing is sent for it then.
 
-    Free when every node is known plain (no slot is computed). A node not classified yet is
-    asked (``ask``: :func:`probe`, blocking, within ``timeout``), only when the keys span
-    slots; one that cannot be asked is left to the transport, which refuses the command
-    there alone (:class:`CrossSlot`).
+    Free when every node is known plain (no slot is computed: the hint :func:`known`; a node
+    that became a cluster since is refused by the transport, :class:`CrossSlot`). Only when
+    the keys span slots, each other node is asked (``ask``: :func:`probe`, blocking, within
+    ``timeout``): one not classified yet, or known as a cluster (the hint is confirmed before
+    a refusal: its endpoint may be plain now); one that cannot be asked is taken as the hint
+    says (one never classified is left to the transport, which refuses the command there
+    alone). Without ``ask`` the hint decides.
 
     Raises:
         ValueError: the keys span slots and a node is a cluster; the text names the slots and
@@ -198,19 +217,20 @@ def refuse_across_slots(
         return
     if len(lock_slots(keys)) < 2:
         return
-    cluster = any(slot_map is not None for _, slot_map in kinds)
-    if not cluster and ask:
-        for address, (found, _) in zip(addresses, kinds, strict=True):
-            if found:
-                continue
+    cluster = False
+    for address, (found, slot_map) in zip(addresses, kinds, strict=True):
+        if found and slot_map is None:
+            continue
+        if ask:
             try:
                 slot_map = probe(address, timeout)
             except NodeError:
-                continue
-            remember(address, slot_map)
-            if slot_map is not None:
-                cluster = True
-                break
+                pass
+            else:
+                remember(address, slot_map)
+        if slot_map is not None:
+            cluster = True
+            break
     if cluster:
         raise ValueError(cross_slot_message(keys))
 
@@ -238,6 +258,12 @@ def shards_reply_map(address: NodeAddress, reply: object, timeout: float) -> Slo
         except ValueError:
             pass
     return ClusterRoute(address, SlotMap.of([])).read(timeout)
+
+
+class NotCluster(NodeError):
+    """The server at a cluster node's own address answered as a plain server (its cluster
+    support disabled): the endpoint was switched out of cluster mode, and the node must be
+    used as a plain node from now on."""
 
 
 class CrossSlot(NodeError):
@@ -276,6 +302,29 @@ class Routed(Fallback):
         routed.hops = hops
         routed.acked_yes = original.acked_yes
         return routed
+
+
+# How a server with cluster support disabled refuses CLUSTER SHARDS and CLUSTER SLOTS (Redis
+# and Valkey alike).
+_NOT_CLUSTER = "cluster support disabled"
+
+
+def plain_form(
+    data: bytes, fallback: Fallback | None, identify: bool
+) -> tuple[bytes, Fallback | None, bool] | None:
+    """A command a cluster node's shard connection held, ``data`` with reply ``fallback``
+    (completed with the identity when ``identify``), as a plain server runs it: the node
+    turned out to be plain (its endpoint's cluster mode switched off). The original
+    command's EVAL (its fallback's build), that fallback and whether the identity completes
+    it (the fallback's own rule, as for a NOSCRIPT); a command that names no lock key (not
+    EVAL or EVALSHA) as it is. None when it cannot be had (an ``ASKING``: it was for the
+    shard alone; a script command with no fallback)."""
+    if isinstance(fallback, Routed):
+        original = fallback.original
+        return original.build(), original, original.identify
+    if data == ASKING or _parse(data) is not None:
+        return None
+    return data, fallback, identify
 
 
 def _bulk(data: bytes) -> bytes:
@@ -332,6 +381,7 @@ class ClusterRoute:
         seconds per member asked).
 
         Raises:
+            NotCluster: the seed answered as a plain server.
             NodeError: no member gave it.
         """
         from django_redlock.wire.clients import client_for
@@ -347,6 +397,13 @@ class ClusterRoute:
             try:
                 with client_for(address, timeout) as client:
                     return read_map(client, address.host or self.endpoint[0])
+            except redis.ResponseError as exc:
+                if address is self.seed and _NOT_CLUSTER in str(exc):
+                    # Not a member that lost its way: the node's own address serves a plain
+                    # server now. Its other members, still a cluster perhaps, are no longer
+                    # this node (a process that asked now would take it for a plain node).
+                    raise NotCluster("the node's server is not a cluster member now") from None
+                failure = failure or exc
             except (redis.RedisError, OSError, ValueError) as exc:
                 failure = failure or exc
         raise NodeError(f"could not read the cluster's slot map: {failure}") from None

@@ -362,6 +362,7 @@ class Handshake:
         hello: Hello | None,
         preload: Sequence[Script] = (),
         classify: bool = False,
+        expect_cluster: bool = False,
     ) -> None:
         self.address = address
         self.hello = hello
@@ -374,12 +375,22 @@ class Handshake:
         self.acks = AckState(address.replica_acks) if address.replica_acks else None
         self.run_id = ""
         self.history = ""
-        # A node not known yet to be plain or a cluster (wire/cluster_route.py): the
-        # connection asks (INFO cluster, CLUSTER SHARDS) before anything else, and holds
-        # every command until the answer, so that a lock's keys never take their plain form
-        # on a cluster node. `cluster_shards`: the CLUSTER SHARDS reply of a cluster member,
-        # for the transport, which then sends what was held to the shards.
+        # Whether the server this connection reached is plain or a cluster member is a fact
+        # about its process, not its address (an endpoint may be switched between the two,
+        # or a port re-used, while clients run): with `classify`, the connection asks (INFO
+        # cluster, CLUSTER SHARDS, pipelined behind the login: no round trip of its own) and
+        # holds every command until the answer, so that a lock's keys never leave in a form
+        # the server's mode does not take (wire/cluster_route.py). `expect_cluster`: the
+        # mode the transport uses the node in (a shard connection's: a cluster member).
+        # When the answer differs (`switched`), what was held stays held, for the transport
+        # to send in the right form (take_held). `cluster_shards`: a cluster member's
+        # CLUSTER SHARDS reply (its slot map, for the transport). A node with REPLICA_ACKS
+        # asks too, without holding (its grants go at once, with their WAIT), and a
+        # cluster's answer refuses the connection (REPLICA_ACKS is not supported there).
+        self.asks_mode = classify
         self.classifying = classify and not address.replica_acks
+        self.expect_cluster = expect_cluster
+        self.switched = False
         self.cluster_enabled = False
         self.cluster_shards: object = None
         holding = hello is not None or self.classifying
@@ -399,7 +410,7 @@ class Handshake:
             NodeError: the credential provider failed.
         """
         commands = [(command, LOGIN) for command in login_commands(self.address)]
-        if self.classifying:
+        if self.asks_mode:
             commands += [(HELLO_CLUSTER, CLUSTER_INFO), (HELLO_SHARDS, CLUSTER_MAP)]
         # Load the scripts first, so EVALSHA does not meet NOSCRIPT in normal operation: a
         # NOSCRIPT fallback is re-sent behind whatever was pipelined meanwhile, out of order.
@@ -466,7 +477,7 @@ class Handshake:
             # meanwhile go out now, in order, after the replies that preceded them (unless
             # the node is a cluster: the transport sends them to its shards).
             self.identity = identity_of(self.run_id, self.history, reply)
-            if self.classifying or self.cluster_shards is not None:
+            if self.classifying or self.switched:
                 return b""
             return self._release()
         elif step == CLUSTER_INFO:
@@ -475,10 +486,18 @@ class Handshake:
             self.classifying = False
             # A map is a cluster's answer whatever INFO said (an ACL without +info); a plain
             # node refuses the command.
-            if self.cluster_enabled or isinstance(reply, list):
+            cluster = self.cluster_enabled or isinstance(reply, list)
+            if cluster:
+                if self.address.replica_acks:
+                    raise NodeError(
+                        "the node is a cluster member, and REPLICA_ACKS is not supported on "
+                        "cluster nodes: remove REPLICA_ACKS from this node's settings"
+                    )
                 # An error reply too (no CLUSTER SHARDS before Redis 7): the transport reads
                 # CLUSTER SLOTS then.
                 self.cluster_shards = reply
+            if cluster != self.expect_cluster:
+                self.switched = True  # what was held waits for the transport (take_held)
                 return b""
             if self.hello is None or self.identity is not UNIDENTIFIED:
                 return self._release()
@@ -509,7 +528,7 @@ class Handshake:
         held = self.held
         if held is None:
             return command + self.identity if identify else command
-        if identify or self.classifying or self.cluster_shards is not None:
+        if identify or self.classifying or self.switched:
             held.append((command, identify))
             return b""
         if held:
@@ -526,8 +545,8 @@ class Handshake:
         return b"".join(command + self.identity if ident else command for command, ident in held)
 
     def take_held(self) -> list[tuple[bytes, bool]]:
-        """The commands held on a connection that turned out to reach a cluster member, for
-        the transport to send to the shards (each with whether the identity completes it);
-        the connection holds nothing from now on."""
+        """The commands held on a connection whose server turned out to be in the other mode
+        (:attr:`switched`), for the transport to send in the right form (each with whether
+        the identity completes it); the connection holds nothing from now on."""
         held, self.held = self.held or [], []
         return held

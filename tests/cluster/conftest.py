@@ -24,9 +24,11 @@ from django_redlock.wire.nodes import parse_node
 
 def brand_new(node: LocalShardedNode) -> LocalShardedNode:
     """``node``, started, with what this process learned of its members' addresses
-    forgotten: a member's TCP port may be one an earlier test's plain node had, and this
-    process would otherwise still take that address for a plain node (the classification is
-    kept per address for the process's life: a known gap, see the deploying page)."""
+    forgotten: a member's TCP port may be one an earlier test's plain node had. The
+    transports do not need it (every connection asks its own server's mode), but the hint
+    kept per address (``cluster_route.known``) does, for the tests that use it before any
+    connection is made: a multi-lock's early refusal on a cluster this process never
+    contacted reads it, and an earlier test's plain node at that port would say plain."""
     node.start()
     forget_learned(node)
     return node

@@ -191,6 +191,14 @@ def test_slot_map_refuses_overlaps_and_finds_gaps() -> None:
         SlotMap.of([Shard(("h", 3), ranges=((0, SLOTS),))])
 
 
+def test_an_empty_slot_map_serves_no_slot() -> None:
+    """What a transport starts from when it reads the map itself (a cluster without CLUSTER
+    SHARDS, before Redis 7: shards_reply_map)."""
+    empty = SlotMap.of([])
+    assert empty.shards == ()
+    assert empty.master_of(0) is None
+
+
 def test_cluster_form_of_a_command() -> None:
     """An acquire as a shard runs it: the shard's variant of the script (its own marker and
     owner records), the key tagged, every argument byte for byte; its EVAL fallback too."""

@@ -17,6 +17,7 @@ from typing import Any
 from django_redlock.wire.acks import AckJoin
 from django_redlock.wire.cluster import Redirect, parse_redirect
 from django_redlock.wire.cluster_route import (
+    ASKING_REPLY,
     Routed,
 )
 from django_redlock.wire.errors import NodeError
@@ -185,11 +186,12 @@ class AsyncConnection(Handshake, asyncio.Protocol):
         hello: Hello | None,
         preload: Sequence[Script] = PRELOAD,
         classify: bool = False,
+        expect_cluster: bool = False,
     ) -> None:
-        super().__init__(address, hello, preload, classify)
+        super().__init__(address, hello, preload, classify, expect_cluster)
         # A shard of a cluster node: what follows a MOVED or ASK answer (LoopConnections).
         self.redirect: Callable[[AsyncConnection, Redirect, Slot], None] | None = None
-        # A node not classified yet: told once the connection learns what its node is.
+        # Told once the connection learns its server's mode (plain or a cluster member).
         self.on_classified: Callable[[AsyncConnection], None] | None = None
         self.transport: asyncio.Transport | None = None
         self.pending: deque[Slot] = deque()
@@ -248,8 +250,8 @@ class AsyncConnection(Handshake, asyncio.Protocol):
             return
         if step == CLUSTER_MAP and self.on_classified is not None:
             self.on_classified(self)
-            if self.cluster_shards is not None:
-                return  # a cluster member: what it held went to the shards
+            if self.switched:
+                return  # not the mode expected: what it held went elsewhere
         if out and self.transport is not None and self.broken is None:
             self.transport.write(out)
 
@@ -352,9 +354,10 @@ class AsyncConnection(Handshake, asyncio.Protocol):
             self.queued.append((command, slot, identify))
             return
         self.pending.append(slot)
-        if slot[0] is None and self.classifying:
+        if slot[0] is None and self.classifying and slot[1] != ASKING_REPLY:
             # A set-up command (the question itself among them) is never held behind the
-            # answer to whether the node is a cluster.
+            # answer to whether the node is a cluster; an ASKING is (it goes with the very
+            # command that follows it, held too).
             transport.write(command)
             return
         command = self.outgoing(command, identify)

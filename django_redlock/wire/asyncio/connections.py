@@ -21,7 +21,6 @@ clients retry by default.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import threading
 import time
@@ -48,8 +47,9 @@ from django_redlock.wire.cluster_route import (
     MAX_HOPS,
     ClusterRoute,
     Endpoint,
+    NotCluster,
     Routed,
-    known,
+    plain_form,
     remember,
     shards_reply_map,
 )
@@ -115,15 +115,10 @@ class LoopConnections:
         self.routes: dict[int, ClusterRoute] = {}
         self.shard_of: dict[int, int] = {}
         self.members: dict[tuple[int, Endpoint], int] = {}
+        # The connections (by index) whose server's mode (plain or a cluster member) is not
+        # known yet: every new one asks, holding every command until the answer (see
+        # ConnectionSet.unclassified). Empty in the steady state (send_now's test).
         self.unclassified: set[int] = set()
-        for index, address in enumerate(self.addresses):
-            if address.sentinel is not None or address.replica_acks:
-                continue
-            learned, slot_map = known(address)
-            if not learned:
-                self.unclassified.add(index)
-            elif slot_map is not None:
-                self.routes[index] = ClusterRoute(address, slot_map)
         self._subscriber = LoopSubscriber(self.addresses)
         self.guard: asyncio.Task[None] | None = None
         # The rounds a task waits for (in outcome), and one timer for all their deadlines,
@@ -176,10 +171,9 @@ class LoopConnections:
                 if node is not None:  # a cluster shard's master: its slots may have a new one
                     self.routes[node].failed()
             if node is None:
-                classify = index in self.unclassified
+                # Sentinel nodes do not ask: Sentinel does not manage clusters.
+                classify = self.targets[index].sentinel is None
                 conn = AsyncConnection(self.targets[index], self.hello, classify=classify)
-                if classify:
-                    conn.on_classified = partial(self._classified, index)
             else:
                 # A shard of a cluster node: its scripts and hello name the shard's records.
                 address = self.targets[index]
@@ -188,8 +182,14 @@ class LoopConnections:
                     address,
                     shard_hello(self.hello, tag, self.addresses[node].label),
                     tuple(script.for_shard(tag) for script in PRELOAD),
+                    classify=True,
+                    expect_cluster=True,
                 )
                 conn.redirect = self._redirect
+            if conn.asks_mode:
+                conn.on_classified = partial(self._classified, index)
+            if conn.classifying:
+                self.unclassified.add(index)
             watched = self.watches.get(index)
             if watched is not None:
                 watched.ensure_running()  # (a forked child has no thread of its parent's)
@@ -573,27 +573,40 @@ class LoopConnections:
         self.targets = list(self.addresses)
         self.shard_of.clear()
         self.members.clear()
+        # Every node plain again: the next connections ask their servers' mode.
+        self.routes.clear()
+        self.unclassified.clear()
         self._subscriber.close()
 
     # -- cluster nodes (wire/cluster_route.py; the sync transport's ConnectionSet likewise) --
 
     def _classified(self, index: int, conn: AsyncConnection) -> None:
-        """Node ``index``'s first connection learned what the node is: plain (nothing more
-        to do: it sends what it held), or a cluster member: the node is a cluster node from
-        now on, and what the connection held goes to the shards, each command in its
-        shard's form, with the reply slot it had; the connection is closed."""
-        if index not in self.unclassified:
+        """Connection ``index`` learned its server's mode. The one the node is used in
+        (plain for its own address, a cluster member for a shard's): it sends what it held.
+        A cluster member at a plain node's address: the node is a cluster node from now on
+        (in this loop, until a connection to its address finds a plain server:
+        :meth:`_unroute`), and what the connection held goes to the shards, each command in
+        its shard's form, with the reply slot it had; the connection is closed. A plain
+        server at a shard's address: :meth:`_unroute`."""
+        self.unclassified.discard(index)
+        connections = self.connections
+        if index >= len(connections) or connections[index] is not conn:
+            return  # replaced or dropped meanwhile (it was failed then: nothing goes out)
+        node = self.shard_of.get(index)
+        if not conn.switched:
+            if node is None:
+                remember(self.addresses[index], None)  # the hint (cluster_route.known)
+            return
+        if node is not None:
+            self._unroute(node, conn)
             return
         address = self.addresses[index]
-        if conn.cluster_shards is None:
-            self.unclassified.discard(index)
-            remember(address, None)
-            return
         held = conn.take_held()
         slots = [conn.pending.pop() for _ in held][::-1]
         try:
             # A CLUSTER SHARDS reply (or, before Redis 7, CLUSTER SLOTS read here: blocking
-            # within the node timeout, once per process and node).
+            # within the node timeout, once each time a connection finds a plain node's
+            # address serving a cluster member).
             slot_map = shards_reply_map(address, conn.cluster_shards, self.delivery)
         except NodeError as exc:
             for answer, node, _, _ in slots:
@@ -602,7 +615,6 @@ class LoopConnections:
             conn.fail(str(exc))
             return
         remember(address, slot_map)
-        self.unclassified.discard(index)
         route = self.routes[index] = ClusterRoute(address, slot_map)
         conn.fail("a cluster node: its commands go to its shards")
         for (data, identify), (answer, node, fallback, asked) in zip(held, slots, strict=True):
@@ -616,16 +628,52 @@ class LoopConnections:
             routed = None if fallback is None else Routed.of(fallback, route, endpoint)
             target.send(placed, (answer, node, routed, asked), identify)
 
+    def _unroute(self, node: int, conn: AsyncConnection | None) -> None:
+        """Cluster node ``node`` is plain now: a shard connection of it found a plain server
+        (``conn``, holding what it was given), or its own address answered as one when its
+        slot map was read (see ConnectionSet._unroute, the same rule). Its route and shard
+        connections go; what ``conn`` held is sent in plain form on the node's own
+        connection, which asks its server's mode first."""
+        held = conn.take_held() if conn is not None else []
+        slots = [conn.pending.pop() for _ in held][::-1] if conn is not None else []
+        for at in [at for at, of in self.shard_of.items() if of == node]:
+            shard = self.connections[at]
+            if shard is not None:
+                shard.fail("the node is not a cluster any more: connection dropped")
+            self.connections[at] = None  # unused from now on
+            del self.shard_of[at]
+        for key in [key for key in self.members if key[0] == node]:
+            del self.members[key]
+        del self.routes[node]
+        if not self.routes:  # no shard connection left: the nodes' own ones only, as at first
+            del self.connections[len(self.addresses) :]
+            del self.targets[len(self.addresses) :]
+        own = self.opened(node, self.delivery)
+        for (data, identify), (answer, index, fallback, asked) in zip(held, slots, strict=True):
+            if answer is None:  # a set-up command or an ASKING: the shard's alone
+                continue
+            plain = plain_form(data, fallback, identify)
+            if plain is None:
+                record_reply(answer, index, NodeError("the node is not a cluster any more"))
+                continue
+            own.send(plain[0], (answer, index, plain[1], asked), plain[2])
+
     async def _placed(
         self, answer: LoopRound, commands: Commands, timeout: float
     ) -> tuple[list[Command | None], list[int]]:
         """Each node's command as it goes (a cluster node's placed on its shard), and the
         connection it goes on; a node that gets nothing has ``None`` (refused in ``answer``
-        when it could not be placed or classified)."""
-        for route in self.routes.values():
+        when it could not be placed or classified). A stale slot map is read first; a node
+        whose own address answers as a plain server then is plain (:meth:`_unroute`)."""
+        for index, route in list(self.routes.items()):
             if route.stale:
-                with contextlib.suppress(NodeError):  # the old map stays in use
+                try:
                     route.refresh(await asyncio.to_thread(route.read, timeout))
+                except NotCluster:
+                    if self.routes.get(index) is route:
+                        self._unroute(index, None)
+                except NodeError:  # the old map stays in use
+                    pass
         placed: list[Command | None] = []
         at: list[int] = []
         for index, command in enumerate(commands):

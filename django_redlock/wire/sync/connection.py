@@ -69,8 +69,9 @@ class NodeSocket(Handshake):
         hello: Hello | None = None,
         timeout: float = SENTINEL_TIMEOUT,
         classify: bool = False,
+        expect_cluster: bool = False,
     ) -> None:
-        super().__init__(address, hello, preload, classify)
+        super().__init__(address, hello, preload, classify, expect_cluster)
         self.tls = address.tls
         self.clock = clock
         self.out = bytearray()
@@ -234,8 +235,8 @@ class NodeSocket(Handshake):
         Raises:
             NodeError: the connection failed.
         """
-        if self.classifying or self.cluster_shards is not None:
-            return  # not known to be plain: nothing may go yet (Handshake.classifying)
+        if self.classifying or self.switched:
+            return  # its server's mode not known, or not the one expected: nothing may go
         command = self.outgoing(b"", False)
         if command:
             self.out += command

@@ -46,8 +46,9 @@ from django_redlock.wire.cluster_route import (
     MAX_HOPS,
     ClusterRoute,
     Endpoint,
+    NotCluster,
     Routed,
-    known,
+    plain_form,
     remember,
     shards_reply_map,
 )
@@ -147,19 +148,16 @@ class ConnectionSet:
         self.routes: dict[int, ClusterRoute] = {}
         self.shard_of: dict[int, int] = {}
         self.members: dict[tuple[int, Endpoint], int] = {}
-        # Nodes not known yet to be plain or a cluster: their first connection asks, and
-        # holds every command until the answer (Handshake.classifying), so a lock's keys
-        # never take two forms on one node. Sentinel nodes are plain: Sentinel does not
-        # manage clusters; so are nodes with REPLICA_ACKS (not supported on clusters).
+        # The connections (by index) that have not learned yet whether their server is
+        # plain or a cluster member: every new one asks, and holds every command until the
+        # answer (Handshake.classifying), so that a lock's keys never take the form of the
+        # other mode on a server (an endpoint switched between the two, a port re-used: the
+        # mode is the server process's, not the address's). Every node starts plain, and
+        # becomes a cluster node when a connection finds a cluster member (_adopt); a plain
+        # node again when a connection to its own address finds a plain server (_unroute).
+        # Sentinel nodes do not ask: Sentinel does not manage clusters. Empty in the steady
+        # state, so that the hot path tests one empty set.
         self.unclassified: set[int] = set()
-        for index, address in enumerate(self.addresses):
-            if address.sentinel is not None or address.replica_acks:
-                continue
-            learned, slot_map = known(address)
-            if not learned:
-                self.unclassified.add(index)
-            elif slot_map is not None:
-                self.routes[index] = ClusterRoute(address, slot_map)
         # One poll object for the set's life: every open socket stays registered, so a wait
         # costs one poll() call per wake-up and no per-call registration.
         self.poller = select.poll()
@@ -266,6 +264,7 @@ class ConnectionSet:
             self.polling.pop(fd, None)
             self.poller.unregister(fd)
         conn.close()
+        self.unclassified.discard(index)
         # A Sentinel node's connection lost, stalled or met a replica: where its master is
         # may have changed, so the next connection asks the Sentinels again.
         forget(conn.address, stale=conn.met_replica)
@@ -318,18 +317,14 @@ class ConnectionSet:
                         self.clock,
                         tuple(script.for_shard(tag) for script in self.preload),
                         shard_hello(self.hello, tag, self.addresses[node].label),
+                        classify=True,
+                        expect_cluster=True,
                     )
                 except NodeError:
                     route.failed()
                     raise
             elif address.sentinel is None:
-                conn = NodeSocket(
-                    address,
-                    self.clock,
-                    self.preload,
-                    self.hello,
-                    classify=index in self.unclassified,
-                )
+                conn = NodeSocket(address, self.clock, self.preload, self.hello, classify=True)
             else:
                 watched = self.watches[index]
                 watched.ensure_running()  # (a forked child has no thread of its parent's)
@@ -346,6 +341,8 @@ class ConnectionSet:
                 conn.switches = switches
             conn.index = index
             self.settling = self.hello is not None
+            if conn.classifying:
+                self.unclassified.add(index)
             self.connections[index] = conn
             self._rearm(index, conn)
         return conn
@@ -455,12 +452,17 @@ class ConnectionSet:
             except NodeError as exc:  # AUTH or SELECT refused: the connection is useless
                 self._drop(index, str(exc))
                 return False
-            if slot_index == CLUSTER_MAP and index in self.unclassified:
-                if conn.cluster_shards is not None:
-                    self._adopt(index, conn)
-                    return False
+            if slot_index == CLUSTER_MAP:
                 self.unclassified.discard(index)
-                remember(self.addresses[index], None)
+                node = self.shard_of.get(index)
+                if conn.switched:  # not the mode the node is used in: switch it first
+                    if node is None:
+                        self._adopt(index, conn)
+                    else:
+                        self._unroute(node, conn)
+                    return False
+                if node is None:
+                    remember(self.addresses[index], None)  # the hint (cluster_route.known)
             return not out or self._write(index, conn, out)
         assert type(reply) is ReplyError
         if index in self.shard_of and isinstance(fallback, Routed):
@@ -656,10 +658,12 @@ class ConnectionSet:
         return answer
 
     def _adopt(self, index: int, conn: NodeSocket) -> None:
-        """Node ``index``'s first connection found a cluster member: the node is a cluster
-        node from now on (for the whole process). What the connection held is sent to the
-        shards, each command in its shard's form, with the reply slots it had (so each
-        round counts it as before); the connection is dropped."""
+        """A connection to node ``index``'s own address found a cluster member: the node is a
+        cluster node from now on (in this set, until a connection to its address finds a
+        plain server: :meth:`_unroute`). What the connection held is sent to the shards,
+        each command in its shard's form, with the reply slots it had (so each round counts
+        it as before); the connection is dropped. The shard connections ask their servers'
+        mode too before sending it."""
         address = self.addresses[index]
         held = conn.take_held()
         slots = [conn.slots.pop() for _ in held][::-1]
@@ -675,7 +679,6 @@ class ConnectionSet:
         finally:
             self.asking += time.monotonic() - started
         remember(address, slot_map)
-        self.unclassified.discard(index)
         route = self.routes[index] = ClusterRoute(address, slot_map)
         self._drop(index, "a cluster node: its commands go to its shards")
         now = self.clock()
@@ -697,6 +700,61 @@ class ConnectionSet:
             if target.out:
                 self._rearm(at, target)
 
+    def _unroute(self, node: int, conn: NodeSocket | None) -> None:
+        """Cluster node ``node`` is plain now: a connection of it found a plain server
+        (``conn``, a shard connection, holding what it was given), or its own address
+        answered as one when its slot map was read (:class:`NotCluster`). Its endpoint's
+        cluster mode was switched off, or a port re-used: a process that asks now takes it
+        for a plain node, so this set must too, or one lock would be two (one in each form).
+
+        Its route and shard connections go (their owed replies fail); what ``conn`` held is
+        sent, each command in plain form with its reply slot (:func:`plain_form`), on the
+        node's own connection, which asks its server's mode first (should that be a cluster
+        member after all, say another member lost its way, the node is adopted again)."""
+        held = conn.take_held() if conn is not None else []
+        slots = [conn.slots.pop() for _ in held][::-1] if conn is not None else []
+        for at in [at for at, of in self.shard_of.items() if of == node]:
+            self._drop(at, "the node is not a cluster any more: connection dropped")
+            del self.shard_of[at]  # its entry stays in connections, unused from now on
+        for key in [key for key in self.members if key[0] == node]:
+            del self.members[key]
+        del self.routes[node]
+        if not self.routes:  # no shard connection left: the nodes' own ones only, as at first
+            del self.connections[len(self.addresses) :]
+            del self.targets[len(self.addresses) :]
+        now = self.clock()
+        try:
+            own = self._connection(node, now)
+        except NodeError as exc:
+            own = None
+            failure = str(exc)
+        for (data, identify), (answer, index, fallback, asked) in zip(held, slots, strict=True):
+            if answer is None:  # a set-up command or an ASKING: the shard's alone
+                continue
+            plain = plain_form(data, fallback, identify)
+            if own is None or plain is None:
+                why = failure if own is None else "the node is not a cluster any more"
+                answer.record(index, NodeError(why))
+                continue
+            try:
+                own.send(plain[0], (answer, index, plain[1], asked), plain[2])
+            except NodeError as exc:
+                self._drop(node, str(exc))  # records the error of every slot sent
+                own = None
+                failure = str(exc)
+        if own is not None and own.out:
+            self._rearm(node, own)
+
+    def _routed(self, index: int) -> bool:
+        """Whether node ``index`` is a cluster node, its slot map read again first when it is
+        stale (:meth:`_refresh`, which finds a node switched out of cluster mode)."""
+        route = self.routes.get(index)
+        if route is None:
+            return False
+        if route.stale:
+            self._refresh(index)
+        return index in self.routes
+
     def _send_routed(
         self,
         answer: Round,
@@ -714,7 +772,7 @@ class ConnectionSet:
                 if answer.results[index] is PENDING:  # else refused (a twin)
                     answer.results[index] = None
                 continue
-            if index not in self.routes:
+            if not self._routed(index):
                 self._send_one(answer, index, command, now, identify, queue_behind, acked_ms)
                 continue
             try:
@@ -734,8 +792,6 @@ class ConnectionSet:
         index and the command in the shard's form, with a fallback that builds that form
         too. None (or, ``strict``, :class:`NodeError`) when it cannot be placed."""
         route = self.routes[index]
-        if route.stale:
-            self._refresh(index)
         try:
             endpoint, data, _ = route.place(command[0])
         except NodeError:
@@ -760,11 +816,15 @@ class ConnectionSet:
 
     def _refresh(self, index: int) -> None:
         """Read cluster node ``index``'s slot map again (blocking, within the node timeout,
-        counted as :attr:`asking`); a failure leaves the old map (and MOVED answers) in use."""
+        counted as :attr:`asking`); a failure leaves the old map (and MOVED answers) in use.
+        A node whose own address answers as a plain server is plain from now on
+        (:meth:`_unroute`)."""
         route = self.routes[index]
         started = time.monotonic()
         try:
             route.refresh(route.read(self.delivery))
+        except NotCluster:
+            self._unroute(index, None)
         except NodeError:
             pass
         finally:
@@ -909,7 +969,7 @@ class ConnectionSet:
             if given is None:
                 continue
             command = fire_and_forget(given)
-            if index in self.routes:
+            if self.routes and self._routed(index):
                 placed = self._place(index, command)
                 if placed is not None:
                     at, command = placed
@@ -1113,9 +1173,10 @@ class ConnectionSet:
                 self._poll_once(remaining)  # the owner's bell ends it at once (_take_back)
                 if self.settling:
                     self._send_held()
-                if self.routes:
-                    # A cluster node's first connection may have handed its commands to
-                    # new shard connections meanwhile (_adopt): delivered too.
+                if self.routes or self.unclassified:
+                    # A connection that found its server in the other mode may have handed
+                    # its commands to new connections meanwhile (_adopt, _unroute):
+                    # delivered too.
                     born += [
                         conn
                         for conn in self.connections
