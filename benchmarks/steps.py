@@ -224,8 +224,10 @@ def _install_c_hooks() -> None:
 
 def _runner(contender: str, urls: list[str]) -> Callable[[str], bool]:
     if contender == "ours":
+        from benchmarks.instructions import natively_paced
         from django_redlock import LockManager
 
+        natively_paced()
         manager = LockManager(urls, ttl=TTL_MS / 1000, node_timeout=TIMEOUT)
 
         def ours(name: str) -> bool:

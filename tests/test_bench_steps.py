@@ -5,6 +5,7 @@ without a word, and the table beside the floor would read wrong."""
 from __future__ import annotations
 
 import inspect
+import math
 
 import pytest
 
@@ -22,3 +23,12 @@ def test_every_listed_function_exists_and_is_listed_once(table):
         # A generator's body runs in whoever resumes it, not in the call the wrapper sees.
         assert inspect.isfunction(function), spec
         assert not inspect.isgeneratorfunction(function), spec
+
+
+def test_the_profiles_keep_the_idle_check_out_as_a_native_loop_does(monkeypatch):
+    from benchmarks.instructions import natively_paced
+    from django_redlock.wire.sync import connections
+
+    monkeypatch.setattr(connections, "_IDLE", connections._IDLE)  # restored after the test
+    natively_paced()
+    assert math.isinf(connections._IDLE)
